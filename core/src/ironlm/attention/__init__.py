@@ -1,0 +1,1 @@
+"""Core attention: the pure-torch reference backend and batch-building helpers."""

@@ -1,0 +1,41 @@
+"""The core's own plugin: registered through the same hooks as every third-party plugin.
+
+Registers the pure-torch reference attention backend (runs on any platform; the oracle plugin
+kernels are tested against), the in-process executor, and the model architectures.
+Imports happen inside the hooks so that loading this module costs nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ironlm.hookspecs import hookimpl
+
+
+@hookimpl
+def register_attention_backends(register: Callable[[type], None]) -> None:
+    from ironlm.attention.reference import ReferenceAttentionBackend
+
+    register(ReferenceAttentionBackend)
+
+
+@hookimpl
+def register_executors(register: Callable[[type], None]) -> None:
+    from ironlm.executor.uniproc import UniProcExecutor
+
+    register(UniProcExecutor)
+
+
+@hookimpl
+def register_models(register: Callable[[str, type], None]) -> None:
+    from ironlm.models.gemma3 import Gemma3ForCausalLM
+    from ironlm.models.llama import LlamaForCausalLM
+
+    for arch in (
+        "LlamaForCausalLM",
+        "MistralForCausalLM",
+        "Qwen2ForCausalLM",
+        "Qwen3ForCausalLM",
+    ):
+        register(arch, LlamaForCausalLM)
+    register("Gemma3ForCausalLM", Gemma3ForCausalLM)

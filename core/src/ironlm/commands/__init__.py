@@ -1,0 +1,1 @@
+"""Subcommands of the ``ironlm`` CLI, one module each."""

@@ -1,0 +1,44 @@
+"""``ironlm plugins``: what is installed, what it registered, and what can run here."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from ironlm.plugin_manager import PluginManager
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plugins", help="list installed plugins and what they registered")
+    p.add_argument("--json", action="store_true", help="print the listing as JSON")
+    p.set_defaults(func=run)
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """One line per registered item: plugin, distribution, version, kind:name, status."""
+    header = ("PLUGIN", "DISTRIBUTION", "VERSION", "REGISTERED", "STATUS")
+    lines: list[tuple[str, ...]] = [header]
+    for row in rows:
+        items = row["registered"] or [None]
+        for item in items:
+            what = f"{item['kind']}:{item['name']}" if item else "(nothing)"
+            status = ""
+            if item and "available" in item:
+                status = "available" if item["available"] else f"unavailable: {item['reason']}"
+                if item["available"] and item.get("reason"):
+                    status += f" ({item['reason']})"
+            lines.append(
+                (row["plugin"], row["distribution"] or "-", row["version"] or "-", what, status)
+            )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
+    return "\n".join(
+        "  ".join(col.ljust(w) for col, w in zip(line[:-1], widths)) + "  " + line[-1]
+        for line in lines
+    ).rstrip()
+
+
+def run(args: argparse.Namespace) -> int:
+    rows = PluginManager().describe()
+    print(json.dumps(rows, indent=2) if args.json else format_table(rows))
+    return 0

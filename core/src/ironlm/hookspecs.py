@@ -1,0 +1,132 @@
+"""The whole IronLM plugin contract.
+
+A plugin is any module (or object) with functions decorated by ``ironlm.hookimpl`` whose names
+match the hooks below. Installed distributions expose such a module through the entry-point group
+``ironlm``::
+
+    [project.entry-points.ironlm]
+    my_plugin = "my_plugin"
+
+Every hook here is a *collection hook*: it receives a ``register`` callback and calls it once per
+item it contributes. All hooks are called with ``firstresult=False`` (every implementation runs) and
+their return values are ignored. The host (``ironlm.plugin_manager.PluginManager``) owns policy:
+registries are keyed by name, a name registered twice is an error naming both plugins, and each
+item records its provenance (plugin name, distribution, version).
+
+Hooks run in every process that needs the registry: the CLI / server front end, the engine, and
+each executor worker. They must therefore be cheap and free of side effects: register classes, do
+not import heavy or hardware libraries (torch_npu, triton, ...) at module import time, and do not
+touch devices. Availability is asked later through the registered class (``Platform.is_available``).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import pluggy
+
+PROJECT = "ironlm"
+
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec
+def register_platforms(register: Callable[[type], None]) -> None:
+    """Register device platforms.
+
+    :param register: call ``register(PlatformSubclass)`` once per platform. The class must subclass
+        :class:`ironlm.interfaces.platform.Platform`; its ``name`` (``"cpu"``, ``"cuda"``,
+        ``"npu"``, ...) is the key users select with ``device=...`` / ``--device``.
+    :return: ignored.
+
+    Call mode: all implementations. Process: front end, engine and every worker. The class is
+    instantiated lazily; ``is_available()`` must answer without raising (import the vendor
+    library inside it and return the reason when that fails).
+    """
+
+
+@hookspec
+def register_attention_backends(register: Callable[[type], None]) -> None:
+    """Register attention backends over the paged KV cache.
+
+    :param register: call ``register(AttentionBackendSubclass)`` once per backend. The class must
+        subclass :class:`ironlm.interfaces.attention.AttentionBackend`; ``name`` is the key for
+        ``attention_backend=...`` / ``--attention-backend``; ``supported_platforms`` lists the
+        platform names it runs on. Any number of backends may coexist.
+    :return: ignored.
+
+    Call mode: all implementations. Process: engine and every worker (the model runner builds the
+    backend's metadata and calls its ``forward`` from each attention layer).
+    """
+
+
+@hookspec
+def register_quantization_methods(register: Callable[[type], None]) -> None:
+    """Register weight quantization methods.
+
+    :param register: call ``register(QuantizationMethodSubclass)`` once per method. The class must
+        subclass :class:`ironlm.interfaces.quantization.QuantizationMethod`; ``name`` is the key for
+        ``quantization=...`` / ``--quantization`` and the ``quant_method`` of an HF
+        ``quantization_config``.
+    :return: ignored.
+
+    Call mode: all implementations. Process: engine and every worker (linear layers ask the method
+    to create, load, post-process and apply their weights).
+    """
+
+
+@hookspec
+def register_guided_backends(register: Callable[[type], None]) -> None:
+    """Register guided (structured-output) decoding backends.
+
+    :param register: call ``register(GuidedBackendSubclass)`` once per backend. The class must
+        subclass :class:`ironlm.interfaces.guided.GuidedBackend` (engine level: compiles a
+        :class:`~ironlm.interfaces.guided.GuidedSpec`) and produce
+        :class:`~ironlm.interfaces.guided.Grammar` objects (request level: token masks).
+        ``name`` is the key for ``guided_decoding_backend``.
+    :return: ignored.
+
+    Call mode: all implementations. Process: front end (to validate a request early and answer
+    400) and engine (to build masks for the sampler).
+    """
+
+
+@hookspec
+def register_tool_parsers(register: Callable[[type], None]) -> None:
+    """Register tool-call parsers for chat completions.
+
+    :param register: call ``register(ToolParserSubclass)`` once per parser. The class must subclass
+        :class:`ironlm.interfaces.tool_parser.ToolParser`; ``name`` is the key for
+        ``--tool-call-parser``.
+    :return: ignored.
+
+    Call mode: all implementations. Process: front end (server / ``LLM.chat``) only.
+    """
+
+
+@hookspec
+def register_executors(register: Callable[[type], None]) -> None:
+    """Register model executors (how workers are laid out across processes and machines).
+
+    :param register: call ``register(ExecutorSubclass)`` once per executor. The class must subclass
+        :class:`ironlm.interfaces.executor.Executor`; ``name`` is the key for
+        ``distributed_executor_backend=...`` (``"uni"``, ``"mp"``, ``"ray"``, ...).
+    :return: ignored.
+
+    Call mode: all implementations. Process: engine.
+    """
+
+
+@hookspec
+def register_models(register: Callable[[str, type], None]) -> None:
+    """Register model architectures.
+
+    :param register: call ``register(architecture_name, ModelClass)`` once per architecture, with
+        the name as it appears in an HF ``config.json`` ``architectures`` list (for example
+        ``"LlamaForCausalLM"``). The class must subclass
+        :class:`ironlm.interfaces.model.ModelArchitecture`.
+    :return: ignored.
+
+    Call mode: all implementations. Process: engine and every worker.
+    """

@@ -1,0 +1,37 @@
+"""The interfaces plugins implement. One module per interface; ``hookspecs`` says which hook
+registers which interface."""
+
+from ironlm.interfaces.attention import AttentionBackend, AttentionBatch, AttentionLayerSpec
+from ironlm.interfaces.executor import Executor
+from ironlm.interfaces.guided import Grammar, GuidedBackend, GuidedSpec
+from ironlm.interfaces.model import ModelArchitecture, ModelContext
+from ironlm.interfaces.platform import Availability, LayerOps, Platform
+from ironlm.interfaces.quantization import QuantizationMethod
+from ironlm.interfaces.tool_parser import (
+    DeltaToolCall,
+    ExtractedToolCalls,
+    StreamDelta,
+    ToolCall,
+    ToolParser,
+)
+
+__all__ = [
+    "AttentionBackend",
+    "AttentionBatch",
+    "AttentionLayerSpec",
+    "Availability",
+    "DeltaToolCall",
+    "Executor",
+    "ExtractedToolCalls",
+    "Grammar",
+    "GuidedBackend",
+    "GuidedSpec",
+    "LayerOps",
+    "ModelArchitecture",
+    "ModelContext",
+    "Platform",
+    "QuantizationMethod",
+    "StreamDelta",
+    "ToolCall",
+    "ToolParser",
+]

@@ -1,0 +1,137 @@
+"""Platform: one kind of device (cpu, cuda, npu, ...) as the engine sees it."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether a platform (or backend) can run here, and if not, why."""
+
+    available: bool
+    reason: str = ""
+
+    @classmethod
+    def yes(cls, detail: str = "") -> Availability:
+        return cls(True, detail)
+
+    @classmethod
+    def no(cls, reason: str) -> Availability:
+        return cls(False, reason)
+
+
+class LayerOps:
+    """Element-wise layer ops the model layers call. The core's pure-torch versions are the
+    reference; a platform may return a subclass with fused kernels from ``Platform.layer_ops``.
+
+    Shapes: ``x`` is (num_tokens, hidden); ``residual`` the same; ``positions`` (num_tokens,).
+    """
+
+    def rms_norm(
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Returns (normed, new_residual). With a residual, normalises ``x + residual`` and
+        returns that sum as the new residual (the pre-norm transformer's running stream)."""
+        if residual is not None:
+            x = x + residual
+            residual = x
+        xf = x.float()
+        var = xf.pow(2).mean(-1, keepdim=True)
+        out = (xf * torch.rsqrt(var + eps)).to(x.dtype) * weight
+        return out, residual
+
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """(T, 2*I) -> (T, I): silu(gate) * up, gate first."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        return torch.nn.functional.silu(gate) * up
+
+    def gelu_tanh_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """(T, 2*I) -> (T, I): gelu_tanh(gate) * up (Gemma)."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        return torch.nn.functional.gelu(gate, approximate="tanh") * up
+
+    def rotary(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Neox-style rotary on q (T, H, D) and k (T, Hkv, D) with cos/sin (T, D/2)."""
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    c, s = cos.unsqueeze(1).to(x.dtype), sin.unsqueeze(1).to(x.dtype)
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+
+
+class Platform(ABC):
+    """A device platform. Registered through ``register_platforms``; instantiated by the host
+    with no arguments, so ``__init__`` must not touch the device.
+
+    Class attributes a subclass sets:
+      name: key users select with ``device=`` (e.g. ``"cuda"``).
+      device_type: torch device type string (``"cuda"``, ``"cpu"``, ``"npu"``).
+      priority: higher wins when ``device="auto"`` picks among available platforms.
+      dist_backend: torch.distributed backend for tensor parallelism (gloo, nccl, hccl).
+      supported_dtypes: dtypes the platform computes in.
+      default_attention_backend: name of the attention backend used when none is selected.
+      supported_block_sizes: KV block sizes the platform's kernels accept (None: any).
+      visible_devices_env: environment variable that masks devices (e.g. CUDA_VISIBLE_DEVICES).
+      supports_graph_capture: whether decode graphs (CUDA graphs, ...) can be captured.
+    """
+
+    name: ClassVar[str]
+    device_type: ClassVar[str]
+    priority: ClassVar[int] = 0
+    dist_backend: ClassVar[str] = "gloo"
+    supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.float32,)
+    default_attention_backend: ClassVar[str]
+    supported_block_sizes: ClassVar[tuple[int, ...] | None] = None
+    visible_devices_env: ClassVar[str | None] = None
+    supports_graph_capture: ClassVar[bool] = False
+
+    @abstractmethod
+    def is_available(self) -> Availability:
+        """Whether this platform can run in this process, with the reason when not. Never raises;
+        imports vendor libraries lazily, here."""
+
+    @abstractmethod
+    def memory_info(self, device_index: int = 0) -> tuple[int, int]:
+        """(free_bytes, total_bytes) of the device's memory."""
+
+    def default_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
+        """The dtype ``dtype="auto"`` resolves to for a checkpoint stored in ``model_dtype``."""
+        return model_dtype if model_dtype in self.supported_dtypes else self.supported_dtypes[0]
+
+    def check_block_size(self, block_size: int) -> None:
+        """Raises ValueError when the platform's kernels cannot use ``block_size``."""
+        if self.supported_block_sizes is not None and block_size not in self.supported_block_sizes:
+            raise ValueError(
+                f"block_size={block_size} is not supported on platform {self.name!r}; "
+                f"supported: {list(self.supported_block_sizes)}"
+            )
+
+    def device(self, index: int = 0) -> torch.device:
+        return torch.device(self.device_type, index) if self.device_type != "cpu" else torch.device("cpu")
+
+    def set_device(self, index: int) -> None:
+        """Make ``index`` the current device of this process (no-op where there is one device)."""
+
+    def synchronize(self) -> None:
+        """Wait for queued device work (no-op on synchronous devices)."""
+
+    def configure_process(self) -> None:
+        """Called once in each worker process before the model loads (threads, env, ...)."""
+
+    def layer_ops(self) -> LayerOps:
+        """The element-wise layer ops for this platform (fused kernels where they pay)."""
+        return LayerOps()

@@ -1,0 +1,62 @@
+"""QuantizationMethod: how a linear layer stores, loads and applies its weight."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+import torch
+
+
+class QuantizationMethod(ABC):
+    """Registered through ``register_quantization_methods``. Created with ``from_config`` from
+    the checkpoint's HF ``quantization_config`` (or None when selected by name only); one instance
+    serves every linear layer of the model."""
+
+    name: ClassVar[str]
+    supported_platforms: ClassVar[tuple[str, ...]]
+
+    @classmethod
+    def from_config(cls, quant_config: dict[str, Any] | None) -> QuantizationMethod:
+        return cls()
+
+    @abstractmethod
+    def create_weights(
+        self, layer: torch.nn.Module, in_features: int, out_features: int, dtype: torch.dtype
+    ) -> None:
+        """Register the layer's parameters / buffers (names as in the checkpoint, e.g.
+        ``weight``, ``weight_scale``). Shapes are those of this rank's shard."""
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        """Repack loaded weights for the kernels (transpose, pre-scale, ...). Default: nothing."""
+
+    @abstractmethod
+    def apply(
+        self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        """(num_tokens, in_features) -> (num_tokens, out_features)."""
+
+    @classmethod
+    def quantize(cls, weight: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Offline: quantize one float weight (out, in) into the tensors ``create_weights``
+        declares. Methods without an offline path raise ValueError saying so."""
+        raise ValueError(f"quantization method {cls.name!r} has no offline quantize()")
+
+
+class UnquantizedMethod(QuantizationMethod):
+    """Plain float weights: the core's default when no quantization is selected."""
+
+    name = "none"
+    supported_platforms = ()
+
+    def create_weights(
+        self, layer: torch.nn.Module, in_features: int, out_features: int, dtype: torch.dtype
+    ) -> None:
+        layer.weight = torch.nn.Parameter(
+            torch.empty(out_features, in_features, dtype=dtype), requires_grad=False
+        )
+
+    def apply(
+        self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        return torch.nn.functional.linear(x, layer.weight, bias)

@@ -1,0 +1,320 @@
+"""Plugin discovery and the registries built from the hooks.
+
+One ``PluginManager`` per process that needs plugins (CLI, server, engine, each worker); nothing
+is stored in module globals. Construction is cheap and safe to repeat: discovery loads entry
+points once per manager, and registries are filled on first use.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any, Callable
+
+import pluggy
+
+from ironlm import builtin_plugin, hookspecs
+from ironlm.interfaces import (
+    AttentionBackend,
+    Executor,
+    GuidedBackend,
+    ModelArchitecture,
+    Platform,
+    QuantizationMethod,
+    ToolParser,
+)
+from ironlm.interfaces.platform import Availability
+from ironlm.registry import Provenance, Registry, UnavailableError, UnknownNameError
+
+ENTRY_POINT_GROUP = "ironlm"
+BUILTIN_PLUGIN = "ironlm"
+
+
+@dataclass
+class Registries:
+    """Every registry, filled from the hooks."""
+
+    platforms: Registry[type[Platform]] = field(
+        default_factory=lambda: Registry("platform", "device")
+    )
+    attention_backends: Registry[type[AttentionBackend]] = field(
+        default_factory=lambda: Registry("attention backend", "attention_backend")
+    )
+    quantization_methods: Registry[type[QuantizationMethod]] = field(
+        default_factory=lambda: Registry("quantization method", "quantization")
+    )
+    guided_backends: Registry[type[GuidedBackend]] = field(
+        default_factory=lambda: Registry("guided decoding backend", "guided_decoding_backend")
+    )
+    tool_parsers: Registry[type[ToolParser]] = field(
+        default_factory=lambda: Registry("tool parser", "tool_call_parser")
+    )
+    executors: Registry[type[Executor]] = field(
+        default_factory=lambda: Registry("executor", "distributed_executor_backend")
+    )
+    models: Registry[type[ModelArchitecture]] = field(
+        default_factory=lambda: Registry("model architecture", "architecture")
+    )
+
+
+# hook name -> (Registries attribute, base class the registered object must subclass)
+_HOOKS: dict[str, tuple[str, type]] = {
+    "register_platforms": ("platforms", Platform),
+    "register_attention_backends": ("attention_backends", AttentionBackend),
+    "register_quantization_methods": ("quantization_methods", QuantizationMethod),
+    "register_guided_backends": ("guided_backends", GuidedBackend),
+    "register_tool_parsers": ("tool_parsers", ToolParser),
+    "register_executors": ("executors", Executor),
+    "register_models": ("models", ModelArchitecture),
+}
+
+
+def _env_allow_list() -> list[str] | None:
+    raw = os.environ.get("IRONLM_PLUGINS")
+    if raw is None or not raw.strip():
+        return None
+    return [n.strip() for n in raw.split(",") if n.strip()]
+
+
+def _env_autoload() -> bool:
+    return os.environ.get("IRONLM_DISABLE_PLUGIN_AUTOLOAD", "").strip().lower() not in (
+        "1",
+        "true",
+        "yes",
+    )
+
+
+class PluginManager:
+    """Discovers plugins and exposes the registries and selection-by-name.
+
+    :param autoload: load entry points of group ``ironlm`` (default: unless
+        ``IRONLM_DISABLE_PLUGIN_AUTOLOAD=1``).
+    :param allow: entry-point names to load (default: ``IRONLM_PLUGINS=a,b``, else all).
+    :param plugins: extra plugin objects to register (name -> module/object), e.g. in tests.
+    """
+
+    def __init__(
+        self,
+        *,
+        autoload: bool | None = None,
+        allow: list[str] | None = None,
+        plugins: dict[str, object] | None = None,
+    ) -> None:
+        self.pm = pluggy.PluginManager(hookspecs.PROJECT)
+        self.pm.add_hookspecs(hookspecs)
+        self.pm.register(builtin_plugin, name=BUILTIN_PLUGIN)
+        self._dists: dict[str, tuple[str | None, str | None]] = {
+            BUILTIN_PLUGIN: ("ironlm", _version_of("ironlm"))
+        }
+        self._registries: Registries | None = None
+        if autoload if autoload is not None else _env_autoload():
+            self.load_entrypoints(allow if allow is not None else _env_allow_list())
+        for name, plugin in (plugins or {}).items():
+            self.register(plugin, name)
+
+    # -- discovery -------------------------------------------------------------------------
+    def load_entrypoints(self, allow: list[str] | None = None) -> None:
+        """Load plugins of the ``ironlm`` entry-point group (idempotent)."""
+        if allow is None:
+            self.pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
+        else:
+            for name in allow:
+                self.pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP, name=name)
+        for plugin, dist in self.pm.list_plugin_distinfo():
+            pname = self.pm.get_name(plugin)
+            if pname is not None:
+                self._dists[pname] = (dist.metadata["name"], dist.version)
+        self.pm.check_pending()
+        self._registries = None
+
+    def register(self, plugin: object, name: str) -> None:
+        """Register a plugin object directly (tests, single-file plugins)."""
+        if self.pm.get_plugin(name) is None:
+            self.pm.register(plugin, name=name)
+            self.pm.check_pending()
+            self._dists.setdefault(name, (None, None))
+        self._registries = None
+
+    def unregister(self, name: str) -> None:
+        self.pm.unregister(name=name)
+        self._dists.pop(name, None)
+        self._registries = None
+
+    def plugin_names(self) -> list[str]:
+        return [n for n, _ in self.pm.list_name_plugin()]
+
+    def provenance(self, plugin_name: str) -> Provenance:
+        dist, version = self._dists.get(plugin_name, (None, None))
+        return Provenance(plugin_name, dist, version)
+
+    # -- registries ------------------------------------------------------------------------
+    @property
+    def registries(self) -> Registries:
+        if self._registries is None:
+            self._registries = self._collect()
+        return self._registries
+
+    def _collect(self) -> Registries:
+        regs = Registries()
+        for hook_name, (attr, base) in _HOOKS.items():
+            registry: Registry[Any] = getattr(regs, attr)
+            caller = getattr(self.pm.hook, hook_name)
+            for impl in caller.get_hookimpls():
+                prov = self.provenance(impl.plugin_name)
+                impl.function(register=_registrar(registry, base, prov, hook_name == "register_models"))
+        return regs
+
+    # -- selection -------------------------------------------------------------------------
+    def select_platform(self, name: str = "auto") -> Platform:
+        """The platform called ``name`` (``auto``: the available one of highest priority)."""
+        reg = self.registries.platforms
+        if name != "auto":
+            cls = reg.get(name)
+            platform = cls()
+            status = platform.is_available()
+            if not status.available:
+                raise UnavailableError(f"device {name!r} is unavailable: {status.reason}")
+            return platform
+        ranked = sorted(reg, key=lambda e: -e.obj.priority)
+        for entry in ranked:
+            platform = entry.obj()
+            if platform.is_available().available:
+                return platform
+        if not len(reg):
+            raise UnknownNameError(
+                "no device platform is installed; install one of the platform plugins: "
+                "pip install ./plugins/cpu (ironlm-cpu), ./plugins/cuda (ironlm-cuda) or "
+                "./plugins/ascend (ironlm-ascend)"
+            )
+        raise UnavailableError(
+            "no installed device platform is available: "
+            + reg.explain_unavailable(lambda c: c().is_available())
+        )
+
+    def select_attention_backend(self, name: str | None, platform: Platform) -> type[AttentionBackend]:
+        reg = self.registries.attention_backends
+        chosen = name or platform.default_attention_backend
+        cls = reg.select(chosen, lambda c: c.is_available())
+        if "*" not in cls.supported_platforms and platform.name not in cls.supported_platforms:
+            raise UnavailableError(
+                f"attention_backend {chosen!r} does not run on device {platform.name!r} "
+                f"(it supports: {', '.join(cls.supported_platforms)}); backends for "
+                f"{platform.name!r}: {', '.join(self.attention_backends_for(platform)) or 'none'}"
+            )
+        return cls
+
+    def attention_backends_for(self, platform: Platform) -> list[str]:
+        return [
+            e.name
+            for e in self.registries.attention_backends
+            if "*" in e.obj.supported_platforms or platform.name in e.obj.supported_platforms
+        ]
+
+    def select_quantization(self, name: str, platform: Platform) -> type[QuantizationMethod]:
+        cls = self.registries.quantization_methods.select(name, lambda c: Availability.yes())
+        if "*" not in cls.supported_platforms and platform.name not in cls.supported_platforms:
+            raise UnavailableError(
+                f"quantization {name!r} does not run on device {platform.name!r} "
+                f"(it supports: {', '.join(cls.supported_platforms)})"
+            )
+        return cls
+
+    def select_guided_backend(self, name: str) -> type[GuidedBackend]:
+        reg = self.registries.guided_backends
+        if name == "auto":
+            for entry in sorted(reg, key=lambda e: e.name):
+                if entry.obj.is_available().available:
+                    return entry.obj
+            raise UnknownNameError(
+                "guided decoding needs a guided-decoding backend; none is installed and "
+                "available (install ironlm-guided: pip install ./plugins/guided). Installed: "
+                + reg.explain_unavailable(lambda c: c.is_available())
+            )
+        if name not in reg:
+            hint = "" if len(reg) else " (install ironlm-guided: pip install ./plugins/guided)"
+            raise UnknownNameError(
+                f"unknown guided_decoding_backend {name!r}; installed guided decoding "
+                f"backends: {', '.join(reg.names()) or 'none'}{hint}"
+            )
+        return reg.select(name, lambda c: c.is_available())
+
+    def select_tool_parser(self, name: str) -> type[ToolParser]:
+        return self.registries.tool_parsers.get(name)
+
+    def select_executor(self, name: str) -> type[Executor]:
+        return self.registries.executors.select(name, lambda c: c.is_available())
+
+    def select_model(self, architectures: list[str]) -> type[ModelArchitecture]:
+        reg = self.registries.models
+        for arch in architectures:
+            if arch in reg:
+                return reg.get(arch)
+        raise UnknownNameError(
+            f"model architecture(s) {architectures} are not supported; registered "
+            f"architectures: {', '.join(reg.names()) or 'none'}"
+        )
+
+    # -- listing ---------------------------------------------------------------------------
+    def describe(self) -> list[dict[str, Any]]:
+        """One dict per plugin: name, distribution, version, registered items (kind:name), and
+        each registered platform's / backend's availability with reason."""
+        regs = self.registries
+        rows: dict[str, dict[str, Any]] = {}
+        for name in self.plugin_names():
+            prov = self.provenance(name)
+            rows[name] = {
+                "plugin": name,
+                "distribution": prov.distribution,
+                "version": prov.version,
+                "registered": [],
+            }
+        for attr in _HOOKS.values():
+            registry: Registry[Any] = getattr(regs, attr[0])
+            for e in registry:
+                item: dict[str, Any] = {"kind": registry.kind, "name": e.name}
+                status = _availability_of(attr[0], e.obj)
+                if status is not None:
+                    item["available"] = status.available
+                    item["reason"] = status.reason
+                rows[e.provenance.plugin]["registered"].append(item)
+        return list(rows.values())
+
+
+def _availability_of(attr: str, obj: Any) -> Availability | None:
+    try:
+        if attr == "platforms":
+            return obj().is_available()
+        if attr in ("attention_backends", "guided_backends", "executors"):
+            return obj.is_available()
+    except Exception as exc:  # a plugin's availability check must never break the listing
+        return Availability.no(f"availability check failed: {exc!r}")
+    return None
+
+
+def _registrar(
+    registry: Registry[Any], base: type, prov: Provenance, keyed: bool
+) -> Callable[..., None]:
+    """The ``register`` callback handed to one plugin's hook implementation."""
+
+    def register(*args: Any) -> None:
+        if keyed:  # register_models(register): register(arch_name, cls)
+            name, obj = args
+        else:
+            (obj,) = args
+            name = getattr(obj, "name", None)
+        if not (isinstance(obj, type) and issubclass(obj, base)):
+            raise TypeError(
+                f"{prov.describe()} registered {obj!r} as a {registry.kind}, "
+                f"but it is not a subclass of {base.__module__}.{base.__qualname__}"
+            )
+        registry.add(name, obj, prov)
+
+    return register
+
+
+def _version_of(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None

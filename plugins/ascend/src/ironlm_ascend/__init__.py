@@ -1,0 +1,1 @@
+"""ironlm-ascend: the Huawei Ascend NPU platform plugin for IronLM (through torch_npu)."""

@@ -1,0 +1,1 @@
+"""ironlm-cpu: the CPU platform plugin for IronLM."""

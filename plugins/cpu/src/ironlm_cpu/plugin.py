@@ -1,0 +1,14 @@
+"""Entry point of ironlm-cpu: registers the ``cpu`` platform and its attention backend."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ironlm import hookimpl
+
+
+@hookimpl
+def register_platforms(register: Callable[[type], None]) -> None:
+    from ironlm_cpu.platform import CpuPlatform
+
+    register(CpuPlatform)

@@ -1,0 +1,1 @@
+"""ironlm-cuda: the NVIDIA CUDA platform plugin for IronLM."""

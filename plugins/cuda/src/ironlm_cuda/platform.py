@@ -1,0 +1,56 @@
+"""Platform ``cuda``: NVIDIA GPUs through torch.cuda, Triton kernels, NCCL."""
+
+from __future__ import annotations
+
+import os
+from typing import ClassVar
+
+import torch
+
+from ironlm.interfaces.platform import Availability, Platform
+
+
+class CudaPlatform(Platform):
+    name: ClassVar[str] = "cuda"
+    device_type: ClassVar[str] = "cuda"
+    priority: ClassVar[int] = 100
+    dist_backend: ClassVar[str] = "nccl"
+    supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (
+        torch.bfloat16,
+        torch.float16,
+        torch.float32,
+    )
+    default_attention_backend: ClassVar[str] = "triton"
+    visible_devices_env: ClassVar[str | None] = "CUDA_VISIBLE_DEVICES"
+    supports_graph_capture: ClassVar[bool] = True
+
+    def is_available(self) -> Availability:
+        if torch.version.cuda is None:
+            return Availability.no(
+                f"torch {torch.__version__} is a CPU-only build (torch.version.cuda is None); "
+                "install a CUDA build of torch"
+            )
+        if not torch.cuda.is_available():
+            visible = os.environ.get(self.visible_devices_env or "", None)
+            mask = f" ({self.visible_devices_env}={visible!r})" if visible is not None else ""
+            return Availability.no(f"torch.cuda.is_available() is False: no CUDA device{mask}")
+        try:
+            import triton  # noqa: F401
+        except ImportError as exc:
+            return Availability.no(f"triton is not importable: {exc}")
+        n = torch.cuda.device_count()
+        return Availability.yes(f"{n} x {torch.cuda.get_device_name(0)}")
+
+    def memory_info(self, device_index: int = 0) -> tuple[int, int]:
+        return torch.cuda.mem_get_info(device_index)
+
+    def default_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
+        if model_dtype == torch.float32:
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return model_dtype
+
+    def set_device(self, index: int) -> None:
+        torch.cuda.set_device(index)
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize()

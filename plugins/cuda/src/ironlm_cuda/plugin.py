@@ -1,0 +1,14 @@
+"""Entry point of ironlm-cuda. Imports nothing from triton or CUDA at load time."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ironlm import hookimpl
+
+
+@hookimpl
+def register_platforms(register: Callable[[type], None]) -> None:
+    from ironlm_cuda.platform import CudaPlatform
+
+    register(CudaPlatform)

@@ -1,0 +1,1 @@
+"""ironlm-guided plugin."""

@@ -1,0 +1,3 @@
+"""Entry point of ironlm-guided: registers guided-decoding backends."""
+
+from __future__ import annotations

@@ -1,0 +1,1 @@
+"""ironlm-toolparsers plugin."""

@@ -1,0 +1,3 @@
+"""Entry point of ironlm-toolparsers: registers tool-call parsers."""
+
+from __future__ import annotations
