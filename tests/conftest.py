@@ -29,3 +29,21 @@ def smollm2_tokenizer(smollm2_dir: Path):  # type: ignore[no-untyped-def]
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(smollm2_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Path:
+    """A 2-layer random-weight Llama with SmolLM2's tokenizer (fast engine tests)."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    out = tmp_path_factory.mktemp("tiny-llama")
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        tie_word_embeddings=True, eos_token_id=2, bos_token_id=1,
+    )
+    LlamaForCausalLM(config).save_pretrained(out)
+    AutoTokenizer.from_pretrained(smollm2_dir).save_pretrained(out)
+    return out

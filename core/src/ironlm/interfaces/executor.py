@@ -10,18 +10,20 @@ from ironlm.interfaces.platform import Availability
 if TYPE_CHECKING:
     from ironlm.engine.config import EngineConfig
     from ironlm.engine.model_input import ModelInput, ModelOutput
+    from ironlm.plugin_manager import PluginManager
 
 
 class Executor(ABC):
     """Runs the model runner on one or more workers. Registered through ``register_executors``.
 
-    Constructed as ``Executor(config)`` by the engine, then ``start()``; each engine step calls
-    ``execute_model`` with the step's host-side input and gets sampled tokens back.
+    Constructed as ``Executor(config, plugin_manager)`` by the engine, then ``start()``; each
+    engine step calls ``execute_model`` with the step's host-side input and gets sampled tokens
+    back. Workers in other processes build their own PluginManager (discovery is per process).
     """
 
     name: ClassVar[str]
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, pm: PluginManager | None = None) -> None:
         self.config = config
 
     @classmethod

@@ -1,4 +1,5 @@
-"""Entry point of ironlm-ascend. torch_npu is imported only inside availability checks."""
+"""Entry point of ironlm-ascend. torch_npu is imported only inside availability checks and when
+a backend or quantization method runs, never here."""
 
 from __future__ import annotations
 
@@ -12,3 +13,17 @@ def register_platforms(register: Callable[[type], None]) -> None:
     from ironlm_ascend.platform import AscendPlatform
 
     register(AscendPlatform)
+
+
+@hookimpl
+def register_attention_backends(register: Callable[[type], None]) -> None:
+    from ironlm_ascend.attention import AscendAttentionBackend
+
+    register(AscendAttentionBackend)
+
+
+@hookimpl
+def register_quantization_methods(register: Callable[[type], None]) -> None:
+    from ironlm_ascend.w8a8 import AscendW8A8Method
+
+    register(AscendW8A8Method)

@@ -12,3 +12,10 @@ def register_platforms(register: Callable[[type], None]) -> None:
     from ironlm_cpu.platform import CpuPlatform
 
     register(CpuPlatform)
+
+
+@hookimpl
+def register_attention_backends(register: Callable[[type], None]) -> None:
+    from ironlm_cpu.attention import CpuPagedAttentionBackend
+
+    register(CpuPagedAttentionBackend)

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import torch
 
-from ironlm.interfaces.platform import Availability, Platform
+from ironlm.interfaces.platform import Availability, LayerOps, Platform
 
 
 class CudaPlatform(Platform):
@@ -54,3 +54,9 @@ class CudaPlatform(Platform):
 
     def synchronize(self) -> None:
         torch.cuda.synchronize()
+
+    def layer_ops(self) -> LayerOps:
+        """Fused Triton kernels for RMSNorm (+ residual), rotary and the gated activations."""
+        from ironlm_cuda.triton_layer_ops import TritonLayerOps
+
+        return TritonLayerOps()

@@ -12,3 +12,10 @@ def register_platforms(register: Callable[[type], None]) -> None:
     from ironlm_cuda.platform import CudaPlatform
 
     register(CudaPlatform)
+
+
+@hookimpl
+def register_attention_backends(register: Callable[[type], None]) -> None:
+    from ironlm_cuda.triton_attention import TritonAttentionBackend
+
+    register(TritonAttentionBackend)

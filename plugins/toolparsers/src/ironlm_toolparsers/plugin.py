@@ -1,3 +1,28 @@
-"""Entry point of ironlm-toolparsers: registers tool-call parsers."""
+"""Entry point of ironlm-toolparsers: registers tool-call parsers.
+
+Importing this module costs nothing: the parser modules are imported inside the hook.
+"""
 
 from __future__ import annotations
+
+from typing import Callable
+
+from ironlm import hookimpl
+
+
+@hookimpl
+def register_tool_parsers(register: Callable[[type], None]) -> None:
+    from ironlm_toolparsers.granite import GraniteToolParser
+    from ironlm_toolparsers.hermes import HermesToolParser
+    from ironlm_toolparsers.llama3_json import Llama3JsonToolParser
+    from ironlm_toolparsers.mistral import MistralToolParser
+    from ironlm_toolparsers.pythonic import PythonicToolParser
+
+    for parser in (
+        HermesToolParser,
+        MistralToolParser,
+        Llama3JsonToolParser,
+        PythonicToolParser,
+        GraniteToolParser,
+    ):
+        register(parser)

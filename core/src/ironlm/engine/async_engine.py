@@ -1,0 +1,177 @@
+"""AsyncEngine: the LLMEngine on a background thread, streamed to asyncio callers.
+
+The engine loop never runs on the event loop, so the HTTP server stays responsive while a
+step computes. Commands (add, abort) cross over through a queue; outputs come back through
+``loop.call_soon_threadsafe`` into one asyncio.Queue per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable
+
+from ironlm.engine.llm_engine import LLMEngine
+from ironlm.outputs import RequestOutput
+
+log = logging.getLogger("ironlm.engine")
+
+
+class EngineOverloadedError(RuntimeError):
+    """Too many requests are waiting; the caller should answer 503."""
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread is gone; the caller should answer 500/503."""
+
+
+@dataclass
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[RequestOutput | BaseException]
+
+    def put(self, item: RequestOutput | BaseException) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine, max_waiting: int = 1024) -> None:
+        self.engine = engine
+        self.max_waiting = max_waiting
+        self._commands: queue.Queue[Callable[[], None]] = queue.Queue()
+        self._streams: dict[str, _Stream] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="ironlm-engine", daemon=True)
+        self.last_error: BaseException | None = None
+        self.last_stats: dict[str, Any] = engine.stats()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._commands.put(lambda: None)
+        self._thread.join(timeout=30)
+        self.engine.shutdown()
+
+    @property
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    # -- API for the event loop ------------------------------------------------------------
+    async def generate(
+        self, request_id: str, prompt: Any, params: Any, **kwargs: Any
+    ) -> AsyncIterator[RequestOutput]:
+        """Validate and queue one request, then yield its cumulative outputs until finished.
+        Validation errors (ValueError) are raised before the first output. Cancelling the
+        consumer (client disconnect) aborts the request and frees its blocks."""
+        if not self.is_alive:
+            raise EngineDeadError("the engine loop is not running")
+        if self.last_stats.get("num_waiting", 0) >= self.max_waiting:
+            raise EngineOverloadedError(
+                f"server overloaded: {self.max_waiting} requests already waiting"
+            )
+        loop = asyncio.get_running_loop()
+        stream = _Stream(loop, asyncio.Queue())
+        added: Future[None] = Future()
+
+        def add() -> None:
+            # The caller may have been cancelled (client gone) before this ran: skip the add.
+            if not added.set_running_or_notify_cancel():
+                return
+            try:
+                self.engine.add_request(request_id, prompt, params, **kwargs)
+                self._streams[request_id] = stream
+                added.set_result(None)
+            except BaseException as exc:  # validation error: hand it to the caller
+                added.set_exception(exc)
+
+        self._commands.put(add)
+        finished = False
+        try:
+            try:
+                await asyncio.wrap_future(added)
+            except asyncio.CancelledError:
+                raise  # the add may have run already: the finally aborts it
+            except BaseException:
+                finished = True  # rejected: nothing was queued, nothing to abort
+                raise
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finished:
+                    finished = True
+                    return
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        def do() -> None:
+            self._streams.pop(request_id, None)
+            self.engine.abort_request(request_id)
+
+        self._commands.put(do)
+
+    def call(self, fn: Callable[[LLMEngine], Any]) -> Future[Any]:
+        """Run ``fn(engine)`` on the engine thread (stats, cache reset, ...)."""
+        fut: Future[Any] = Future()
+
+        def do() -> None:
+            try:
+                fut.set_result(fn(self.engine))
+            except BaseException as exc:
+                fut.set_exception(exc)
+
+        self._commands.put(do)
+        return fut
+
+    # -- the engine thread -----------------------------------------------------------------
+    def _drain(self, block: bool) -> None:
+        try:
+            cmd = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            cmd()
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._drain(block=not self.engine.has_unfinished_requests())
+            if not self.engine.has_unfinished_requests():
+                self.last_stats = self.engine.stats()
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception as exc:  # a failing step fails its requests, not the server
+                log.exception("engine step failed")
+                self.last_error = exc
+                self._fail_all(exc)
+                continue
+            for out in outputs:
+                stream = self._streams.get(out.request_id)
+                if stream is not None:
+                    stream.put(out)
+                    if out.finished:
+                        del self._streams[out.request_id]
+            self.last_stats = self.engine.stats()
+
+    def _fail_all(self, exc: Exception) -> None:
+        err = RuntimeError(f"engine step failed: {exc!r}")
+        for rid, stream in list(self._streams.items()):
+            stream.put(err)
+            self.engine.abort_request(rid)
+        self._streams.clear()
+        # Requests with no stream (already abandoned) are aborted too.
+        for rid in list(self.engine.outputs.groups):
+            self.engine.abort_request(rid)

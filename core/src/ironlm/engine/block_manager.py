@@ -1,0 +1,171 @@
+"""Paged KV blocks: reference counts, a free queue, and automatic prefix caching.
+
+A full block's identity is the chained hash of (parent block hash, its token ids), so two
+requests with the same prefix map to the same physical blocks. Freed blocks keep their hash and
+stay reusable until the free queue hands them out again (least recently freed first).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from ironlm.engine.request import Request
+
+
+@dataclass
+class Block:
+    block_id: int
+    ref_count: int = 0
+    block_hash: int | None = None  # set once the block is full and registered in the cache
+
+
+@dataclass
+class PrefixCacheStats:
+    queries: int = 0  # prompt tokens looked up
+    hits: int = 0  # of those, tokens found in the cache
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        # Free blocks in eviction order (front is handed out first); value unused.
+        self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self._cached: dict[int, int] = {}  # block hash -> block id
+        self._req_blocks: dict[str, list[int]] = {}
+        self._req_hashes: dict[str, list[int]] = {}  # hashes of the request's full blocks
+        self.stats = PrefixCacheStats()
+
+    # -- queries ---------------------------------------------------------------------------
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    @property
+    def usage(self) -> float:
+        return self.num_used_blocks / self.num_blocks
+
+    def block_ids(self, request_id: str) -> list[int]:
+        return self._req_blocks.get(request_id, [])
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # -- prefix cache ----------------------------------------------------------------------
+    def _hashes(self, req: Request, num_full_blocks: int) -> list[int]:
+        """Chained hashes of the request's first ``num_full_blocks`` blocks (memoised)."""
+        hashes = self._req_hashes.setdefault(req.request_id, [])
+        bs = self.block_size
+        while len(hashes) < num_full_blocks:
+            i = len(hashes)
+            parent = hashes[-1] if hashes else 0
+            hashes.append(hash((parent, tuple(req.token_slice(i * bs, (i + 1) * bs)))))
+        return hashes[:num_full_blocks]
+
+    def find_cached_prefix(self, req: Request) -> list[int]:
+        """Block ids holding the longest cached prefix of the request. At least one token is
+        always left to compute, so the last position's logits can be produced."""
+        if not self.enable_prefix_caching:
+            return []
+        max_blocks = (req.num_tokens - 1) // self.block_size
+        found: list[int] = []
+        for h in self._hashes(req, max_blocks):
+            block_id = self._cached.get(h)
+            if block_id is None:
+                break
+            found.append(block_id)
+        return found
+
+    def record_lookup(self, num_tokens: int, num_hit_tokens: int) -> None:
+        """Count one successful first scheduling of a request (for the hit-rate metric)."""
+        self.stats.queries += num_tokens
+        self.stats.hits += num_hit_tokens
+
+    # -- allocation ------------------------------------------------------------------------
+    def allocate(
+        self, req: Request, num_new_tokens: int, cached_blocks: list[int] | None = None
+    ) -> bool:
+        """Make room for ``num_new_tokens`` more tokens of ``req`` (after taking
+        ``cached_blocks`` as its prefix, on its first allocation). False if blocks ran out;
+        then nothing changed."""
+        cached_blocks = cached_blocks or []
+        owned = self._req_blocks.get(req.request_id, [])
+        total = req.num_computed_tokens + num_new_tokens
+        need = self.blocks_needed(total) - len(owned) - len(cached_blocks)
+        reusable_free = sum(1 for b in cached_blocks if self.blocks[b].ref_count == 0)
+        if need > len(self._free) - reusable_free:
+            return False
+        owned = self._req_blocks.setdefault(req.request_id, owned)
+        for b in cached_blocks:
+            self._take(b)
+            owned.append(b)
+        for _ in range(max(need, 0)):
+            block_id, _ = self._free.popitem(last=False)
+            self._evict_hash(block_id)
+            self.blocks[block_id].ref_count = 1
+            owned.append(block_id)
+        self._register_full_blocks(req, total)
+        return True
+
+    def _take(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            del self._free[block_id]
+        block.ref_count += 1
+
+    def _evict_hash(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.block_hash is not None:
+            if self._cached.get(block.block_hash) == block_id:
+                del self._cached[block.block_hash]
+            block.block_hash = None
+
+    def _register_full_blocks(self, req: Request, num_tokens: int) -> None:
+        """Publish the request's blocks that are full once ``num_tokens`` are computed."""
+        if not self.enable_prefix_caching:
+            return
+        owned = self._req_blocks[req.request_id]
+        num_full = min(num_tokens, req.num_tokens) // self.block_size
+        for i, h in enumerate(self._hashes(req, num_full)):
+            block = self.blocks[owned[i]]
+            if block.block_hash is None and h not in self._cached:
+                block.block_hash = h
+                self._cached[h] = block.block_id
+
+    def fork(self, parent_id: str, child_id: str) -> None:
+        """Share all of the parent's blocks with a new child (copy-on-write by the caller)."""
+        blocks = list(self._req_blocks[parent_id])
+        for b in blocks:
+            self.blocks[b].ref_count += 1
+        self._req_blocks[child_id] = blocks
+        self._req_hashes[child_id] = list(self._req_hashes.get(parent_id, []))
+
+    def free(self, request_id: str) -> None:
+        """Return the request's blocks; the last blocks are freed first so that a prefix's
+        head stays cached longest."""
+        blocks = self._req_blocks.pop(request_id, [])
+        self._req_hashes.pop(request_id, None)
+        for b in reversed(blocks):
+            block = self.blocks[b]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self._free[b] = None
+
+    def reset_prefix_cache(self) -> None:
+        for h, b in list(self._cached.items()):
+            if self.blocks[b].ref_count == 0:
+                self._evict_hash(b)

@@ -1,0 +1,60 @@
+"""GuidedManager: selects guided backends by name, caches compiled specs, builds masks."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import torch
+
+from ironlm.interfaces.guided import Grammar, GuidedBackend, GuidedSpec
+from ironlm.plugin_manager import PluginManager
+
+_CACHE_SIZE = 256
+
+
+class GuidedManager:
+    def __init__(self, pm: PluginManager, tokenizer: Any, vocab_size: int, default: str) -> None:
+        self.pm = pm
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.default = default
+        self._backends: dict[str, GuidedBackend] = {}
+        self._compiled: OrderedDict[tuple[str, GuidedSpec], Any] = OrderedDict()
+
+    def backend(self, name: str | None) -> GuidedBackend:
+        cls = self.pm.select_guided_backend(name or self.default)
+        if cls.name not in self._backends:
+            self._backends[cls.name] = cls(self.tokenizer, self.vocab_size)
+        return self._backends[cls.name]
+
+    def grammar(self, spec: GuidedSpec, backend_name: str | None) -> Grammar:
+        """A fresh Grammar for ``spec``; compiles once per (backend, spec). ValueError when the
+        backend cannot enforce the spec."""
+        backend = self.backend(backend_name)
+        if spec.kind not in backend.supported_kinds:
+            raise ValueError(
+                f"guided decoding backend {backend.name!r} does not support {spec.kind!r} "
+                f"constraints (it supports: {', '.join(sorted(backend.supported_kinds))})"
+            )
+        key = (backend.name, spec)
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            compiled = backend.compile(spec)
+            self._compiled[key] = compiled
+            if len(self._compiled) > _CACHE_SIZE:
+                self._compiled.popitem(last=False)
+        else:
+            self._compiled.move_to_end(key)
+        return backend.new_grammar(compiled)
+
+    def build_mask(self, grammars: list[Grammar | None]) -> torch.Tensor | None:
+        """(len(grammars), vocab) bool, True = allowed; None when no row is constrained."""
+        if all(g is None for g in grammars):
+            return None
+        mask = torch.ones((len(grammars), self.vocab_size), dtype=torch.bool)
+        for i, g in enumerate(grammars):
+            if g is not None:
+                mask[i] = False
+                g.fill_mask(mask[i])
+        return mask

@@ -1,0 +1,78 @@
+"""Input processing: prompt -> validated token ids and a per-request copy of the params."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Union
+
+from ironlm.sampling_params import SamplingParams
+
+# A prompt: text, token ids, or vLLM's dict forms {"prompt": ...} / {"prompt_token_ids": ...}.
+PromptType = Union[str, list[int], dict[str, Any]]
+
+
+@dataclass
+class ProcessedPrompt:
+    prompt: str | None
+    token_ids: list[int]
+
+
+class InputProcessor:
+    def __init__(self, tokenizer: Any, vocab_size: int, max_model_len: int, max_logprobs: int) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+        self.max_logprobs = max_logprobs
+
+    def process(
+        self, prompt: PromptType, params: SamplingParams, add_special_tokens: bool = True
+    ) -> ProcessedPrompt:
+        text: str | None
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                text, ids = prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            elif "prompt" in prompt:
+                text, ids = prompt["prompt"], None
+            else:
+                raise ValueError("prompt dict needs 'prompt' or 'prompt_token_ids'")
+        elif isinstance(prompt, str):
+            text, ids = prompt, None
+        elif isinstance(prompt, (list, tuple)):
+            text, ids = None, list(prompt)
+        else:
+            raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt)}")
+        if ids is None:
+            if not isinstance(text, str):
+                raise ValueError("prompt must be a string")
+            ids = self.tokenizer(text, add_special_tokens=add_special_tokens).input_ids
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise ValueError("prompt token ids must be integers")
+        if params.truncate_prompt_tokens is not None:
+            ids = ids[-params.truncate_prompt_tokens :]
+        if not ids:
+            raise ValueError("The decoder prompt cannot be empty (prompt has 0 tokens)")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(
+                f"Token id {bad[0]} is out of vocabulary (vocabulary size {self.vocab_size})"
+            )
+        if len(ids) >= self.max_model_len:
+            raise ValueError(
+                f"The decoder prompt (length {len(ids)}) is longer than the maximum model "
+                f"length of {self.max_model_len}. Make sure that `max_model_len` is no smaller "
+                "than the number of text tokens plus one generated token."
+            )
+        params.verify(self.vocab_size, self.max_logprobs)
+        if params.bad_words:
+            params._bad_words_token_ids = self._bad_word_ids(params.bad_words)
+        return ProcessedPrompt(text, ids)
+
+    def _bad_word_ids(self, words: list[str]) -> list[list[int]]:
+        """Each bad word as token ids, with and without a leading space (as vLLM does)."""
+        out: list[list[int]] = []
+        for word in words:
+            for variant in (word.lstrip(), " " + word.lstrip()):
+                ids = self.tokenizer(variant, add_special_tokens=False).input_ids
+                if ids and ids not in out:
+                    out.append(ids)
+        return out

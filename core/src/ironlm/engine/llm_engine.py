@@ -1,0 +1,198 @@
+"""LLMEngine: add requests, step, get outputs. Synchronous; the server drives it from a thread.
+
+    step():  plan = scheduler.schedule()
+             output = executor.execute_model(inputs_for(plan))
+             return outputs.update(plan, output)
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ironlm.engine.block_manager import BlockManager
+from ironlm.engine.config import EngineConfig
+from ironlm.engine.guided_manager import GuidedManager
+from ironlm.engine.input_processor import InputProcessor, PromptType
+from ironlm.engine.model_input import ModelInput, NewRequestData, ScheduledSeq
+from ironlm.engine.output_processor import OutputProcessor
+from ironlm.engine.request import Request, RequestStatus
+from ironlm.engine.scheduler import Scheduler
+from ironlm.interfaces.executor import Executor
+from ironlm.model_loader import resolve_model
+from ironlm.outputs import RequestOutput
+from ironlm.plugin_manager import PluginManager
+from ironlm.sampling_params import SamplingParams
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, pm: PluginManager | None = None) -> None:
+        self.config = config
+        self.pm = pm or PluginManager()
+        source = resolve_model(config.model, config.trust_remote_code)
+        self.tokenizer = source.load_tokenizer(config.tokenizer)
+        self.max_model_len = _max_model_len(config, source.max_position_embeddings)
+        self.vocab_size = int(source.hf_config.vocab_size)
+        executor_cls = self.pm.select_executor(config.distributed_executor_backend or "uni")
+        self.executor: Executor = executor_cls(config, self.pm)
+        self.executor.start()
+        num_blocks = self.executor.num_kv_blocks
+        if num_blocks * config.block_size < self.max_model_len:
+            self.executor.shutdown()
+            raise ValueError(
+                f"The model's max seq len ({self.max_model_len}) is larger than the maximum "
+                f"number of tokens that can be stored in KV cache "
+                f"({num_blocks * config.block_size}). Raise kv_cache_memory or lower "
+                "max_model_len."
+            )
+        budget = config.max_num_batched_tokens or (
+            2048 if config.enable_chunked_prefill else max(self.max_model_len, 2048)
+        )
+        if not config.enable_chunked_prefill and budget < self.max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens ({budget}) is smaller than max_model_len "
+                f"({self.max_model_len}) without chunked prefill; enable chunked prefill or "
+                "raise max_num_batched_tokens"
+            )
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            self.block_manager, config.max_num_seqs, budget, config.enable_chunked_prefill
+        )
+        self.inputs = InputProcessor(
+            self.tokenizer, self.vocab_size, self.max_model_len, config.max_logprobs
+        )
+        self.guided = GuidedManager(
+            self.pm, self.tokenizer, self.vocab_size, config.guided_decoding_backend
+        )
+        self.outputs = OutputProcessor(self.tokenizer, self.max_model_len)
+        self._new: list[NewRequestData] = []
+
+    # -- requests --------------------------------------------------------------------------
+    def add_request(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams,
+        priority: int = 0,
+        add_special_tokens: bool = True,
+        pooling: bool = False,
+    ) -> None:
+        """Validate and queue a request (ValueError naming the field when invalid). With n or
+        best_of > 1 it fans out into child sequences that share the prompt's cached blocks."""
+        if request_id in self.outputs.groups:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        params = params.clone()
+        processed = self.inputs.process(prompt, params, add_special_tokens)
+        grammars = []
+        for _ in range(params.best_of or 1):
+            spec = params.guided_decoding
+            grammars.append(
+                self.guided.grammar(spec, params.guided_decoding_backend) if spec else None
+            )
+        children = []
+        for i in range(params.best_of or 1):
+            child_params = params
+            if i > 0 and params.seed is not None:
+                child_params = params.clone()
+                child_params.seed = params.seed + i
+            child = Request(
+                request_id=f"{request_id}#{i}" if (params.best_of or 1) > 1 else request_id,
+                prompt_token_ids=processed.token_ids,
+                sampling_params=child_params,
+                eos_token_id=self.tokenizer.eos_token_id,
+                priority=priority,
+                grammar=grammars[i],
+                pooling=pooling,
+            )
+            children.append(child)
+            self.scheduler.add(child)
+            self._new.append(
+                NewRequestData(child.request_id, child.prompt_token_ids, child_params,
+                               child.eos_token_id, pooling)
+            )
+        self.outputs.add_group(request_id, processed.prompt, processed.token_ids, params, children)
+
+    def abort_request(self, request_ids: str | list[str]) -> None:
+        """Stop requests now and free their KV blocks at once."""
+        for rid in [request_ids] if isinstance(request_ids, str) else request_ids:
+            for child in self.outputs.children(rid):
+                if not child.is_finished:
+                    self.scheduler.finish(child, RequestStatus.FINISHED_ABORTED)
+            self.outputs.drop_group(rid)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- one step --------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        plan = self.scheduler.schedule()
+        if plan.is_empty():
+            if plan.finished_ids:  # let workers drop state of requests finished while idle
+                self.executor.execute_model(ModelInput([], self._take_new(), plan.finished_ids))
+            return []
+        model_input = self._model_input(plan.scheduled, plan.finished_ids)
+        output = self.executor.execute_model(model_input)
+        self.scheduler.on_step_done(plan.scheduled)
+        return self.outputs.update(plan.scheduled, output, self.scheduler)
+
+    def _take_new(self) -> list[NewRequestData]:
+        new, self._new = self._new, []
+        return new
+
+    def _model_input(self, scheduled: list[tuple[Request, int]], finished: list[str]) -> ModelInput:
+        seqs = []
+        grammars = []
+        for req, n in scheduled:
+            start = req.num_computed_tokens
+            sample = start + n == req.num_tokens
+            seqs.append(
+                ScheduledSeq(
+                    request_id=req.request_id,
+                    token_ids=req.token_slice(start, start + n),
+                    start_pos=start,
+                    block_ids=self.block_manager.block_ids(req.request_id),
+                    sample=sample,
+                    num_output_tokens=len(req.output_token_ids),
+                    want_prompt_logprobs=req.sampling_params.prompt_logprobs is not None
+                    and start < req.num_prompt_tokens,
+                )
+            )
+            if sample:
+                grammars.append(req.grammar)
+        return ModelInput(
+            seqs=seqs,
+            new_requests=self._take_new(),
+            finished_ids=finished,
+            allowed_mask=self.guided.build_mask(grammars),
+        )
+
+    # -- stats -----------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        bm = self.block_manager
+        return {
+            "num_running": self.scheduler.num_running,
+            "num_waiting": self.scheduler.num_waiting,
+            "kv_usage": bm.usage,
+            "num_blocks": bm.num_blocks,
+            "num_used_blocks": bm.num_used_blocks,
+            "prefix_cache_queries": bm.stats.queries,
+            "prefix_cache_hits": bm.stats.hits,
+            "num_preemptions": self.scheduler.stats.num_preemptions,
+            "time": time.time(),
+        }
+
+    def shutdown(self) -> None:
+        self.executor.shutdown()
+
+
+def _max_model_len(config: EngineConfig, model_max: int | None) -> int:
+    if config.max_model_len is None:
+        if model_max is None:
+            raise ValueError("the model config has no max_position_embeddings; set max_model_len")
+        return int(model_max)
+    if model_max is not None and config.max_model_len > model_max:
+        raise ValueError(
+            f"max_model_len ({config.max_model_len}) is greater than the model's "
+            f"max_position_embeddings ({model_max})"
+        )
+    return config.max_model_len

@@ -1,0 +1,191 @@
+"""OutputProcessor: sampled tokens -> detokenized text, stop checks, RequestOutputs.
+
+A group is what the user submitted (one request id); its children are the n / best_of
+sequences. Outputs are cumulative (the whole text so far); streaming layers take deltas.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ironlm.engine.detokenizer import IncrementalDetokenizer
+from ironlm.engine.model_input import ModelOutput, SampledToken
+from ironlm.engine.request import Request, RequestStatus
+from ironlm.engine.scheduler import Scheduler
+from ironlm.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
+from ironlm.sampling_params import SamplingParams
+
+
+@dataclass
+class Group:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    children: list[Request]
+    detoks: list[IncrementalDetokenizer | None]
+    prompt_logprobs: list[PositionLogprobs | None] = field(default_factory=lambda: [None])
+    arrival: float = field(default_factory=time.monotonic)
+    embedding: list[float] | None = None  # pooling requests: the mean-pooled hidden state
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: Any, max_model_len: int) -> None:
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.groups: dict[str, Group] = {}
+        self._child_group: dict[str, Group] = {}
+
+    def add_group(
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        children: list[Request],
+    ) -> None:
+        detoks: list[IncrementalDetokenizer | None] = [
+            IncrementalDetokenizer(
+                self.tokenizer, prompt_token_ids, list(params.stop or []),
+                params.include_stop_str_in_output, params.skip_special_tokens,
+                params.spaces_between_special_tokens,
+            ) if params.detokenize else None
+            for _ in children
+        ]
+        group = Group(request_id, prompt, prompt_token_ids, params, children, detoks)
+        self.groups[request_id] = group
+        for c in children:
+            self._child_group[c.request_id] = group
+
+    def children(self, request_id: str) -> list[Request]:
+        group = self.groups.get(request_id)
+        return group.children if group else []
+
+    def drop_group(self, request_id: str) -> None:
+        group = self.groups.pop(request_id, None)
+        for c in group.children if group else []:
+            self._child_group.pop(c.request_id, None)
+
+    # -- per step --------------------------------------------------------------------------
+    def update(
+        self, scheduled: list[tuple[Request, int]], output: ModelOutput, scheduler: Scheduler
+    ) -> list[RequestOutput]:
+        touched: dict[str, Group] = {}
+        now = time.monotonic()
+        for req, n in scheduled:
+            group = self._child_group.get(req.request_id)
+            if group is None or req.is_finished:
+                continue
+            plp = output.prompt_logprobs.get(req.request_id)
+            if plp and group.children[0] is req:
+                self._add_prompt_logprobs(group, req.num_computed_tokens - n, plp)
+            emb = output.embeddings.get(req.request_id)
+            if emb is not None:
+                group.embedding = emb.tolist()
+                touched[group.request_id] = group
+                scheduler.finish(req, RequestStatus.FINISHED_STOPPED)
+                continue
+            tok = output.sampled.get(req.request_id)
+            if tok is None:
+                continue
+            touched[group.request_id] = group
+            req.first_token_time = req.first_token_time or now
+            req.last_token_time = now
+            self._append(group, req, tok, scheduler)
+        results = []
+        for group in touched.values():
+            out = self._request_output(group)
+            if out is not None:
+                results.append(out)
+            if all(c.is_finished for c in group.children):
+                self.drop_group(group.request_id)
+        return results
+
+    def _add_prompt_logprobs(self, group: Group, start: int, entries: list[Any]) -> None:
+        # entries cover positions start+1, start+2, ...; positions already recorded (a
+        # preempted request recomputes its prompt) are skipped. Index in the list = position.
+        for j, entry in enumerate(entries):
+            if start + 1 + j == len(group.prompt_logprobs):
+                group.prompt_logprobs.append(self._logprob_dict(entry))
+
+    def _logprob_dict(self, entries: list[tuple[int, float, int]]) -> PositionLogprobs:
+        return {
+            tid: Logprob(lp, rank, self.tokenizer.decode([tid]))
+            for tid, lp, rank in entries
+        }
+
+    def _append(self, group: Group, req: Request, tok: SampledToken, scheduler: Scheduler) -> None:
+        p = req.sampling_params
+        req.output_token_ids.append(tok.token_id)
+        req.cumulative_logprob += tok.logprob
+        if tok.top_logprobs is not None:
+            req.logprobs.append(self._logprob_dict(tok.top_logprobs))
+        status: RequestStatus | None = None
+        if req.grammar is not None and not req.grammar.accept_token(tok.token_id):
+            status = RequestStatus.FINISHED_ABORTED  # never return text that broke the grammar
+        detok = group.detoks[group.children.index(req)]
+        stop_str = detok.add_token(tok.token_id) if detok is not None else None
+        n_out = len(req.output_token_ids)
+        if status is not None:
+            pass
+        elif stop_str is not None:
+            status, req.stop_reason = RequestStatus.FINISHED_STOPPED, stop_str
+        elif n_out >= p.min_tokens and not p.ignore_eos and tok.token_id == req.eos_token_id:
+            status = RequestStatus.FINISHED_STOPPED
+        elif n_out >= p.min_tokens and tok.token_id in (p.stop_token_ids or []):
+            status, req.stop_reason = RequestStatus.FINISHED_STOPPED, tok.token_id
+        elif req.grammar is not None and req.grammar.is_terminated():
+            status = RequestStatus.FINISHED_STOPPED
+        elif p.max_tokens is not None and n_out >= p.max_tokens:
+            status = RequestStatus.FINISHED_LENGTH
+        elif req.num_tokens >= self.max_model_len:
+            status = RequestStatus.FINISHED_LENGTH
+        if status is not None:
+            if detok is not None and stop_str is None:
+                detok.flush()
+            scheduler.finish(req, status)
+
+    def _completion(self, group: Group, i: int, req: Request) -> CompletionOutput:
+        detok = group.detoks[i]
+        text = detok.visible_text(req.is_finished) if detok is not None else ""
+        return CompletionOutput(
+            index=i,
+            text=text,
+            token_ids=list(req.output_token_ids),
+            cumulative_logprob=req.cumulative_logprob,
+            logprobs=list(req.logprobs) if req.sampling_params.logprobs is not None else None,
+            finish_reason=req.status.finish_reason,
+            stop_reason=req.stop_reason,
+        )
+
+    def _request_output(self, group: Group) -> RequestOutput | None:
+        finished = all(c.is_finished for c in group.children)
+        n, best_of = group.params.n, group.params.best_of or 1
+        if best_of > n and not finished:
+            return None  # best_of picks among complete sequences only
+        outs = [self._completion(group, i, c) for i, c in enumerate(group.children)]
+        if best_of > n:
+            outs = sorted(outs, key=lambda o: -(o.cumulative_logprob or 0.0))[:n]
+            for i, o in enumerate(outs):
+                o.index = i
+        first = [c.first_token_time for c in group.children if c.first_token_time]
+        last = [c.last_token_time for c in group.children if c.last_token_time]
+        metrics = {"arrival_time": group.arrival}
+        if first:
+            metrics["first_token_time"] = min(first)
+        if last:
+            metrics["last_token_time"] = max(last)
+        return RequestOutput(
+            request_id=group.request_id,
+            prompt=group.prompt,
+            prompt_token_ids=group.prompt_token_ids,
+            outputs=outs,
+            finished=finished,
+            prompt_logprobs=group.prompt_logprobs
+            if group.params.prompt_logprobs is not None else None,
+            num_cached_tokens=group.children[0].num_cached_tokens,
+            metrics=metrics,
+            embedding=group.embedding,
+        )

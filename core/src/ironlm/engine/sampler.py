@@ -1,0 +1,214 @@
+"""Sampler: logits of the sampling rows -> next tokens, as tensor ops over the whole batch.
+
+Order (vLLM's): raw logprobs are taken from the model's logits; then min_tokens, logit_bias,
+allowed ids / bad words / guided masks, repetition / frequency / presence penalties,
+temperature, top-k, top-p, min-p; then a draw. Seeded rows draw their noise from their own
+generator, so a seeded request samples the same tokens alone or in any batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ironlm.engine.model_input import SampledToken
+from ironlm.sampling_params import SamplingParams
+
+_NEG_INF = float("-inf")
+
+
+@dataclass
+class SamplingState:
+    """A request's sampling state on the worker."""
+
+    params: SamplingParams
+    eos_token_id: int | None
+    prompt_token_ids: list[int]
+    generator: torch.Generator | None  # set when params.seed is not None
+    output_counts: torch.Tensor | None = None  # (vocab,) int32, when penalties need them
+    prompt_mask: torch.Tensor | None = None  # (vocab,) bool, for repetition_penalty
+    output_token_ids: list[int] | None = None  # for bad_words matching
+    pooling: bool = False  # embedding request: no sampling
+
+    @classmethod
+    def create(
+        cls,
+        params: SamplingParams,
+        eos_token_id: int | None,
+        prompt_token_ids: list[int],
+        vocab_size: int,
+        device: torch.device,
+    ) -> SamplingState:
+        gen = None
+        if params.seed is not None:
+            gen = torch.Generator(device=device)
+            gen.manual_seed(params.seed & 0xFFFF_FFFF_FFFF_FFFF)
+        st = cls(params, eos_token_id, prompt_token_ids, gen, output_token_ids=[])
+        if params.presence_penalty or params.frequency_penalty or params.repetition_penalty != 1:
+            st.output_counts = torch.zeros(vocab_size, dtype=torch.int32, device=device)
+        if params.repetition_penalty != 1.0:
+            st.prompt_mask = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+            ids = torch.tensor(prompt_token_ids, dtype=torch.long, device=device)
+            st.prompt_mask[ids.clamp(max=vocab_size - 1)] = True
+        return st
+
+    def record(self, token_id: int) -> None:
+        if self.output_counts is not None:
+            self.output_counts[token_id] += 1
+        if self.output_token_ids is not None:
+            self.output_token_ids.append(token_id)
+
+
+class Sampler:
+    def __call__(
+        self,
+        logits: torch.Tensor,  # (B, V) float32, one row per sampling request
+        states: list[SamplingState],
+        allowed_mask: torch.Tensor | None = None,  # (B, V) bool from guided decoding
+    ) -> list[SampledToken]:
+        raw_logprobs = torch.log_softmax(logits, dim=-1)  # (B, V)
+        x = self.final_logits(logits, states, allowed_mask)
+        greedy = torch.tensor([s.params.sampling_type_greedy for s in states], device=x.device)
+        tokens = x.argmax(dim=-1)  # (B,)
+        if not bool(greedy.all()):
+            probs = torch.softmax(x, dim=-1)
+            noise = torch.empty_like(probs).exponential_()  # unseeded rows: shared generator
+            for i, s in enumerate(states):
+                if s.generator is not None and not s.params.sampling_type_greedy:
+                    noise[i].exponential_(generator=s.generator)
+            sampled = (probs / noise).argmax(dim=-1)  # exponential race == categorical draw
+            tokens = torch.where(greedy, tokens, sampled)
+        chosen_lp = raw_logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)  # (B,)
+        out: list[SampledToken] = []
+        tok_list, lp_list = tokens.tolist(), chosen_lp.tolist()
+        for i, s in enumerate(states):
+            top = None
+            if s.params.logprobs is not None:
+                top = top_logprobs(raw_logprobs[i], tok_list[i], s.params.logprobs)
+            out.append(SampledToken(tok_list[i], lp_list[i], top))
+            s.record(tok_list[i])
+        return out
+
+    def final_logits(
+        self, logits: torch.Tensor, states: list[SamplingState], allowed: torch.Tensor | None
+    ) -> torch.Tensor:
+        """(B, V) logits after every processor; sampling draws from softmax of these (greedy
+        rows take the argmax; their temperature / top-k / top-p / min-p are not applied)."""
+        x = self._process(logits.clone(), states, allowed)
+        greedy = [s.params.sampling_type_greedy for s in states]
+        if all(greedy):
+            return x
+        temps = torch.tensor(
+            [1.0 if g else s.params.temperature for g, s in zip(greedy, states)],
+            device=x.device, dtype=x.dtype,
+        ).unsqueeze(1)
+        return _top_k_top_p_min_p(x / temps, states)
+
+    def _process(
+        self, x: torch.Tensor, states: list[SamplingState], allowed: torch.Tensor | None
+    ) -> torch.Tensor:
+        V = x.shape[1]
+        rows_bias: list[int] = []
+        cols_bias: list[int] = []
+        vals_bias: list[float] = []
+        block = torch.zeros_like(x, dtype=torch.bool)  # True = forbidden
+        need_block = False
+        for i, s in enumerate(states):
+            p = s.params
+            n_out = len(s.output_token_ids or [])
+            if n_out < p.min_tokens:
+                stop_ids = list(p.stop_token_ids or [])
+                if s.eos_token_id is not None and not p.ignore_eos:
+                    stop_ids.append(s.eos_token_id)
+                if stop_ids:
+                    block[i, stop_ids] = True
+                    need_block = True
+            for tid, b in (p.logit_bias or {}).items():
+                rows_bias.append(i)
+                cols_bias.append(tid)
+                vals_bias.append(b)
+            if p.allowed_token_ids is not None:
+                row = torch.ones(V, dtype=torch.bool, device=x.device)
+                row[p.allowed_token_ids] = False
+                block[i] |= row
+                need_block = True
+            for word in p._bad_words_token_ids:
+                prefix = word[:-1]
+                outs = s.output_token_ids or []
+                if not prefix or outs[len(outs) - len(prefix):] == prefix:
+                    block[i, word[-1]] = True
+                    need_block = True
+        if rows_bias:
+            x.index_put_(
+                (torch.tensor(rows_bias), torch.tensor(cols_bias)),
+                torch.tensor(vals_bias, dtype=x.dtype),
+                accumulate=True,
+            )
+        if allowed is not None:
+            block |= ~allowed
+            need_block = True
+        x = _apply_penalties(x, states)
+        if need_block:
+            x = x.masked_fill(block, _NEG_INF)
+        return x
+
+
+def _apply_penalties(x: torch.Tensor, states: list[SamplingState]) -> torch.Tensor:
+    rows = [i for i, s in enumerate(states) if s.output_counts is not None]
+    if not rows:
+        return x
+    idx = torch.tensor(rows, device=x.device)
+    counts = torch.stack([states[i].output_counts for i in rows]).to(x.dtype)  # (R, V)
+    rep = torch.tensor([states[i].params.repetition_penalty for i in rows], device=x.device)
+    freq = torch.tensor([states[i].params.frequency_penalty for i in rows], device=x.device)
+    pres = torch.tensor([states[i].params.presence_penalty for i in rows], device=x.device)
+    sub = x[idx]
+    seen = counts > 0
+    prompt = [states[i].prompt_mask for i in rows]
+    if any(m is not None for m in prompt):
+        pm = torch.stack([m if m is not None else torch.zeros_like(seen[0]) for m in prompt])
+        rep_seen = seen | pm
+        r = rep.unsqueeze(1)
+        sub = torch.where(rep_seen, torch.where(sub > 0, sub / r, sub * r), sub)
+    sub = sub - freq.unsqueeze(1) * counts - pres.unsqueeze(1) * seen.to(x.dtype)
+    x[idx] = sub
+    return x
+
+
+def _top_k_top_p_min_p(x: torch.Tensor, states: list[SamplingState]) -> torch.Tensor:
+    """Mask logits outside each row's top-k / nucleus / min-p set. x: (B, V) scaled logits."""
+    top_k = [s.params.top_k for s in states]
+    top_p = [s.params.top_p for s in states]
+    min_p = [s.params.min_p for s in states]
+    V = x.shape[1]
+    if any(k != -1 for k in top_k) or any(p < 1.0 for p in top_p):
+        sorted_x, order = x.sort(dim=-1, descending=True)  # (B, V)
+        ks = torch.tensor([k if k != -1 else V for k in top_k], device=x.device)
+        pos = torch.arange(V, device=x.device).unsqueeze(0)
+        drop = pos >= ks.unsqueeze(1)
+        sorted_x = sorted_x.masked_fill(drop, _NEG_INF)
+        ps = torch.tensor(top_p, device=x.device, dtype=x.dtype).unsqueeze(1)
+        probs = torch.softmax(sorted_x, dim=-1)
+        before = probs.cumsum(dim=-1) - probs  # mass strictly above each token
+        drop = before > ps  # keep the smallest prefix whose mass reaches top_p
+        sorted_x = sorted_x.masked_fill(drop, _NEG_INF)
+        x = torch.full_like(x, _NEG_INF).scatter(1, order, sorted_x)
+    if any(m > 0 for m in min_p):
+        probs = torch.softmax(x, dim=-1)
+        mp = torch.tensor(min_p, device=x.device, dtype=x.dtype).unsqueeze(1)
+        x = x.masked_fill(probs < mp * probs.max(dim=-1, keepdim=True).values, _NEG_INF)
+    return x
+
+
+def top_logprobs(row: torch.Tensor, token_id: int, k: int) -> list[tuple[int, float, int]]:
+    """[(token_id, logprob, rank)]: the given token first, then the k most likely tokens.
+    row: (V,) log-probabilities."""
+    lp = float(row[token_id])
+    rank = int((row > row[token_id]).sum()) + 1
+    entries = [(token_id, lp, rank)]
+    if k > 0:
+        vals, ids = row.topk(k)
+        for r, (v, t) in enumerate(zip(vals.tolist(), ids.tolist()), start=1):
+            entries.append((t, v, r))
+    return entries

@@ -1,0 +1,97 @@
+"""Chat templates: OpenAI-style messages -> prompt text through the tokenizer's template."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def load_chat_template(template: str | None) -> str | None:
+    """``--chat-template`` accepts a file path or the template text itself."""
+    if template is None:
+        return None
+    path = Path(template)
+    try:
+        if path.is_file():
+            return path.read_text()
+    except OSError:
+        pass
+    if "{" not in template:
+        raise ValueError(f"chat template {template!r} is neither a file nor a Jinja template")
+    return template
+
+
+def _content_text(content: Any) -> Any:
+    """OpenAI content may be a list of parts; text parts are joined (others are rejected)."""
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "text":
+                texts.append(part.get("text", ""))
+            else:
+                raise ValueError(f"messages: content part of type {kind!r} is not supported "
+                                 "(text only)")
+        return "\n".join(texts)
+    raise ValueError("messages: content must be a string or a list of content parts")
+
+
+def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages must be a non-empty list")
+    out = []
+    for m in messages:
+        if not isinstance(m, dict) or "role" not in m:
+            raise ValueError("messages: each message needs a 'role'")
+        msg = dict(m)
+        msg["content"] = _content_text(m.get("content"))
+        if msg.get("tool_calls"):
+            # Templates expect arguments as objects; OpenAI sends JSON strings.
+            import json
+
+            calls = []
+            for c in msg["tool_calls"]:
+                c = dict(c)
+                fn = dict(c.get("function", {}))
+                if isinstance(fn.get("arguments"), str):
+                    try:
+                        fn["arguments"] = json.loads(fn["arguments"])
+                    except ValueError:
+                        pass
+                c["function"] = fn
+                calls.append(c)
+            msg["tool_calls"] = calls
+        out.append(msg)
+    return out
+
+
+def apply_chat_template(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    chat_template: str | None = None,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+    tools: list[dict[str, Any]] | None = None,
+    documents: list[dict[str, Any]] | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
+) -> str:
+    """The prompt text for a conversation (special tokens included by the template)."""
+    if continue_final_message and add_generation_prompt:
+        raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
+    if chat_template is None and getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError(
+            "the tokenizer has no chat template; pass chat_template (or --chat-template)"
+        )
+    kwargs = dict(chat_template_kwargs or {})
+    return tokenizer.apply_chat_template(
+        normalize_messages(messages),
+        tokenize=False,
+        add_generation_prompt=add_generation_prompt,
+        continue_final_message=continue_final_message,
+        chat_template=chat_template,
+        tools=tools,
+        documents=documents,
+        **kwargs,
+    )

@@ -1,0 +1,143 @@
+"""The offline API: ``LLM(model, ...)`` with generate, chat, encode and beam_search."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import fields
+from typing import Any, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from ironlm.engine.config import EngineConfig
+from ironlm.engine.input_processor import PromptType
+from ironlm.engine.llm_engine import LLMEngine
+from ironlm.entrypoints.chat_utils import apply_chat_template
+from ironlm.outputs import EmbeddingOutput, RequestOutput
+from ironlm.plugin_manager import PluginManager
+from ironlm.sampling_params import BeamSearchParams, SamplingParams
+
+_ENGINE_ARGS = {f.name for f in fields(EngineConfig)}
+
+
+class LLM:
+    """Generate from a model in this process. Keyword arguments are vLLM's engine arguments
+    (see ``EngineConfig``); plugins are selected by name (device, attention_backend,
+    quantization, guided_decoding_backend, distributed_executor_backend)."""
+
+    def __init__(self, model: str, *, plugin_manager: PluginManager | None = None, **kwargs: Any) -> None:
+        unknown = sorted(set(kwargs) - _ENGINE_ARGS)
+        if unknown:
+            raise TypeError(
+                f"LLM() got unknown argument(s) {unknown}; engine arguments are: "
+                f"{sorted(_ENGINE_ARGS - {'model'})}"
+            )
+        config = EngineConfig(model=model, **kwargs)
+        torch.manual_seed(config.seed)  # unseeded sampling draws from the global generator
+        self.engine = LLMEngine(config, plugin_manager)
+        self._ids = itertools.count()
+
+    def get_tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    # -- generation ------------------------------------------------------------------------
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        priority: list[int] | None = None,
+    ) -> list[RequestOutput]:
+        """Run all prompts to completion; outputs come back in input order."""
+        batch = _as_prompt_list(prompts)
+        params = _per_prompt(sampling_params or SamplingParams(), len(batch))
+        ids = []
+        for i, (prompt, p) in enumerate(zip(batch, params)):
+            rid = str(next(self._ids))
+            self.engine.add_request(rid, prompt, p, priority=priority[i] if priority else 0)
+            ids.append(rid)
+        return self._run(ids, use_tqdm)
+
+    def chat(
+        self,
+        messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate replies to one conversation or a list of them, via the chat template."""
+        conversations = messages if messages and isinstance(messages[0], list) else [messages]
+        prompts: list[PromptType] = []
+        for conv in conversations:
+            text = apply_chat_template(
+                self.engine.tokenizer, conv, chat_template, add_generation_prompt,
+                continue_final_message, tools, None, chat_template_kwargs,
+            )
+            # The template already holds BOS and friends: tokenize without adding them again.
+            ids = self.engine.tokenizer(text, add_special_tokens=False).input_ids
+            prompts.append({"prompt": text, "prompt_token_ids": ids})
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def encode(
+        self, prompts: PromptType | Sequence[PromptType], use_tqdm: bool = True
+    ) -> list[EmbeddingOutput]:
+        """Mean-pooled last hidden states of each prompt."""
+        ids = []
+        for prompt in _as_prompt_list(prompts):
+            rid = str(next(self._ids))
+            self.engine.add_request(rid, prompt, SamplingParams(max_tokens=1), pooling=True)
+            ids.append(rid)
+        outs = self._run(ids, use_tqdm)
+        return [EmbeddingOutput(o.request_id, o.prompt_token_ids, o.embedding or []) for o in outs]
+
+    def beam_search(
+        self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams
+    ) -> list[Any]:
+        from ironlm.entrypoints.beam_search import run_beam_search
+
+        return run_beam_search(self, _as_prompt_list(prompts), params)
+
+    # -- the loop --------------------------------------------------------------------------
+    def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        done: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(request_ids), desc="Processed prompts", disable=not use_tqdm or len(request_ids) < 2)
+        try:
+            while self.engine.has_unfinished_requests():
+                for out in self.engine.step():
+                    if out.finished:
+                        done[out.request_id] = out
+                        bar.update(1)
+        except BaseException:
+            self.engine.abort_request(request_ids)  # never leave blocks behind
+            raise
+        finally:
+            bar.close()
+        return [done[rid] for rid in request_ids if rid in done]
+
+    def abort(self, request_ids: str | list[str]) -> None:
+        self.engine.abort_request(request_ids)
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+
+def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    if isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int):
+        return [list(prompts)]  # one token-id prompt
+    return list(prompts)
+
+
+def _per_prompt(
+    params: SamplingParams | Sequence[SamplingParams], n: int
+) -> list[SamplingParams]:
+    if isinstance(params, SamplingParams):
+        return [params] * n
+    if len(params) != n:
+        raise ValueError(f"got {len(params)} sampling params for {n} prompts")
+    return list(params)

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible server (``ironlm serve``): FastAPI app, protocol models, endpoints."""

@@ -1,0 +1,268 @@
+"""The OpenAI-compatible HTTP server: ``build_app`` (FastAPI app over a running AsyncEngine)
+and ``run_server`` (flags -> engine -> uvicorn). Also ``python -m
+ironlm.entrypoints.openai.api_server MODEL [flags]``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, TypeVar
+
+import uvicorn
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, ValidationError
+from starlette.responses import JSONResponse, Response
+
+from ironlm import __version__
+from ironlm.engine.async_engine import AsyncEngine
+from ironlm.entrypoints.chat_utils import load_chat_template
+from ironlm.entrypoints.openai import (
+    serving_chat,
+    serving_completions,
+    serving_embeddings,
+    serving_generate,
+    serving_tokenize,
+)
+from ironlm.entrypoints.openai.cli_args import engine_config_from_args, make_parser
+from ironlm.entrypoints.openai.errors import APIError, install_error_handlers, validation_error
+from ironlm.entrypoints.openai.metrics import fresh_stats, log_stats_forever
+from ironlm.entrypoints.openai.middleware import (
+    APIKeyMiddleware,
+    BodySizeLimitMiddleware,
+    load_middleware,
+)
+from ironlm.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    EmbeddingRequest,
+    TokenizeRequest,
+)
+from ironlm.entrypoints.openai.startup import StartupError, load_tool_parser_plugin, preflight
+from ironlm.entrypoints.openai.state import ServerOptions, ServerState
+from ironlm.plugin_manager import PluginManager
+from ironlm.registry import PluginClashError
+
+log = logging.getLogger("ironlm.server")
+M = TypeVar("M", bound=BaseModel)
+router = APIRouter()
+
+
+def _server(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+async def parse_body(request: Request, model: type[M] | None) -> Any:
+    """The JSON body, validated into ``model``; 400 for a wrong content type, malformed JSON,
+    or a field of the wrong type."""
+    ctype = request.headers.get("content-type", "")
+    if ctype and "json" not in ctype.split(";")[0].lower():
+        raise APIError(f"Unsupported Content-Type {ctype!r}: send application/json", 400)
+    raw = await request.body()
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise APIError(f"Invalid JSON body: {exc}", 400) from None
+    if model is None:
+        return data
+    if not isinstance(data, dict):
+        raise APIError("the request body must be a JSON object", 400)
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise validation_error(exc.errors()) from None
+
+
+# -- routes --------------------------------------------------------------------------------
+@router.get("/health")
+async def health(request: Request) -> Response:
+    if not _server(request).engine.is_alive:
+        raise APIError("the engine loop is not running", 503)
+    return Response(status_code=200)
+
+
+@router.get("/version")
+async def version() -> dict[str, str]:
+    return {"version": __version__}
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> dict[str, Any]:
+    s = _server(request)
+    cards = [
+        {"id": name, "object": "model", "created": s.created, "owned_by": "ironlm",
+         "root": s.model_path, "parent": None, "max_model_len": s.max_model_len}
+        for name in s.options.served_model_names
+    ]
+    return {"object": "list", "data": cards}
+
+
+@router.get("/v1/plugins")
+async def plugins(request: Request) -> dict[str, Any]:
+    return {"object": "list", "data": _server(request).plugin_manager.describe()}
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    s = _server(request)
+    s.metrics.set_engine_stats(await fresh_stats(s.engine))
+    return Response(s.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.post("/v1/completions")
+async def completions(request: Request) -> Response:
+    req = await parse_body(request, CompletionRequest)
+    return await serving_completions.create_completion(_server(request), request, req)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    req = await parse_body(request, ChatCompletionRequest)
+    return await serving_chat.create_chat_completion(_server(request), request, req)
+
+
+@router.post("/v1/embeddings")
+async def embeddings(request: Request) -> Response:
+    req = await parse_body(request, EmbeddingRequest)
+    return await serving_embeddings.create_embedding(_server(request), request, req)
+
+
+@router.post("/tokenize")
+async def tokenize(request: Request) -> JSONResponse:
+    req = await parse_body(request, TokenizeRequest)
+    return JSONResponse(serving_tokenize.tokenize(_server(request), req))
+
+
+@router.post("/detokenize")
+async def detokenize(request: Request) -> JSONResponse:
+    req = await parse_body(request, DetokenizeRequest)
+    return JSONResponse(serving_tokenize.detokenize(_server(request), req))
+
+
+@router.get("/tokenizer_info")
+async def tokenizer_info(request: Request) -> JSONResponse:
+    return JSONResponse(serving_tokenize.tokenizer_info(_server(request)))
+
+
+@router.post("/generate")
+async def generate(request: Request) -> Response:
+    body = await parse_body(request, None)
+    return await serving_generate.generate(_server(request), request, body)
+
+
+# -- the app -------------------------------------------------------------------------------
+def server_options(args: argparse.Namespace, model: str) -> ServerOptions:
+    return ServerOptions(
+        served_model_names=list(args.served_model_name or [model]),
+        chat_template=load_chat_template(args.chat_template),
+        response_role=args.response_role,
+        return_tokens_as_token_ids=args.return_tokens_as_token_ids,
+        enable_auto_tool_choice=args.enable_auto_tool_choice,
+        tool_call_parser=args.tool_call_parser,
+        max_log_len=args.max_log_len,
+        disable_log_requests=args.disable_log_requests,
+        disable_log_stats=args.disable_log_stats,
+    )
+
+
+def build_app(
+    engine: AsyncEngine, args: argparse.Namespace, pm: PluginManager | None = None
+) -> FastAPI:
+    """The FastAPI app serving ``engine`` (already started) with the flags in ``args``."""
+    pm = pm or engine.engine.pm
+    state = ServerState.create(engine, server_options(args, str(engine.engine.config.model)), pm)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        task = None if args.disable_log_stats else asyncio.ensure_future(
+            log_stats_forever(engine)
+        )
+        try:
+            yield
+        finally:
+            if task is not None:
+                task.cancel()
+
+    docs = not args.disable_fastapi_docs
+    app = FastAPI(
+        title="IronLM OpenAI-compatible API", version=__version__, lifespan=lifespan,
+        root_path=args.root_path or "", openapi_url="/openapi.json" if docs else None,
+        docs_url="/docs" if docs else None, redoc_url="/redoc" if docs else None,
+    )
+    app.state.server = state
+    install_error_handlers(app)
+    app.include_router(router)
+    # add_middleware wraps the app: the last added runs first (CORS, size, key, user's).
+    for path in args.middleware or []:
+        load_middleware(app, path)
+    api_key = args.api_key or os.environ.get("IRONLM_API_KEY")
+    if api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=args.max_request_body_size)
+    app.add_middleware(
+        CORSMiddleware, allow_origins=args.allowed_origins,
+        allow_credentials=args.allow_credentials, allow_methods=args.allowed_methods,
+        allow_headers=args.allowed_headers,
+    )
+    return app
+
+
+def run_server(args: argparse.Namespace) -> None:
+    """Check the flags, load the engine, serve until interrupted. StartupError (a ValueError)
+    and the plugin manager's selection errors say which flag cannot be honoured."""
+    import torch
+
+    from ironlm.engine.llm_engine import LLMEngine
+
+    pm = PluginManager()
+    if args.tool_parser_plugin:
+        load_tool_parser_plugin(pm, args.tool_parser_plugin)
+    platform = pm.select_platform(getattr(args, "device", None) or "auto")
+    config = engine_config_from_args(args)
+    preflight(pm, config, platform, args)
+    load_chat_template(args.chat_template)  # a bad --chat-template fails before loading
+    torch.manual_seed(config.seed)  # unseeded sampling draws from the global generator
+    log.info("IronLM %s: loading %s on %s", __version__, config.model, platform.name)
+    engine = AsyncEngine(LLMEngine(config, pm), max_waiting=args.max_waiting_requests)
+    engine.start()
+    try:
+        app = build_app(engine, args, pm)
+        uvicorn.Server(uvicorn.Config(
+            app, host=args.host or "0.0.0.0", port=args.port,
+            log_level=args.uvicorn_log_level, timeout_keep_alive=5,
+            ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile,
+            ssl_ca_certs=args.ssl_ca_certs, ssl_cert_reqs=args.ssl_cert_reqs,
+        )).run()
+    finally:
+        engine.shutdown()
+
+
+def serve(args: argparse.Namespace, prog: str = "ironlm serve") -> int:
+    """run_server with start-up errors printed as one line; exit status 2 for them."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO,
+                            format="%(levelname)s %(asctime)s %(name)s: %(message)s")
+    try:
+        run_server(args)
+    except (ValueError, OSError, PluginClashError) as exc:  # StartupError, selection errors
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    prog = "python -m ironlm.entrypoints.openai.api_server"
+    return serve(make_parser(prog).parse_args(argv), prog)
+
+
+__all__ = ["StartupError", "build_app", "main", "parse_body", "run_server", "serve"]
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,163 @@
+"""Request -> engine inputs: tokenized prompts, the context-length check, SamplingParams.
+
+Prompts are tokenized once here (with the front end's own tokenizer) and handed to the engine
+as ``{"prompt": text, "prompt_token_ids": ids}``, so the vLLM context-length message can be
+given before anything is queued.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from ironlm.entrypoints.openai.errors import APIError, from_value_error
+from ironlm.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    SamplingFields,
+)
+from ironlm.guided_spec import spec_from_request
+from ironlm.interfaces.guided import GuidedSpec
+from ironlm.sampling_params import SamplingParams
+
+# Names a ValueError message may start with (they become the error's ``param``).
+KNOWN_FIELDS = frozenset(
+    {f.name for f in fields(SamplingParams)}
+    | set(ChatCompletionRequest.model_fields)
+    | set(CompletionRequest.model_fields)
+    | set(EmbeddingRequest.model_fields)
+)
+
+
+@dataclass
+class EnginePrompt:
+    text: str | None  # None for token-id prompts
+    token_ids: list[int]
+
+    def as_engine_prompt(self) -> dict[str, Any]:
+        return {"prompt": self.text, "prompt_token_ids": self.token_ids}
+
+
+def tokenize_prompt(
+    tokenizer: Any, prompt: str | list[int], add_special_tokens: bool,
+    truncate_prompt_tokens: int | None = None,
+) -> EnginePrompt:
+    if isinstance(prompt, str):
+        ids = list(tokenizer(prompt, add_special_tokens=add_special_tokens).input_ids)
+        text: str | None = prompt
+    else:
+        ids, text = list(prompt), None
+    if truncate_prompt_tokens is not None and truncate_prompt_tokens >= 1:
+        ids = ids[-truncate_prompt_tokens:]
+    if not ids:
+        raise APIError("The prompt is empty (0 tokens).", 400, param="prompt")
+    return EnginePrompt(text, ids)
+
+
+def split_prompts(prompt: Any, field: str = "prompt") -> list[str | list[int]]:
+    """OpenAI's prompt forms (string, strings, token ids, lists of token ids) -> a batch."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
+            return [list(prompt)]
+        if all(isinstance(p, str) for p in prompt):
+            return list(prompt)
+        if all(isinstance(p, list) and p for p in prompt):
+            return [list(p) for p in prompt]
+    raise APIError(
+        f"{field} must be a string, a list of strings, a list of token ids, or a list of "
+        "token-id lists (non-empty)", 400, param=field,
+    )
+
+
+def check_context_length(num_prompt: int, max_tokens: int | None, max_model_len: int) -> int:
+    """The effective max_tokens (None: what is left of the context); 400 with vLLM's message
+    when prompt + completion do not fit."""
+    if max_tokens is None:
+        if num_prompt >= max_model_len:
+            raise APIError(
+                f"This model's maximum context length is {max_model_len} tokens. However, "
+                f"your request has {num_prompt} input tokens. Please reduce the length of "
+                "the input messages.", 400, param="messages", code="context_length_exceeded",
+            )
+        return max_model_len - num_prompt
+    if max_tokens >= 1 and num_prompt + max_tokens > max_model_len:
+        raise APIError(
+            f"This model's maximum context length is {max_model_len} tokens. However, you "
+            f"requested {num_prompt + max_tokens} tokens ({num_prompt} in the messages, "
+            f"{max_tokens} in the completion). Please reduce the length of the messages or "
+            "completion.", 400, param="max_tokens", code="context_length_exceeded",
+        )
+    return max_tokens
+
+
+def guided_spec(req: SamplingFields) -> GuidedSpec | None:
+    try:
+        return spec_from_request(
+            guided_json=req.guided_json,
+            guided_regex=req.guided_regex,
+            guided_choice=req.guided_choice,
+            guided_grammar=req.guided_grammar,
+            guided_whitespace_pattern=req.guided_whitespace_pattern,
+            response_format=req.response_format,
+            structured_outputs=req.structured_outputs,
+        )
+    except ValueError as exc:
+        raise from_value_error(exc, KNOWN_FIELDS) from None
+
+
+def sampling_params(
+    req: SamplingFields,
+    *,
+    max_tokens: int | None,
+    logprobs: int | None,
+    prompt_logprobs: int | None = None,
+    guided: GuidedSpec | None = None,
+) -> SamplingParams:
+    """SamplingParams from the request; a ValueError becomes a 400 naming the field."""
+    if req.use_beam_search:
+        raise APIError(
+            "use_beam_search is not supported by the server (the engine has no beam search "
+            "for streamed requests); use LLM.beam_search offline", 400, param="use_beam_search",
+        )
+    given: dict[str, Any] = {
+        name: getattr(req, name)
+        for name in (
+            "presence_penalty", "frequency_penalty", "repetition_penalty", "temperature",
+            "top_p", "top_k", "min_p", "seed", "length_penalty",
+        )
+        if getattr(req, name) is not None
+    }
+    try:
+        return SamplingParams(
+            n=req.n,
+            best_of=req.best_of,
+            stop=req.stop,
+            stop_token_ids=req.stop_token_ids,
+            include_stop_str_in_output=req.include_stop_str_in_output,
+            ignore_eos=req.ignore_eos,
+            max_tokens=max_tokens,
+            min_tokens=req.min_tokens,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs if prompt_logprobs is not None
+            else req.prompt_logprobs,
+            skip_special_tokens=req.skip_special_tokens,
+            spaces_between_special_tokens=req.spaces_between_special_tokens,
+            logit_bias=req.logit_bias,
+            allowed_token_ids=req.allowed_token_ids,
+            bad_words=req.bad_words,
+            truncate_prompt_tokens=req.truncate_prompt_tokens,
+            guided_decoding=guided,
+            guided_decoding_backend=req.guided_decoding_backend if guided else None,
+            **given,
+        )
+    except ValueError as exc:
+        raise from_value_error(exc, KNOWN_FIELDS) from None
+
+
+def check_max_tokens(value: int | None, field: str = "max_tokens") -> None:
+    """max_tokens < 1 is named before the context check (which would hide it)."""
+    if value is not None and value < 1:
+        raise APIError(f"{field} must be at least 1, got {value}.", 400, param=field)

@@ -1,0 +1,283 @@
+"""POST /v1/chat/completions: messages -> chat template -> one engine request with n choices.
+
+Streaming sends, per choice: the role first, then content / tool-call deltas, exactly one
+finish_reason; then the usage chunk when asked, then ``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from ironlm.entrypoints.openai.chat_prompt import render_chat_prompt
+from ironlm.entrypoints.openai.errors import APIError, from_value_error
+from ironlm.entrypoints.openai.logprobs import TokenNamer, chat_logprobs, prompt_logprobs_json
+from ironlm.entrypoints.openai.metrics import tracked
+from ironlm.entrypoints.openai.protocol import (
+    ChatChoice,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatMessage,
+    ChatStreamChoice,
+    DeltaFunctionCall,
+    DeltaMessage,
+    DeltaToolCall,
+    FunctionCall,
+    ToolCall,
+    UsageInfo,
+)
+from ironlm.entrypoints.openai.request_inputs import (
+    KNOWN_FIELDS,
+    check_context_length,
+    check_max_tokens,
+    guided_spec,
+    sampling_params,
+    tokenize_prompt,
+)
+from ironlm.entrypoints.openai.state import ServerState, random_id
+from ironlm.entrypoints.openai.streaming import (
+    ClientDisconnected,
+    close_all,
+    last_item,
+    run_unless_disconnected,
+    sse,
+    stream_unless_disconnected,
+)
+from ironlm.entrypoints.openai.tool_calls import ToolExtractor, ToolPlan, plan_tools, tool_call_id
+from ironlm.interfaces.tool_parser import StreamDelta
+from ironlm.outputs import RequestOutput
+
+
+@dataclass
+class _Ctx:
+    state: ServerState
+    req: ChatCompletionRequest
+    request_id: str
+    created: int
+    role: str
+    echo: str  # text prepended to each choice (echo=true), else ""
+    plan: ToolPlan
+    num_top: int | None  # top_logprobs per token, None without logprobs
+    name: TokenNamer
+
+
+async def create_chat_completion(
+    state: ServerState, request: Request, req: ChatCompletionRequest
+) -> Response:
+    state.check_model(req.model)
+    plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls,
+                      state.options.enable_auto_tool_choice, state.tool_parser_cls)
+    if plan.mode == "auto":
+        req = ChatCompletionRequest.model_validate(
+            plan.adjust_request(state.tokenizer, req.model_dump())
+        )
+    guided = guided_spec(req)
+    tool_guided = plan.guided_spec()
+    if guided is not None and tool_guided is not None:
+        raise APIError(f'tool_choice "{plan.mode}" cannot be combined with response_format or '
+                       "guided_* parameters", 400, param="tool_choice")
+    if req.top_logprobs is not None:
+        if req.top_logprobs < 0:
+            raise APIError("top_logprobs must be a positive value.", 400, param="top_logprobs")
+        if not req.logprobs:
+            raise APIError("when using `top_logprobs`, `logprobs` must be set to true.", 400,
+                           param="top_logprobs")
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None \
+        else req.max_tokens
+    check_max_tokens(max_tokens, "max_completion_tokens"
+                     if req.max_completion_tokens is not None else "max_tokens")
+    text = render_chat_prompt(
+        state.tokenizer, req.messages, server_template=state.options.chat_template,
+        request_template=req.chat_template, add_generation_prompt=req.add_generation_prompt,
+        continue_final_message=req.continue_final_message, tools=req.tools or None,
+        documents=req.documents, chat_template_kwargs=req.chat_template_kwargs,
+    )
+    prompt = tokenize_prompt(state.tokenizer, text, req.add_special_tokens,
+                             req.truncate_prompt_tokens)
+    num_top = (req.top_logprobs or 0) if req.logprobs else None
+    params = sampling_params(
+        req,
+        max_tokens=check_context_length(len(prompt.token_ids), max_tokens, state.max_model_len),
+        logprobs=num_top,
+        guided=guided or tool_guided,
+    )
+    role = state.options.response_role if req.add_generation_prompt \
+        else str(req.messages[-1].get("role", "assistant"))
+    last = req.messages[-1]
+    echo = last["content"] if req.echo and last.get("role") == role \
+        and isinstance(last.get("content"), str) else ""
+    as_ids = bool(req.return_tokens_as_token_ids or state.options.return_tokens_as_token_ids)
+    ctx = _Ctx(state, req, random_id("chatcmpl"), int(time.time()), role, echo, plan, num_top,
+               TokenNamer(state.tokenizer, as_ids))
+    state.log_request(ctx.request_id, text, prompt.token_ids, params)
+    gen = tracked(
+        state.engine.generate(ctx.request_id, prompt.as_engine_prompt(), params,
+                              priority=req.priority),
+        state.new_tracker(),
+    )
+    try:
+        if not req.stream:
+            try:
+                final = await run_unless_disconnected(request, last_item(gen))
+            finally:
+                await close_all([gen])
+            return JSONResponse(_response(ctx, final).model_dump())
+        first = await run_unless_disconnected(request, anext(gen))
+    except ClientDisconnected:
+        await close_all([gen])
+        return Response(status_code=499)
+    except ValueError as exc:
+        await close_all([gen])
+        raise from_value_error(exc, KNOWN_FIELDS) from None
+    except BaseException:
+        await close_all([gen])
+        raise
+    return StreamingResponse(
+        stream_unless_disconnected(request, _stream(ctx, first, gen)),
+        media_type="text/event-stream",
+    )
+
+
+def _finish_reason(reason: str | None, called: bool) -> str | None:
+    return "tool_calls" if called and reason == "stop" else reason
+
+
+def _response(ctx: _Ctx, final: RequestOutput) -> ChatCompletionResponse:
+    choices = []
+    for o in final.outputs:
+        content, calls = ctx.plan.extractor(ctx.state.tokenizer).extract(o.text)
+        if ctx.echo:
+            content = ctx.echo + (content or "")
+        message = ChatMessage(
+            role=ctx.role,
+            content=content if (content or not calls) else None,
+            tool_calls=[
+                ToolCall(id=c.id or tool_call_id(),
+                         function=FunctionCall(name=c.name, arguments=c.arguments))
+                for c in calls
+            ],
+        )
+        choices.append(ChatChoice(
+            index=o.index,
+            message=message,
+            logprobs=chat_logprobs(o.token_ids, o.logprobs or [], ctx.num_top, ctx.name)
+            if ctx.num_top is not None else None,
+            finish_reason=_finish_reason(o.finish_reason, bool(calls)),
+            stop_reason=o.stop_reason,
+        ))
+    prompt_tokens = len(final.prompt_token_ids)
+    completion_tokens = sum(len(o.token_ids) for o in final.outputs)
+    return ChatCompletionResponse(
+        id=ctx.request_id,
+        created=ctx.created,
+        model=ctx.state.model_name,
+        system_fingerprint=ctx.state.system_fingerprint,
+        choices=choices,
+        usage=UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                        total_tokens=prompt_tokens + completion_tokens),
+        prompt_logprobs=prompt_logprobs_json(final.prompt_logprobs)
+        if ctx.req.prompt_logprobs is not None else None,
+    )
+
+
+class _ChoiceStream:
+    """Streaming state of one choice: what was sent, and its tool-call extractor."""
+
+    def __init__(self, ctx: _Ctx) -> None:
+        self.extractor: ToolExtractor = ctx.plan.extractor(ctx.state.tokenizer)
+        self.sent_text = 0
+        self.sent_tokens = 0
+        self.ids: dict[int, str] = {}  # tool-call index -> id
+        self.done = False
+
+    def delta(self, text: str, finished: bool) -> DeltaMessage:
+        got = self.extractor.feed(text) if text else StreamDelta()
+        if finished:
+            tail = self.extractor.finish()
+            got = StreamDelta((got.content or "") + (tail.content or "") or None,
+                              got.tool_calls + tail.tool_calls)
+        calls = []
+        for c in got.tool_calls:
+            first = c.index not in self.ids
+            if first:
+                self.ids[c.index] = c.id or tool_call_id()
+            calls.append(DeltaToolCall(
+                index=c.index,
+                id=self.ids[c.index] if first else None,
+                type="function" if first else None,
+                function=DeltaFunctionCall(name=c.name if first else None,
+                                           arguments=c.arguments if (c.arguments or first)
+                                           else None),
+            ))
+        return DeltaMessage(content=got.content or None, tool_calls=calls or None)
+
+
+async def _stream(
+    ctx: _Ctx, first: RequestOutput, gen: AsyncIterator[RequestOutput]
+) -> AsyncIterator[str]:
+    req = ctx.req
+    opts = req.stream_options
+    include_usage = bool(opts and opts.include_usage)
+    continuous = bool(include_usage and opts and opts.continuous_usage_stats)
+    choices = [_ChoiceStream(ctx) for _ in range(req.n)]
+    prompt_tokens = len(first.prompt_token_ids)
+
+    def usage() -> dict[str, int]:
+        c = sum(ch.sent_tokens for ch in choices)
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": c,
+                "total_tokens": prompt_tokens + c}
+
+    def chunk(choice: ChatStreamChoice | None) -> str:
+        body: dict[str, Any] = {
+            "id": ctx.request_id, "object": "chat.completion.chunk", "created": ctx.created,
+            "model": ctx.state.model_name, "system_fingerprint": ctx.state.system_fingerprint,
+            "choices": [choice.model_dump()] if choice is not None else [],
+        }
+        if include_usage:
+            body["usage"] = usage() if (continuous or choice is None) else None
+        return sse(body)
+
+    async def outputs() -> AsyncIterator[RequestOutput]:
+        yield first
+        async for out in gen:
+            yield out
+
+    try:
+        for i in range(req.n):
+            yield chunk(ChatStreamChoice(index=i, delta=DeltaMessage(role=ctx.role, content="")))
+            if ctx.echo:
+                yield chunk(ChatStreamChoice(index=i, delta=DeltaMessage(content=ctx.echo)))
+        async for out in outputs():
+            for o in out.outputs:
+                ch = choices[o.index]
+                if ch.done:
+                    continue
+                new_text = o.text[ch.sent_text:]
+                new_ids = o.token_ids[ch.sent_tokens:]
+                finished = o.finish_reason is not None
+                if not new_text and not new_ids and not finished:
+                    continue
+                logprobs = None
+                if ctx.num_top is not None and new_ids:
+                    positions = (o.logprobs or [])[ch.sent_tokens:]
+                    logprobs = chat_logprobs(new_ids, positions, ctx.num_top, ctx.name)
+                delta = ch.delta(new_text, finished)
+                ch.sent_text, ch.sent_tokens, ch.done = len(o.text), len(o.token_ids), finished
+                yield chunk(ChatStreamChoice(
+                    index=o.index, delta=delta, logprobs=logprobs,
+                    finish_reason=_finish_reason(o.finish_reason, bool(ch.ids)),
+                    stop_reason=o.stop_reason if finished else None,
+                ))
+        if include_usage:
+            yield chunk(None)
+    except ValueError as exc:
+        yield sse(from_value_error(exc, KNOWN_FIELDS).body())
+    except RuntimeError as exc:  # the engine step failed
+        yield sse(APIError(str(exc), 500).body())
+    finally:
+        await close_all([gen])
+    yield sse("[DONE]")

@@ -1,0 +1,239 @@
+"""POST /v1/completions: one engine request per prompt, n choices each, streamed or not.
+
+Choice index = prompt index * n + sequence index (as OpenAI and vLLM number them).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from ironlm.entrypoints.openai.errors import APIError, from_value_error
+from ironlm.entrypoints.openai.logprobs import (
+    TokenNamer,
+    completion_logprobs,
+    prompt_logprobs_json,
+)
+from ironlm.entrypoints.openai.metrics import tracked
+from ironlm.entrypoints.openai.protocol import (
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    UsageInfo,
+)
+from ironlm.entrypoints.openai.request_inputs import (
+    KNOWN_FIELDS,
+    EnginePrompt,
+    check_context_length,
+    check_max_tokens,
+    guided_spec,
+    sampling_params,
+    split_prompts,
+    tokenize_prompt,
+)
+from ironlm.entrypoints.openai.state import ServerState, random_id
+from ironlm.entrypoints.openai.streaming import (
+    ClientDisconnected,
+    close_all,
+    gather_or_cancel,
+    last_item,
+    merge,
+    run_unless_disconnected,
+    sse,
+    stream_unless_disconnected,
+)
+from ironlm.outputs import CompletionOutput, RequestOutput
+from ironlm.sampling_params import SamplingParams
+
+
+@dataclass
+class _Ctx:
+    state: ServerState
+    req: CompletionRequest
+    request_id: str
+    created: int
+    prompts: list[EnginePrompt]
+    name: TokenNamer
+
+    def prompt_text(self, i: int) -> str:
+        p = self.prompts[i]
+        return p.text if p.text is not None else self.state.tokenizer.decode(p.token_ids)
+
+
+async def create_completion(
+    state: ServerState, request: Request, req: CompletionRequest
+) -> Response:
+    state.check_model(req.model)
+    if req.suffix is not None:
+        raise APIError("suffix is not supported", 400, param="suffix")
+    check_max_tokens(req.max_tokens)
+    prompts = [
+        tokenize_prompt(state.tokenizer, p, req.add_special_tokens, req.truncate_prompt_tokens)
+        for p in split_prompts(req.prompt)
+    ]
+    guided = guided_spec(req)
+    prompt_lps = req.prompt_logprobs or (req.logprobs if req.echo else None)
+    params: list[SamplingParams] = [
+        sampling_params(
+            req,
+            max_tokens=check_context_length(len(p.token_ids), req.max_tokens, state.max_model_len),
+            logprobs=req.logprobs,
+            prompt_logprobs=prompt_lps,
+            guided=guided,
+        )
+        for p in prompts
+    ]
+    as_ids = bool(req.return_tokens_as_token_ids or state.options.return_tokens_as_token_ids)
+    ctx = _Ctx(state, req, random_id("cmpl"), int(time.time()), prompts,
+               TokenNamer(state.tokenizer, as_ids))
+    gens = []
+    for i, (p, sp) in enumerate(zip(prompts, params)):
+        rid = f"{ctx.request_id}-{i}"
+        state.log_request(rid, p.text, p.token_ids, sp)
+        gens.append(tracked(
+            state.engine.generate(rid, p.as_engine_prompt(), sp, priority=req.priority),
+            state.new_tracker(),
+        ))
+    try:
+        if not req.stream:
+            try:
+                finals = await run_unless_disconnected(
+                    request, gather_or_cancel([last_item(g) for g in gens])
+                )
+            finally:
+                await close_all(gens)
+            return JSONResponse(_response(ctx, finals).model_dump())
+        # Wait for every prompt's first output, so that a validation error is still a 400.
+        firsts = await run_unless_disconnected(
+            request, gather_or_cancel([anext(g) for g in gens])
+        )
+    except ClientDisconnected:
+        await close_all(gens)
+        return Response(status_code=499)
+    except ValueError as exc:
+        await close_all(gens)
+        raise from_value_error(exc, KNOWN_FIELDS) from None
+    except BaseException:
+        await close_all(gens)
+        raise
+    return StreamingResponse(
+        stream_unless_disconnected(request, _stream(ctx, firsts, gens)),
+        media_type="text/event-stream",
+    )
+
+
+def _choice(ctx: _Ctx, prompt_idx: int, final: RequestOutput, o: CompletionOutput) -> CompletionChoice:
+    req = ctx.req
+    text, token_ids, positions = o.text, list(o.token_ids), list(o.logprobs or [])
+    if req.echo:
+        text = ctx.prompt_text(prompt_idx) + text
+        token_ids = list(final.prompt_token_ids) + token_ids
+        positions = list(final.prompt_logprobs or [None] * len(final.prompt_token_ids)) \
+            + positions
+    return CompletionChoice(
+        index=prompt_idx * req.n + o.index,
+        text=text,
+        logprobs=completion_logprobs(token_ids, positions, req.logprobs, ctx.name)
+        if req.logprobs is not None else None,
+        finish_reason=o.finish_reason,
+        stop_reason=o.stop_reason,
+        prompt_logprobs=prompt_logprobs_json(final.prompt_logprobs)
+        if req.prompt_logprobs is not None else None,
+    )
+
+
+def _response(ctx: _Ctx, finals: list[RequestOutput]) -> CompletionResponse:
+    choices = [_choice(ctx, i, f, o) for i, f in enumerate(finals) for o in f.outputs]
+    prompt_tokens = sum(len(f.prompt_token_ids) for f in finals)
+    completion_tokens = sum(len(o.token_ids) for f in finals for o in f.outputs)
+    return CompletionResponse(
+        id=ctx.request_id,
+        created=ctx.created,
+        model=ctx.state.model_name,
+        system_fingerprint=ctx.state.system_fingerprint,
+        choices=choices,
+        usage=UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                        total_tokens=prompt_tokens + completion_tokens),
+    )
+
+
+async def _stream(
+    ctx: _Ctx, firsts: list[RequestOutput], gens: list[AsyncIterator[RequestOutput]]
+) -> AsyncIterator[str]:
+    req = ctx.req
+    opts = req.stream_options
+    include_usage = bool(opts and opts.include_usage)
+    continuous = bool(include_usage and opts and opts.continuous_usage_stats)
+    num_choices = len(ctx.prompts) * req.n
+    sent_text = [0] * num_choices  # chars of o.text already sent
+    sent_tokens = [0] * num_choices
+    offset = [0] * num_choices  # text offset of the next token (logprobs)
+    done = [False] * num_choices
+    prompt_tokens = [len(p.token_ids) for p in ctx.prompts]
+    generated = [0] * num_choices
+
+    def usage() -> dict[str, int]:
+        p, c = sum(prompt_tokens), sum(generated)
+        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+    def chunk(choice: dict[str, Any]) -> str:
+        body: dict[str, Any] = {
+            "id": ctx.request_id, "object": "text_completion", "created": ctx.created,
+            "model": ctx.state.model_name, "system_fingerprint": ctx.state.system_fingerprint,
+            "choices": [choice],
+        }
+        if include_usage:
+            body["usage"] = usage() if continuous else None
+        return sse(body)
+
+    async def outputs() -> AsyncIterator[tuple[int, RequestOutput]]:
+        for i, out in enumerate(firsts):
+            yield i, out
+        async for item in merge(gens):
+            yield item
+
+    try:
+        async for pi, out in outputs():
+            for o in out.outputs:
+                idx = pi * req.n + o.index
+                if done[idx]:
+                    continue
+                text, lp_ids, lp_pos = "", [], []
+                if req.echo and sent_tokens[idx] == 0 and sent_text[idx] == 0:
+                    text = ctx.prompt_text(pi)
+                    lp_ids = list(out.prompt_token_ids)
+                    lp_pos = list(out.prompt_logprobs or [None] * len(lp_ids))
+                text += o.text[sent_text[idx]:]
+                lp_ids += o.token_ids[sent_tokens[idx]:]
+                lp_pos += (o.logprobs or [])[sent_tokens[idx]:]
+                if not text and len(o.token_ids) == sent_tokens[idx] and not o.finish_reason:
+                    continue
+                logprobs = None
+                if req.logprobs is not None:
+                    logprobs = completion_logprobs(
+                        lp_ids, lp_pos, req.logprobs, ctx.name, offset[idx]
+                    ).model_dump()
+                offset[idx] += len(text)
+                sent_text[idx], sent_tokens[idx] = len(o.text), len(o.token_ids)
+                generated[idx] = len(o.token_ids)
+                done[idx] = o.finish_reason is not None
+                yield chunk({"index": idx, "text": text, "logprobs": logprobs,
+                             "finish_reason": o.finish_reason, "stop_reason": o.stop_reason})
+        if include_usage:
+            yield sse({
+                "id": ctx.request_id, "object": "text_completion", "created": ctx.created,
+                "model": ctx.state.model_name,
+                "system_fingerprint": ctx.state.system_fingerprint, "choices": [],
+                "usage": usage(),
+            })
+    except ValueError as exc:
+        yield sse(from_value_error(exc, KNOWN_FIELDS).body())
+    except RuntimeError as exc:  # the engine step failed
+        yield sse(APIError(str(exc), 500).body())
+    finally:
+        await close_all(gens)
+    yield sse("[DONE]")

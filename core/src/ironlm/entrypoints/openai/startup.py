@@ -1,0 +1,63 @@
+"""Start-up checks: every flag is either honoured or rejected here with a clear message.
+
+Selections are made by name through the plugin manager before the model loads, so a wrong
+``--device``, ``--attention-backend``, ``--quantization``, ``--tool-call-parser``, ... fails in
+a second with the list of what is installed, instead of after minutes of loading.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+from pathlib import Path
+
+from ironlm.engine.config import EngineConfig
+from ironlm.interfaces.platform import Platform
+from ironlm.plugin_manager import PluginManager
+
+
+class StartupError(ValueError):
+    """A flag the server cannot honour (the message says why and what to do)."""
+
+
+def load_tool_parser_plugin(pm: PluginManager, path: str) -> None:
+    """--tool-parser-plugin FILE: a single-file plugin implementing register_tool_parsers."""
+    file = Path(path)
+    if not file.is_file():
+        raise StartupError(f"--tool-parser-plugin {path!r} is not a file")
+    spec = importlib.util.spec_from_file_location(f"ironlm_tool_parser_plugin_{file.stem}", file)
+    if spec is None or spec.loader is None:
+        raise StartupError(f"--tool-parser-plugin {path!r} is not a Python module")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not hasattr(module, "register_tool_parsers"):
+        raise StartupError(
+            f"--tool-parser-plugin {path!r} defines no register_tool_parsers hook "
+            "(decorate it with @ironlm.hookimpl)"
+        )
+    pm.register(module, name=f"tool-parser-plugin:{file.stem}")
+    pm.registries  # collect now: a broken plugin fails at start, naming itself
+
+
+def preflight(pm: PluginManager, config: EngineConfig, platform: Platform,
+              args: argparse.Namespace) -> None:
+    """Select every named plugin once; UnknownNameError / UnavailableError carry the lists."""
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        installed = ", ".join(pm.registries.tool_parsers.names()) or "none"
+        raise StartupError("--enable-auto-tool-choice requires --tool-call-parser "
+                           f"(installed parsers: {installed})")
+    if args.tool_call_parser:
+        pm.select_tool_parser(args.tool_call_parser)
+    pm.select_executor(config.distributed_executor_backend or "uni")
+    if config.tensor_parallel_size > 1 and config.distributed_executor_backend == "uni":
+        raise StartupError(
+            f"--tensor-parallel-size {config.tensor_parallel_size} needs a multi-worker "
+            "executor (--distributed-executor-backend mp or ray); 'uni' runs one worker"
+        )
+    pm.select_attention_backend(config.attention_backend, platform)
+    if config.quantization:
+        pm.select_quantization(config.quantization, platform)
+    if config.guided_decoding_backend != "auto":
+        pm.select_guided_backend(config.guided_decoding_backend)
+    if args.api_key is not None and not args.api_key:
+        raise StartupError("--api-key must not be empty")

@@ -1,0 +1,102 @@
+"""ServerState: everything one app serves with (held in ``app.state.server``, never global)."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from ironlm import __version__
+from ironlm.engine.async_engine import AsyncEngine
+from ironlm.entrypoints.openai.errors import APIError
+from ironlm.entrypoints.openai.metrics import RequestTracker, ServerMetrics
+from ironlm.interfaces.tool_parser import ToolParser
+from ironlm.plugin_manager import PluginManager
+
+log = logging.getLogger("ironlm.server")
+
+
+@dataclass
+class ServerOptions:
+    """The front-end flags the endpoints read (see cli_args)."""
+
+    served_model_names: list[str]
+    chat_template: str | None = None  # template text (already loaded from a file)
+    response_role: str = "assistant"
+    return_tokens_as_token_ids: bool = False
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
+    max_log_len: int | None = None
+    disable_log_requests: bool = False
+    disable_log_stats: bool = False
+
+
+@dataclass
+class ServerState:
+    engine: AsyncEngine
+    options: ServerOptions
+    plugin_manager: PluginManager
+    tool_parser_cls: type[ToolParser] | None
+    metrics: ServerMetrics
+    # The front end's own tokenizer: the engine thread uses the engine's concurrently, and HF
+    # fast tokenizers must not be shared across threads.
+    tokenizer: Any = None
+    max_model_len: int = 0
+    model_path: str = ""
+    created: int = 0  # start time, reported as the model cards' "created"
+
+    @classmethod
+    def create(
+        cls, engine: AsyncEngine, options: ServerOptions, pm: PluginManager
+    ) -> ServerState:
+        llm = engine.engine
+        parser = pm.select_tool_parser(options.tool_call_parser) if options.tool_call_parser \
+            else None
+        return cls(
+            engine=engine,
+            options=options,
+            plugin_manager=pm,
+            tool_parser_cls=parser,
+            metrics=ServerMetrics(options.served_model_names[0]),
+            tokenizer=copy.deepcopy(llm.tokenizer),
+            max_model_len=llm.max_model_len,
+            model_path=str(llm.config.model),
+            created=int(time.time()),
+        )
+
+    @property
+    def model_name(self) -> str:
+        """The name reported in responses: the first --served-model-name."""
+        return self.options.served_model_names[0]
+
+    @property
+    def system_fingerprint(self) -> str:
+        return f"ironlm-{__version__}"
+
+    def check_model(self, name: str | None) -> None:
+        """404 for a model this server does not serve (a missing name means the default)."""
+        if name is None or name == "" or name in self.options.served_model_names:
+            return
+        raise APIError(
+            f"The model `{name}` does not exist.", 404, param="model", code="model_not_found"
+        )
+
+    def new_tracker(self) -> RequestTracker:
+        return RequestTracker(self.metrics)
+
+    def log_request(self, request_id: str, prompt: str | None, token_ids: list[int],
+                    params: Any) -> None:
+        if self.options.disable_log_requests:
+            return
+        n = self.options.max_log_len
+        shown_prompt = prompt[:n] if (prompt is not None and n is not None) else prompt
+        shown_ids = token_ids[:n] if n is not None else token_ids
+        log.info("Received request %s: prompt: %r, params: %s, prompt_token_ids: %s",
+                 request_id, shown_prompt, params, shown_ids)
+
+
+def random_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"

@@ -1,0 +1,1 @@
+"""Executors: in-process (uni) and multiprocess."""

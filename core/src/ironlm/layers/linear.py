@@ -1,0 +1,238 @@
+"""Linear layers whose weights belong to the quantization method.
+
+The layer owns the shapes, the tensor-parallel sharding and the bias; ``ctx.quantization``
+(a QuantizationMethod) registers the weight tensors (``weight``, ``weight_scale``, ...) and
+applies them. Checkpoint tensors arrive through ``load_weight`` in their full (unsharded)
+shape; the layer slices this rank's shard and, for merged layers, the sub-matrix a
+checkpoint tensor fills.
+
+Sharding rule for every tensor the method registers: a tensor whose leading dim scales with the
+layer's output rows is split along dim 0 (column parallel, merged shards), one whose last dim
+scales with the input features along dim -1 (row parallel). Proportional slicing keeps this
+correct for packed or grouped quantized layouts (4 bits per byte, one scale per group).
+
+Tensor parallelism: ColumnParallelLinear splits the output features over ranks (no
+communication; QKV and gate/up are column parallel); RowParallelLinear splits the input features
+and all-reduces the partial outputs (o_proj, down_proj). With tp_size 1 both are plain linears.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ironlm.interfaces.model import ModelContext
+
+
+def divide(numerator: int, denominator: int) -> int:
+    if numerator % denominator != 0:
+        raise ValueError(f"{numerator} is not divisible by tensor-parallel size {denominator}")
+    return numerator // denominator
+
+
+def _slice_rows(full: torch.Tensor, index: int, count: int, total: int) -> torch.Tensor:
+    """Rows [index/total, (index+count)/total) of ``full`` along dim 0, proportionally."""
+    rows = full.shape[0]
+    return full.narrow(0, rows * index // total, rows * count // total)
+
+
+class LinearBase(torch.nn.Module):
+    """y = x @ W^T + b over this rank's shard of W.
+
+    ``in_features`` / ``out_features`` are the full (unsharded) sizes; ``input_size`` /
+    ``output_size`` this rank's shard.
+    """
+
+    # checkpoint tensors one parameter is assembled from (None: a single whole tensor)
+    shard_ids: tuple[str | int | None, ...] = (None,)
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        ctx: ModelContext,
+        bias: bool,
+        input_size: int,
+        output_size: int,
+    ) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.input_size = input_size
+        self.output_size = output_size
+        self.quant_method = ctx.quantization
+        self.tp_rank = ctx.tp_rank
+        self.tp_size = ctx.tp_size
+        self.tp_group = ctx.tp_group
+        self.quant_method.create_weights(self, input_size, output_size, ctx.dtype)
+        if bias:
+            self.bias: torch.nn.Parameter | None = torch.nn.Parameter(
+                torch.empty(output_size, dtype=ctx.dtype), requires_grad=False
+            )
+        else:
+            self.register_parameter("bias", None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # (num_tokens, input_size) -> (num_tokens, output_size)
+        return self.quant_method.apply(self, x, self.bias)
+
+    def load_weight(self, name: str, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
+        """Copy one checkpoint tensor (full, unsharded shape) into parameter ``name``."""
+        if shard_id is not None:
+            raise ValueError(f"{type(self).__name__} has no shard {shard_id!r}")
+        param = self._param(name)
+        _copy_checked(param, loaded, name)
+
+    def _param(self, name: str) -> torch.Tensor:
+        tensor = getattr(self, name, None)
+        if not isinstance(tensor, torch.Tensor):
+            raise ValueError(f"{type(self).__name__} has no weight tensor {name!r}")
+        return tensor
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}, tp_size={self.tp_size}"
+        )
+
+
+class ReplicatedLinear(LinearBase):
+    """The whole weight on every rank."""
+
+    def __init__(
+        self, in_features: int, out_features: int, ctx: ModelContext, bias: bool = False
+    ) -> None:
+        super().__init__(in_features, out_features, ctx, bias, in_features, out_features)
+
+
+class ColumnParallelLinear(LinearBase):
+    """Output features split over ranks; each rank returns its slice of y."""
+
+    def __init__(
+        self, in_features: int, out_features: int, ctx: ModelContext, bias: bool = False
+    ) -> None:
+        super().__init__(
+            in_features, out_features, ctx, bias, in_features, divide(out_features, ctx.tp_size)
+        )
+
+    def load_weight(self, name: str, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
+        if shard_id is not None:
+            raise ValueError(f"{type(self).__name__} has no shard {shard_id!r}")
+        param = self._param(name)
+        if param.dim() > 0 and self.tp_size > 1:
+            loaded = _slice_rows(loaded, self.tp_rank, 1, self.tp_size)
+        _copy_checked(param, loaded, name)
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel linears over the same input stacked into one matmul
+    (gate_proj + up_proj -> gate_up_proj). Each rank holds its slice of every part:
+    [gate_r | up_r]. ``load_weight`` takes the part index as ``shard_id``."""
+
+    def __init__(
+        self, in_features: int, output_sizes: list[int], ctx: ModelContext, bias: bool = False
+    ) -> None:
+        self.output_sizes = list(output_sizes)
+        self.shard_ids = tuple(range(len(output_sizes)))
+        super().__init__(in_features, sum(output_sizes), ctx, bias)
+
+    def load_weight(self, name: str, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
+        if not isinstance(shard_id, int) or not 0 <= shard_id < len(self.output_sizes):
+            raise ValueError(f"{type(self).__name__}: shard id must be a part index, got {shard_id!r}")
+        param = self._param(name)
+        # this rank's rows of part ``shard_id`` inside the stacked weight
+        offset = sum(self.output_sizes[:shard_id]) // self.tp_size
+        size = self.output_sizes[shard_id] // self.tp_size
+        part = _slice_rows(loaded, self.tp_rank, 1, self.tp_size) if self.tp_size > 1 else loaded
+        target = _slice_rows(param, offset, size, self.output_size)
+        _copy_checked(target, part, f"{name}[{shard_id}]")
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """q_proj, k_proj and v_proj in one matmul. Output rows: [q heads | k heads | v heads] of
+    this rank. KV heads are split over ranks, or replicated when there are fewer KV heads than
+    ranks. ``load_weight`` takes ``shard_id`` in {"q", "k", "v"}."""
+
+    shard_ids = ("q", "k", "v")
+
+    def __init__(
+        self,
+        hidden_size: int,
+        head_dim: int,
+        total_num_heads: int,
+        total_num_kv_heads: int,
+        ctx: ModelContext,
+        bias: bool = False,
+    ) -> None:
+        tp = ctx.tp_size
+        self.head_dim = head_dim
+        self.total_num_heads = total_num_heads
+        self.total_num_kv_heads = total_num_kv_heads
+        self.num_heads = divide(total_num_heads, tp)
+        if total_num_kv_heads >= tp:
+            self.num_kv_heads = divide(total_num_kv_heads, tp)
+            self.kv_replicas = 1
+        else:
+            self.num_kv_heads = 1
+            self.kv_replicas = divide(tp, total_num_kv_heads)
+        # The full output this layer pretends to have, so that ColumnParallelLinear's shard is
+        # exactly this rank's (num_heads + 2 * num_kv_heads) heads.
+        out_features = (self.num_heads + 2 * self.num_kv_heads) * head_dim * tp
+        super().__init__(hidden_size, out_features, ctx, bias)
+        self.q_size = self.num_heads * head_dim
+        self.kv_size = self.num_kv_heads * head_dim
+
+    def load_weight(self, name: str, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
+        param = self._param(name)
+        if shard_id == "q":
+            offset, size = 0, self.q_size
+            part = _slice_rows(loaded, self.tp_rank, 1, self.tp_size)
+        elif shard_id in ("k", "v"):
+            offset = self.q_size + (0 if shard_id == "k" else self.kv_size)
+            size = self.kv_size
+            # ranks sharing one KV head (kv_replicas > 1) load the same slice
+            kv_rank = self.tp_rank // self.kv_replicas
+            part = _slice_rows(loaded, kv_rank, 1, self.total_num_kv_heads // self.num_kv_heads)
+        else:
+            raise ValueError(f"QKVParallelLinear: shard id must be 'q', 'k' or 'v', got {shard_id!r}")
+        target = _slice_rows(param, offset, size, self.output_size)
+        _copy_checked(target, part, f"{name}[{shard_id}]")
+
+
+class RowParallelLinear(LinearBase):
+    """Input features split over ranks; partial outputs are summed with an all-reduce. The bias
+    is added once, after the reduction."""
+
+    def __init__(
+        self, in_features: int, out_features: int, ctx: ModelContext, bias: bool = False
+    ) -> None:
+        super().__init__(
+            in_features, out_features, ctx, bias, divide(in_features, ctx.tp_size), out_features
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # (num_tokens, input_size) -> (num_tokens, out_features)
+        if self.tp_size == 1:
+            return self.quant_method.apply(self, x, self.bias)
+        out = self.quant_method.apply(self, x, None)
+        dist.all_reduce(out, group=self.tp_group)
+        return out if self.bias is None else out + self.bias
+
+    def load_weight(self, name: str, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
+        if shard_id is not None:
+            raise ValueError(f"{type(self).__name__} has no shard {shard_id!r}")
+        param = self._param(name)
+        if self.tp_size > 1 and name != "bias" and param.dim() > 1:
+            cols = loaded.shape[-1]
+            loaded = loaded.narrow(-1, cols * self.tp_rank // self.tp_size, cols // self.tp_size)
+        _copy_checked(param, loaded, name)
+
+
+def _copy_checked(target: torch.Tensor, loaded: torch.Tensor, name: str) -> None:
+    if target.shape != loaded.shape:
+        raise ValueError(
+            f"weight {name!r}: checkpoint shape {tuple(loaded.shape)} does not fit "
+            f"parameter shape {tuple(target.shape)}"
+        )
+    with torch.no_grad():
+        target.copy_(loaded)

@@ -1,0 +1,88 @@
+"""Token embedding and LM head, vocabulary-parallel.
+
+Each rank holds a contiguous slice of the vocabulary rows. The embedding looks up the ids in its
+slice (zeros elsewhere) and all-reduces; the LM head computes its slice of the logits and
+all-gathers them. With tp_size 1 both are the plain operations. Tied embeddings share one
+parameter between the two.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ironlm.interfaces.model import ModelContext
+from ironlm.layers.linear import divide
+
+
+class VocabParallelEmbedding(torch.nn.Module):
+    """(num_tokens,) ids -> (num_tokens, hidden_size) rows of ``weight``."""
+
+    def __init__(
+        self, vocab_size: int, hidden_size: int, ctx: ModelContext, allocate: bool = True
+    ) -> None:
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.tp_size = ctx.tp_size
+        self.tp_group = ctx.tp_group
+        # pad the vocabulary up to a multiple of the tp size; padded rows are never looked up
+        self.padded_vocab_size = -(-vocab_size // ctx.tp_size) * ctx.tp_size
+        self.rows_per_rank = divide(self.padded_vocab_size, ctx.tp_size)
+        self.vocab_start = ctx.tp_rank * self.rows_per_rank
+        if allocate:
+            self.weight = torch.nn.Parameter(
+                torch.empty(self.rows_per_rank, hidden_size, dtype=ctx.dtype), requires_grad=False
+            )
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.tp_size == 1:
+            return torch.nn.functional.embedding(input_ids, self.weight)
+        local = input_ids - self.vocab_start
+        in_range = (local >= 0) & (local < self.rows_per_rank)
+        out = torch.nn.functional.embedding(local.clamp(0, self.rows_per_rank - 1), self.weight)
+        out = out * in_range.unsqueeze(-1).to(out.dtype)  # (num_tokens, hidden) zeros off-slice
+        dist.all_reduce(out, group=self.tp_group)
+        return out
+
+    def load_weight(self, name: str, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
+        if name != "weight" or shard_id is not None:
+            raise ValueError(f"{type(self).__name__} has only 'weight'; got {name!r}")
+        if loaded.shape != (self.vocab_size, self.hidden_size):
+            raise ValueError(
+                f"embedding: checkpoint shape {tuple(loaded.shape)} != "
+                f"({self.vocab_size}, {self.hidden_size})"
+            )
+        rows = loaded[self.vocab_start : self.vocab_start + self.rows_per_rank]
+        with torch.no_grad():
+            self.weight[: rows.shape[0]].copy_(rows)
+            self.weight[rows.shape[0] :].zero_()
+
+    def extra_repr(self) -> str:
+        return f"{self.vocab_size}, {self.hidden_size}, tp_size={self.tp_size}"
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    """Hidden states -> float32 logits over the full vocabulary. ``tie_to`` shares the
+    embedding's weight (no parameter of its own)."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        hidden_size: int,
+        ctx: ModelContext,
+        tie_to: VocabParallelEmbedding | None = None,
+    ) -> None:
+        super().__init__(vocab_size, hidden_size, ctx, allocate=tie_to is None)
+        if tie_to is not None:
+            self.weight = tie_to.weight
+        self.tied = tie_to is not None
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        # (num_rows, hidden) -> (num_rows, vocab_size) float32
+        logits = torch.nn.functional.linear(hidden, self.weight)  # (num_rows, rows_per_rank)
+        if self.tp_size > 1:
+            parts = [torch.empty_like(logits) for _ in range(self.tp_size)]
+            dist.all_gather(parts, logits, group=self.tp_group)
+            logits = torch.cat(parts, dim=-1)
+        return logits[:, : self.vocab_size].float()

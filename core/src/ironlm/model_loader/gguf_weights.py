@@ -1,0 +1,68 @@
+"""GGUF checkpoints: config, tokenizer and weights under their HF names, one tensor at a time.
+
+transformers owns the GGUF metadata -> HF config/tokenizer conversion and the per-architecture
+tensor fix-ups (Llama's q/k row permutation for llama.cpp's rotary layout, Gemma's ``1 + w``
+norm weights); this module streams the tensors through those fix-ups so that only one
+dequantised tensor is alive at a time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+from transformers.modeling_gguf_pytorch_utils import (
+    TENSOR_PROCESSORS,
+    TensorProcessor,
+    get_gguf_hf_weights_map,
+    read_field,
+)
+
+
+def load_gguf_config(gguf_path: Path, trust_remote_code: bool = False) -> PretrainedConfig:
+    """The HF config transformers derives from the GGUF metadata, with ``architectures`` filled
+    in (GGUF metadata names the model type only)."""
+    config = AutoConfig.from_pretrained(
+        str(gguf_path.parent), gguf_file=gguf_path.name, trust_remote_code=trust_remote_code
+    )
+    if not getattr(config, "architectures", None):
+        arch = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type)
+        if arch is None:
+            raise ValueError(
+                f"{gguf_path}: no causal-LM architecture known for model type {config.model_type!r}"
+            )
+        config.architectures = [arch]
+    return config
+
+
+def iter_gguf_weights(
+    gguf_path: Path, hf_config: PretrainedConfig
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (HF name, float32 tensor) for every tensor of the GGUF file, dequantised one at a
+    time. Tensors with no HF counterpart (e.g. llama.cpp's precomputed rope factors) are skipped.
+    """
+    from gguf import GGUFReader, dequantize
+
+    reader = GGUFReader(str(gguf_path))
+    architecture = read_field(reader, "general.architecture")[0]
+    processor_cls = TENSOR_PROCESSORS.get(architecture, TensorProcessor)
+    processor = processor_cls(config=hf_config.to_dict())
+    # transformers maps names by walking an HF model's state dict; a meta-device model costs
+    # no memory and gives exactly those names.
+    with torch.device("meta"):
+        hf_model = AutoModelForCausalLM.from_config(hf_config)
+    name_map = get_gguf_hf_weights_map(hf_model, processor)
+    del hf_model
+    for tensor in reader.tensors:
+        weights = dequantize(tensor.data, tensor.tensor_type)
+        result = processor.process(
+            weights=weights, name=tensor.name, tensor_key_mapping=name_map, parsed_parameters={}
+        )
+        if result.name not in name_map:
+            continue
+        # a copy: the reader's arrays are read-only views of the memory-mapped file
+        yield name_map[result.name], torch.from_numpy(np.array(result.weights, dtype=np.float32))

@@ -1,0 +1,112 @@
+"""Where a model comes from: a local HF folder or a single GGUF file, resolved once into a
+ModelSource (config, checkpoint dtype, architectures, tokenizer)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoTokenizer, GenerationConfig, PretrainedConfig
+
+# used when a config names no context length (vLLM's fallback)
+DEFAULT_MAX_POSITION_EMBEDDINGS = 2048
+
+
+@dataclass
+class ModelSource:
+    """A resolved model. ``path`` is what the user named (an HF folder or a .gguf file);
+    ``gguf_file`` is set for GGUF models."""
+
+    path: Path
+    gguf_file: Path | None
+    hf_config: PretrainedConfig
+    checkpoint_dtype: torch.dtype  # dtype the weights are stored in (float32 for GGUF)
+    architectures: list[str]  # HF architecture names, e.g. ["LlamaForCausalLM"]
+    max_position_embeddings: int
+    trust_remote_code: bool = False
+
+    @property
+    def is_gguf(self) -> bool:
+        return self.gguf_file is not None
+
+    def load_tokenizer(self, tokenizer: str | None = None) -> Any:
+        """The HF tokenizer: from ``tokenizer`` (a folder or hub-cache name) when given, else
+        from the model folder, else converted from the GGUF metadata."""
+        if tokenizer is not None:
+            return AutoTokenizer.from_pretrained(tokenizer, trust_remote_code=self.trust_remote_code)
+        if self.gguf_file is not None:
+            return AutoTokenizer.from_pretrained(
+                str(self.gguf_file.parent),
+                gguf_file=self.gguf_file.name,
+                trust_remote_code=self.trust_remote_code,
+            )
+        return AutoTokenizer.from_pretrained(
+            str(self.path), trust_remote_code=self.trust_remote_code
+        )
+
+    def load_generation_config(self) -> GenerationConfig | None:
+        """The folder's generation_config.json (eos ids, default sampling), or None."""
+        if self.gguf_file is not None or not (self.path / "generation_config.json").is_file():
+            return None
+        return GenerationConfig.from_pretrained(str(self.path))
+
+
+def resolve_model(model: str, trust_remote_code: bool = False) -> ModelSource:
+    """Resolve ``model`` (a local HF folder with config.json, or a .gguf file) into a
+    ModelSource. ValueError when the path does not exist or holds no model."""
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise ValueError(
+            f"model {model!r} does not exist: give a local HF folder (config.json + weights) "
+            "or a .gguf file"
+        )
+    path = path.resolve()
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ValueError(f"model {model!r} is a file but not a .gguf file")
+        from ironlm.model_loader.gguf_weights import load_gguf_config
+
+        config = load_gguf_config(path, trust_remote_code)
+        return _source(path, path, config, torch.float32, trust_remote_code)
+    if not (path / "config.json").is_file():
+        raise ValueError(f"model folder {model!r} has no config.json (not an HF model folder)")
+    config = AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    return _source(path, None, config, _config_dtype(config), trust_remote_code)
+
+
+def _source(
+    path: Path,
+    gguf_file: Path | None,
+    config: PretrainedConfig,
+    dtype: torch.dtype,
+    trust_remote_code: bool,
+) -> ModelSource:
+    architectures = list(getattr(config, "architectures", None) or [])
+    if not architectures:
+        raise ValueError(f"{path}: config names no architectures")
+    max_pos = getattr(config, "max_position_embeddings", None) or DEFAULT_MAX_POSITION_EMBEDDINGS
+    return ModelSource(
+        path=path,
+        gguf_file=gguf_file,
+        hf_config=config,
+        checkpoint_dtype=dtype,
+        architectures=architectures,
+        max_position_embeddings=int(max_pos),
+        trust_remote_code=trust_remote_code,
+    )
+
+
+def _config_dtype(config: PretrainedConfig) -> torch.dtype:
+    """The checkpoint dtype the config declares (``dtype``);
+    float32 when it declares none."""
+    value = getattr(config, "dtype", None)
+    if value is None:
+        return torch.float32
+    if isinstance(value, torch.dtype):
+        return value
+    dtype = getattr(torch, str(value).removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"config declares an unknown dtype {value!r}")
+    return dtype

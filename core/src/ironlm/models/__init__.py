@@ -1,0 +1,1 @@
+"""Model architectures built from ironlm.layers, registered through ``register_models``."""

@@ -1,0 +1,163 @@
+"""The Llama family: Llama, Mistral, Qwen2 (bias on q/k/v), Qwen3 (per-head q/k RMSNorm).
+
+One pre-norm decoder: x -> RMSNorm -> attention -> + -> RMSNorm -> SwiGLU MLP -> +, with the
+residual adds fused into the next norm. What differs between the families comes from the HF
+config: ``model_type`` (qwen2: q/k/v bias; qwen3: q/k norms), ``attention_bias``,
+``mlp_bias``, ``head_dim``, rope parameters, ``sliding_window`` with ``layer_types`` (Qwen) or on
+every layer (Mistral), ``tie_word_embeddings``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+
+from ironlm.interfaces.attention import AttentionLayerSpec
+from ironlm.interfaces.model import ModelArchitecture, ModelContext
+from ironlm.layers.attention import Attention
+from ironlm.layers.layernorm import RMSNorm
+from ironlm.layers.mlp import GatedMLP
+from ironlm.layers.rotary_embedding import RotaryEmbedding, rope_parameters
+from ironlm.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
+from ironlm.layers.weight_loading import load_named_weights
+
+
+def head_dim_of(hf_config: Any) -> int:
+    head_dim = getattr(hf_config, "head_dim", None)
+    return int(head_dim) if head_dim else hf_config.hidden_size // hf_config.num_attention_heads
+
+
+def sliding_window_of(hf_config: Any, layer_index: int) -> int | None:
+    """The layer's window: ``layer_types`` names the sliding layers when the config has it,
+    otherwise a configured ``sliding_window`` applies to every layer (Mistral)."""
+    window = getattr(hf_config, "sliding_window", None)
+    if not window:
+        return None
+    layer_types = getattr(hf_config, "layer_types", None)
+    if layer_types is not None and layer_types[layer_index] != "sliding_attention":
+        return None
+    return int(window)
+
+
+class LlamaDecoderLayer(torch.nn.Module):
+    def __init__(
+        self, hf_config: Any, layer_index: int, rotary: RotaryEmbedding, ctx: ModelContext
+    ) -> None:
+        super().__init__()
+        head_dim = head_dim_of(hf_config)
+        model_type = hf_config.model_type
+        attention_bias = bool(getattr(hf_config, "attention_bias", False))
+        self.self_attn = Attention(
+            layer_index=layer_index,
+            hidden_size=hf_config.hidden_size,
+            num_heads=hf_config.num_attention_heads,
+            num_kv_heads=getattr(hf_config, "num_key_value_heads", None)
+            or hf_config.num_attention_heads,
+            head_dim=head_dim,
+            scale=head_dim**-0.5,
+            rotary=rotary,
+            ctx=ctx,
+            qkv_bias=attention_bias or model_type == "qwen2",
+            o_bias=attention_bias and model_type != "qwen2",
+            qk_norm_eps=hf_config.rms_norm_eps if model_type == "qwen3" else None,
+            sliding_window=sliding_window_of(hf_config, layer_index),
+        )
+        self.mlp = GatedMLP(
+            hf_config.hidden_size,
+            hf_config.intermediate_size,
+            getattr(hf_config, "hidden_act", "silu"),
+            ctx,
+            bias=bool(getattr(hf_config, "mlp_bias", False)),
+        )
+        self.input_layernorm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps, ctx)
+        self.post_attention_layernorm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps, ctx)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,  # (num_tokens, hidden_size): the previous layer's output
+        residual: torch.Tensor | None,  # (num_tokens, hidden_size): the stream before it
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        kv_cache: torch.Tensor,
+        attn_metadata: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden
+            h = self.input_layernorm.norm(hidden)
+        else:
+            h, residual = self.input_layernorm(hidden, residual)
+        h = self.self_attn(h, cos_sin, kv_cache, attn_metadata)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
+
+
+class LlamaModel(torch.nn.Module):
+    def __init__(self, hf_config: Any, ctx: ModelContext) -> None:
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(hf_config.vocab_size, hf_config.hidden_size, ctx)
+        self.rotary_emb = RotaryEmbedding(
+            head_dim_of(hf_config),
+            hf_config.max_position_embeddings,
+            rope_parameters(hf_config),
+            ctx,
+        )
+        self.layers = torch.nn.ModuleList(
+            LlamaDecoderLayer(hf_config, i, self.rotary_emb, ctx)
+            for i in range(hf_config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps, ctx)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        attn_metadata: Any,
+    ) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)  # (num_tokens, hidden_size)
+        cos_sin = self.rotary_emb.lookup(positions)  # once for all layers
+        residual: torch.Tensor | None = None
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            hidden, residual = layer(hidden, residual, cos_sin, kv_cache, attn_metadata)
+        return self.norm(hidden, residual)[0]
+
+
+class LlamaForCausalLM(ModelArchitecture):
+    """Llama / Mistral / Qwen2 / Qwen3 causal LM (HF checkpoint names)."""
+
+    def __init__(self, hf_config: Any, ctx: ModelContext) -> None:
+        super().__init__()
+        self.config = hf_config
+        self.model = LlamaModel(hf_config, ctx)
+        self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
+        self.lm_head = ParallelLMHead(
+            hf_config.vocab_size,
+            hf_config.hidden_size,
+            ctx,
+            tie_to=self.model.embed_tokens if self.tie_word_embeddings else None,
+        )
+
+    def attention_layers(self) -> list[AttentionLayerSpec]:
+        return [layer.self_attn.spec for layer in self.model.layers]
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        attn_metadata: Any,
+    ) -> torch.Tensor:
+        return self.model(input_ids, positions, kv_caches, attn_metadata)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)  # (num_rows, vocab_size) float32
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        def skip(name: str) -> bool:
+            # tied checkpoints sometimes carry a copy of the embedding as lm_head; old ones
+            # carry rotary tables we recompute
+            return (self.tie_word_embeddings and name == "lm_head.weight") or name.endswith(
+                "rotary_emb.inv_freq"
+            )
+
+        load_named_weights(self, weights, skip)

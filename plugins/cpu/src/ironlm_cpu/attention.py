@@ -1,0 +1,166 @@
+"""Attention backend ``cpu_paged``: paged attention on CPU from batched torch kernels.
+
+Per step, ``build_metadata`` groups the sequences into buckets of similar shape (see
+``attention_metadata``). Per layer and bucket, ``forward`` gathers the bucket's KV blocks with
+one ``index_select`` into a reused workspace, views them as (n, Hkv, keys, D) without copying,
+groups the query heads that share a KV head into rows, and runs one
+``scaled_dot_product_attention`` with the step's precomputed boolean mask (or a plain
+matmul/softmax path when the layer soft-caps its logits, which SDPA cannot do).
+Scores are computed in float32 whatever the cache dtype, as the reference does.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from ironlm.interfaces.attention import AttentionBackend, AttentionBatch, AttentionLayerSpec
+from ironlm_cpu.attention_metadata import Bucket, CpuAttentionMetadata, build_cpu_metadata
+
+_COMPUTE_DTYPE = torch.float32  # fp32 is both the reference's precision and fastest on AVX2
+
+
+class CpuPagedAttentionBackend(AttentionBackend):
+    """Paged attention for the ``cpu`` platform: prefill, chunked prefill, decode and mixed
+    batches in one call; GQA/MQA, sliding window, logits soft cap; fp32/bf16/fp16 caches."""
+
+    name: ClassVar[str] = "cpu_paged"
+    supported_platforms: ClassVar[tuple[str, ...]] = ("cpu",)
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        # dtype -> flat buffer the KV gathers write into, grown on demand and reused by every
+        # layer and step (fresh multi-MB allocations per layer cost page faults)
+        self._workspace: dict[torch.dtype, torch.Tensor] = {}
+
+    def build_metadata(self, batch: AttentionBatch) -> CpuAttentionMetadata:
+        return build_cpu_metadata(batch)
+
+    def forward(
+        self,
+        layer: AttentionLayerSpec,
+        q: torch.Tensor,  # (num_tokens, num_heads, head_dim)
+        k: torch.Tensor,  # (num_tokens, num_kv_heads, head_dim)
+        v: torch.Tensor,  # (num_tokens, num_kv_heads, head_dim)
+        kv_cache: torch.Tensor,  # (2, num_blocks, block_size, num_kv_heads, head_dim)
+        metadata: CpuAttentionMetadata,
+    ) -> torch.Tensor:  # (num_tokens, num_heads, head_dim)
+        _write_kv(kv_cache, k, v, metadata.batch.slot_mapping)
+        buckets = metadata.buckets
+        if len(buckets) == 1 and buckets[0].out_rows is None:
+            return self._attend_bucket(layer, q, kv_cache, buckets[0]).to(q.dtype)
+        out = torch.empty_like(q)
+        for bucket in buckets:
+            rows = self._attend_bucket(layer, q, kv_cache, bucket)  # (n * max_q, H, D)
+            assert bucket.out_rows is not None and bucket.out_tokens is not None
+            if rows.shape[0] != bucket.out_rows.shape[0]:
+                rows = rows.index_select(0, bucket.out_rows)  # drop padding rows
+            out.index_copy_(0, bucket.out_tokens, rows.to(q.dtype))
+        return out
+
+    # -- one bucket --------------------------------------------------------------------------
+    def _attend_bucket(
+        self,
+        layer: AttentionLayerSpec,
+        q: torch.Tensor,  # (num_tokens, H, D)
+        kv_cache: torch.Tensor,
+        bucket: Bucket,
+    ) -> torch.Tensor:  # (n * max_q, H, D): padded rows, in bucket order
+        n, max_q = bucket.n, bucket.max_q
+        h_kv, d = layer.num_kv_heads, layer.head_dim
+        group = layer.num_heads // h_kv
+        window = layer.sliding_window
+        keys, values = self._gather_kv(kv_cache, bucket)  # 2 x (n, Hkv, keys, D) views
+        rows = q if bucket.q_index is None else q.index_select(0, bucket.q_index)
+        rows = rows.to(_COMPUTE_DTYPE)  # (n * max_q, H, D), padded rows in bucket order
+
+        if layer.logits_soft_cap is not None:
+            return _soft_capped_attention(
+                rows, keys, values, bucket.mask(window), layer.scale, layer.logits_soft_cap
+            )
+        if max_q == 1:
+            # Decode: a KV head's `group` query heads become its query rows, so SDPA reads each
+            # key once per KV head and the (n, 1, 1, keys) mask broadcasts over them.
+            qg = rows.view(n, h_kv, group, d)
+            o = F.scaled_dot_product_attention(
+                qg, keys, values, attn_mask=bucket.mask(window), scale=layer.scale
+            )
+            return o.reshape(n, h_kv * group, d)
+        # Prefill chunks: (n, H, max_q, D) queries as a strided view, GQA inside SDPA; plain
+        # causal chunks skip the mask (and SDPA skips the blocks above the diagonal).
+        q4 = rows.view(n, max_q, -1, d).transpose(1, 2)
+        causal = bucket.is_causal(window)
+        o = F.scaled_dot_product_attention(
+            q4,
+            keys,
+            values,
+            attn_mask=None if causal else bucket.mask(window),
+            is_causal=causal,
+            scale=layer.scale,
+            enable_gqa=group > 1,
+        )  # (n, H, max_q, D)
+        return o.transpose(1, 2).reshape(n * max_q, -1, d)
+
+    def _gather_kv(
+        self, kv_cache: torch.Tensor, bucket: Bucket
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The bucket's KV blocks, padded per sequence: 2 x (n, Hkv, num_keys, D), as strided
+        views of one contiguous (2, n, num_keys, Hkv, D) buffer."""
+        _, num_blocks, block_size, h_kv, d = kv_cache.shape
+        n_idx = bucket.block_index.numel()
+        flat = kv_cache.view(2, num_blocks, block_size * h_kv * d)  # whole blocks as rows
+        gathered = torch.index_select(
+            flat, 1, bucket.block_index, out=self._buffer(kv_cache.dtype, flat.shape[2], n_idx)
+        )
+        if gathered.dtype != _COMPUTE_DTYPE:
+            gathered = gathered.to(_COMPUTE_DTYPE)
+        kv = gathered.view(2, bucket.n, bucket.num_blocks * block_size, h_kv, d)
+        return kv[0].transpose(1, 2), kv[1].transpose(1, 2)
+
+    def _buffer(self, dtype: torch.dtype, row: int, rows: int) -> torch.Tensor:
+        """A (2, rows, row) tensor backed by the reused workspace of ``dtype``."""
+        need = 2 * rows * row
+        buf = self._workspace.get(dtype)
+        if buf is None or buf.numel() < need:
+            buf = torch.empty(need, dtype=dtype)
+            self._workspace[dtype] = buf
+        return buf[:need].view(2, rows, row)
+
+
+def _write_kv(
+    kv_cache: torch.Tensor,  # (2, num_blocks, block_size, Hkv, D)
+    k: torch.Tensor,  # (num_tokens, Hkv, D)
+    v: torch.Tensor,
+    slot_mapping: torch.Tensor,  # (num_tokens,) int64: block_id * block_size + offset
+) -> None:
+    """Store the new tokens' keys and values at their cache slots."""
+    slots = kv_cache.view(2, -1, kv_cache.shape[-2], kv_cache.shape[-1])  # (2, slots, Hkv, D)
+    slots[0].index_copy_(0, slot_mapping, k.to(kv_cache.dtype))
+    slots[1].index_copy_(0, slot_mapping, v.to(kv_cache.dtype))
+
+
+def _soft_capped_attention(
+    rows: torch.Tensor,  # (n * max_q, H, D) padded query rows
+    keys: torch.Tensor,  # (n, Hkv, keys, D)
+    values: torch.Tensor,  # (n, Hkv, keys, D)
+    mask: torch.Tensor | None,  # (n, 1, max_q, keys) additive
+    scale: float,
+    cap: float,
+) -> torch.Tensor:  # (n * max_q, H, D)
+    """Explicit attention with ``cap * tanh(scores / cap)`` before the mask and softmax (SDPA
+    has no soft cap). Query heads sharing a KV head are stacked as rows ordered (g, t), so K/V
+    are not repeated and the mask broadcasts over g."""
+    n, h_kv, _, d = keys.shape
+    max_q = rows.shape[0] // n
+    group = rows.shape[1] // h_kv
+    qg = rows.view(n, max_q, h_kv, group, d).permute(0, 2, 3, 1, 4)  # (n, Hkv, G, max_q, D)
+    qg = qg.reshape(n, h_kv, group * max_q, d)
+    scores = torch.matmul(qg, keys.transpose(-1, -2)) * scale  # (n, Hkv, G * max_q, keys)
+    scores = torch.tanh(scores / cap) * cap
+    if mask is not None:
+        scores = scores.view(n, h_kv, group, max_q, -1) + mask.unsqueeze(2)
+    probs = torch.softmax(scores.view(n, h_kv, group * max_q, -1), dim=-1)
+    o = torch.matmul(probs, values).view(n, h_kv, group, max_q, d)
+    return o.permute(0, 3, 1, 2, 4).reshape(n * max_q, h_kv * group, d)

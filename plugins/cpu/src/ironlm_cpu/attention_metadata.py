@@ -1,0 +1,170 @@
+"""Per-step plan of the CPU paged attention backend, built once and shared by every layer.
+
+Sequences are grouped into *buckets* of similar shape. Each bucket runs as one padded batched
+attention call: its queries padded to the bucket's longest new-token run ``max_q``, its keys
+gathered block by block into a padded buffer of ``num_blocks * block_size`` positions. Decode
+sequences (one new token) and prefill chunks land in different buckets, so a long prefill never
+pads 63 decodes up to its length; very different context lengths are split to bound padding.
+Everything index-like (gather indices, query positions, boolean masks) is computed here, on the
+host, once per step; ``forward`` only runs tensor ops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ironlm.interfaces.attention import AttentionBatch
+
+# Cost model for bucketing, in "key-row" units (one query row against one key position).
+# Gathering a key position (K and V copy, then the attention read) costs about as much as a few
+# query rows over it; a separate bucket costs a fixed overhead of index ops and a kernel launch.
+_GATHER_COST = 2
+_BUCKET_OVERHEAD = 4096
+
+
+@dataclass
+class Bucket:
+    """Sequences attended together as one padded batch of ``n`` sequences."""
+
+    seq_ids: list[int]  # batch indices of the sequences, in bucket order
+    max_q: int  # padded new-token rows per sequence
+    num_blocks: int  # padded KV blocks per sequence; keys padded to num_blocks * block_size
+    block_index: torch.Tensor  # (n * num_blocks,) int64: physical blocks to gather, 0 for padding
+    # (n * max_q,) int64 rows of q to gather (padding rows repeat a real row of the same
+    # sequence); None when the bucket's rows are exactly tokens 0..num_tokens-1 in order.
+    q_index: torch.Tensor | None
+    # Valid rows of the padded (n * max_q) output and the token each goes to; None when the
+    # padded rows are exactly the tokens in order (no scatter needed).
+    out_rows: torch.Tensor | None  # (num_valid,) int64 indices into the padded rows
+    out_tokens: torch.Tensor | None  # (num_valid,) int64 token indices
+    q_pos: torch.Tensor  # (n, max_q) int64: absolute position of each (padded) query row
+    uniform: bool  # all sequences have seq_len == num_blocks * block_size (no key padding)
+    fresh: bool  # no sequence has cached context: query row t sits at position t
+    block_size: int
+    # masks[window]: additive float mask (n, 1, max_q, keys), 0 = attend, -inf = hidden;
+    # None when nothing is hidden. Built by the first layer that asks, reused by the rest.
+    masks: dict[int | None, torch.Tensor | None] = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return len(self.seq_ids)
+
+    @property
+    def num_keys(self) -> int:
+        return self.num_blocks * self.block_size
+
+    def is_causal(self, window: int | None) -> bool:
+        """Whether SDPA's ``is_causal`` (top-left aligned) is exactly this bucket's mask for its
+        real rows: prefill chunks without cached context and no window that hides anything.
+        Padding rows and padded keys only meet each other, and padding rows are dropped."""
+        return self.max_q > 1 and self.fresh and (window is None or window >= self.max_q)
+
+    def mask(self, window: int | None) -> torch.Tensor | None:
+        if window not in self.masks:
+            self.masks[window] = self._build_mask(window)
+        return self.masks[window]
+
+    def _build_mask(self, window: int | None) -> torch.Tensor | None:
+        num_keys = self.num_keys
+        if self.max_q == 1 and self.uniform and (window is None or window >= num_keys):
+            return None  # every key of every sequence is visible: unmasked attention
+        k_pos = torch.arange(num_keys).view(1, 1, num_keys)  # (1, 1, keys)
+        q_pos = self.q_pos.unsqueeze(-1)  # (n, max_q, 1)
+        allowed = k_pos <= q_pos  # causal; also hides padded keys (positions >= seq_len)
+        if window is not None:
+            allowed &= k_pos > q_pos - window
+        mask = torch.zeros(allowed.shape, dtype=torch.float32)
+        return mask.masked_fill_(~allowed, float("-inf")).unsqueeze(1)  # (n, 1, max_q, keys)
+
+
+@dataclass
+class CpuAttentionMetadata:
+    """What ``CpuPagedAttentionBackend.forward`` needs for one step."""
+
+    batch: AttentionBatch
+    buckets: list[Bucket]
+    num_tokens: int
+
+
+def _cost(n: int, max_q: int, num_keys: int) -> int:
+    return n * num_keys * (max_q + _GATHER_COST) + _BUCKET_OVERHEAD
+
+
+def _group(
+    seq_ids: list[int], q_lens: list[int], blocks: list[int], block_size: int
+) -> list[list[int]]:
+    """Greedy bucketing: sequences sorted by cost, largest first; a sequence joins the current
+    bucket when padding it costs less than a bucket of its own."""
+    order = sorted(seq_ids, key=lambda i: -(blocks[i] * (q_lens[i] + _GATHER_COST)))
+    groups: list[list[int]] = []
+    cur_q = cur_b = 0
+    for i in order:
+        if groups:
+            q, b, n = max(cur_q, q_lens[i]), max(cur_b, blocks[i]), len(groups[-1])
+            joined = _cost(n + 1, q, b * block_size)
+            apart = _cost(n, cur_q, cur_b * block_size) + _cost(1, q_lens[i], blocks[i] * block_size)
+            if joined <= apart:
+                groups[-1].append(i)
+                cur_q, cur_b = q, b
+                continue
+        groups.append([i])
+        cur_q, cur_b = q_lens[i], blocks[i]
+    if len(groups) == 1:
+        groups[0].sort()  # one bucket: keep batch order so q/out may need no gather at all
+    return groups
+
+
+def _make_bucket(
+    batch: AttentionBatch, seq_ids: list[int], starts: list[int], blocks: list[int]
+) -> Bucket:
+    bs = batch.block_size
+    q_lens, seq_lens = batch.query_lens_cpu, batch.seq_lens_cpu
+    max_q = max(q_lens[i] for i in seq_ids)
+    num_blocks = max(blocks[i] for i in seq_ids)
+    ids = torch.tensor(seq_ids, dtype=torch.int64)
+    block_index = batch.block_tables[ids, :num_blocks].reshape(-1).to(torch.int64)
+
+    q_rows: list[int] = []  # token index of every padded row
+    q_pos: list[int] = []  # position of every padded row
+    out_rows: list[int] = []
+    out_tokens: list[int] = []
+    for j, i in enumerate(seq_ids):
+        start, q_len, seq_len = starts[i], q_lens[i], seq_lens[i]
+        for t in range(max_q):
+            real = min(t, q_len - 1)  # padding rows repeat the last real token
+            q_rows.append(start + real)
+            q_pos.append(seq_len - q_len + real)
+            if t < q_len:
+                out_rows.append(j * max_q + t)
+                out_tokens.append(start + t)
+    identity = q_rows == list(range(batch.num_tokens))
+    return Bucket(
+        seq_ids=seq_ids,
+        max_q=max_q,
+        num_blocks=num_blocks,
+        block_index=block_index,
+        q_index=None if identity else torch.tensor(q_rows, dtype=torch.int64),
+        out_rows=None if identity else torch.tensor(out_rows, dtype=torch.int64),
+        out_tokens=None if identity else torch.tensor(out_tokens, dtype=torch.int64),
+        q_pos=torch.tensor(q_pos, dtype=torch.int64).view(len(seq_ids), max_q),
+        uniform=all(seq_lens[i] == num_blocks * bs for i in seq_ids),
+        fresh=all(seq_lens[i] == q_lens[i] for i in seq_ids),
+        block_size=bs,
+    )
+
+
+def build_cpu_metadata(batch: AttentionBatch) -> CpuAttentionMetadata:
+    """Bucket the batch's sequences and precompute every index of the step."""
+    bs = batch.block_size
+    q_lens = batch.query_lens_cpu
+    blocks = [-(-s // bs) for s in batch.seq_lens_cpu]  # blocks covering each context
+    starts = [0]
+    for q in q_lens:
+        starts.append(starts[-1] + q)
+    live = [i for i, q in enumerate(q_lens) if q > 0]
+    buckets = [
+        _make_bucket(batch, ids, starts, blocks) for ids in _group(live, q_lens, blocks, bs)
+    ] if live else []
+    return CpuAttentionMetadata(batch=batch, buckets=buckets, num_tokens=starts[-1])

@@ -1,0 +1,79 @@
+"""Block manager and scheduler logic on synthetic requests (no model)."""
+
+from __future__ import annotations
+
+from ironlm.engine.block_manager import BlockManager
+from ironlm.engine.request import Request, RequestStatus
+from ironlm.engine.scheduler import Scheduler
+from ironlm.sampling_params import SamplingParams
+
+
+def _req(rid: str, tokens: list[int]) -> Request:
+    return Request(rid, tokens, SamplingParams(max_tokens=4), eos_token_id=None)
+
+
+def test_prefix_blocks_are_shared_and_reference_counted() -> None:
+    bm = BlockManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
+    a = _req("a", list(range(10)))  # 2 full blocks + 2 tokens
+    assert bm.find_cached_prefix(a) == []
+    assert bm.allocate(a, 10)
+    assert bm.num_used_blocks == 3
+    b = _req("b", list(range(8)) + [99, 98, 97])  # same first 2 blocks
+    cached = bm.find_cached_prefix(b)
+    assert cached == bm.block_ids("a")[:2]
+    b.num_computed_tokens = 8
+    assert bm.allocate(b, 3, cached)
+    assert bm.num_used_blocks == 4  # only one new block for b
+    assert [bm.blocks[i].ref_count for i in cached] == [2, 2]
+    bm.free("a")
+    bm.free("b")
+    assert bm.num_used_blocks == 0
+    # freed blocks stay cached until reused
+    c = _req("c", list(range(9)))
+    assert len(bm.find_cached_prefix(c)) == 2
+
+
+def test_allocation_fails_cleanly_when_full() -> None:
+    bm = BlockManager(num_blocks=2, block_size=4, enable_prefix_caching=False)
+    a = _req("a", list(range(8)))
+    assert bm.allocate(a, 8)
+    b = _req("b", [1])
+    assert not bm.allocate(b, 1)
+    assert bm.num_free_blocks == 0 and bm.block_ids("b") == []
+
+
+def test_last_token_is_never_served_from_cache() -> None:
+    bm = BlockManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
+    a = _req("a", list(range(8)))
+    assert bm.allocate(a, 8)
+    b = _req("b", list(range(8)))
+    assert len(bm.find_cached_prefix(b)) == 1  # 7 tokens at most -> one full block
+
+
+def test_scheduler_chunks_prefill_and_preempts_when_out_of_blocks() -> None:
+    bm = BlockManager(num_blocks=4, block_size=4, enable_prefix_caching=False)
+    s = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=6, enable_chunked_prefill=True)
+    a, b = _req("a", list(range(7))), _req("b", list(range(100, 107)))
+    s.add(a)
+    s.add(b)
+    plan = s.schedule()
+    assert [(r.request_id, n) for r, n in plan.scheduled] == [("a", 6)]
+    s.on_step_done(plan.scheduled)
+    plan = s.schedule()
+    assert [(r.request_id, n) for r, n in plan.scheduled] == [("a", 1), ("b", 5)]
+    s.on_step_done(plan.scheduled)
+    # a samples a token, grows past its 2 blocks; b needs its 2nd block: 4 blocks total
+    a.output_token_ids.append(5)
+    b_left = b.num_tokens - b.num_computed_tokens
+    plan = s.schedule()
+    names = [(r.request_id, n) for r, n in plan.scheduled]
+    assert ("a", 1) in names and ("b", b_left) in names
+    s.on_step_done(plan.scheduled)
+    a.output_token_ids.extend([6, 7, 8, 9])  # a now needs a third block: none free
+    plan = s.schedule()
+    assert plan.preempted and plan.preempted[0] is b
+    assert b.status == RequestStatus.PREEMPTED and b.num_computed_tokens == 0
+    assert s.stats.num_preemptions == 1
+    s.finish(a, RequestStatus.FINISHED_STOPPED)
+    s.finish(b, RequestStatus.FINISHED_ABORTED)
+    assert bm.num_used_blocks == 0 and not s.has_unfinished()

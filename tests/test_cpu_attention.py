@@ -1,0 +1,206 @@
+"""The cpu plugin's paged attention backend against the core's pure-torch reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ironlm.attention.batch import random_paged_batch
+from ironlm.attention.reference import ReferenceAttentionBackend
+from ironlm.interfaces.attention import AttentionLayerSpec
+from ironlm_cpu.attention import CpuPagedAttentionBackend
+
+TOL = {
+    torch.float32: dict(atol=1e-5, rtol=1e-5),
+    torch.bfloat16: dict(atol=2e-2, rtol=2e-2),
+    torch.float16: dict(atol=2e-3, rtol=2e-3),
+}
+
+
+def _run_both(
+    context_lens: list[int],
+    query_lens: list[int],
+    *,
+    num_heads: int = 6,
+    num_kv_heads: int = 2,
+    head_dim: int = 64,
+    block_size: int = 16,
+    dtype: torch.dtype = torch.float32,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+    seed: int = 0,
+) -> None:
+    """Fill a cache with a random context, run one step through both backends, compare the
+    outputs and the caches after the write."""
+    gen = torch.Generator().manual_seed(seed)
+    need = sum(-(-(c + q) // block_size) for c, q in zip(context_lens, query_lens))
+    num_blocks = need + 3  # a few blocks no sequence owns
+    batch = random_paged_batch(context_lens, query_lens, block_size, num_blocks, gen)
+    layer = AttentionLayerSpec(
+        layer_index=0,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        scale=head_dim**-0.5,
+        sliding_window=sliding_window,
+        logits_soft_cap=soft_cap,
+    )
+    cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim, generator=gen)
+    cache = cache.to(dtype)
+    t = batch.num_tokens
+    q = torch.randn(t, num_heads, head_dim, generator=gen).to(dtype)
+    k = torch.randn(t, num_kv_heads, head_dim, generator=gen).to(dtype)
+    v = torch.randn(t, num_kv_heads, head_dim, generator=gen).to(dtype)
+
+    ref, cpu = ReferenceAttentionBackend(), CpuPagedAttentionBackend()
+    ref_cache, cpu_cache = cache.clone(), cache.clone()
+    want = ref.forward(layer, q, k, v, ref_cache, ref.build_metadata(batch))
+    meta = cpu.build_metadata(batch)
+    got = cpu.forward(layer, q, k, v, cpu_cache, meta)
+    assert got.shape == q.shape and got.dtype == q.dtype
+    assert torch.equal(cpu_cache, ref_cache)
+    torch.testing.assert_close(got.float(), want.float(), **TOL[dtype])
+    # the metadata is reused by every layer of a step: a second layer gives the same answer
+    again = cpu.forward(layer, q, k, v, cpu_cache, meta)
+    torch.testing.assert_close(again, got, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("heads", [(4, 4), (6, 2), (8, 2), (9, 3), (4, 1)])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_decode_gqa_ratios(heads: tuple[int, int], head_dim: int) -> None:
+    _run_both([5, 16, 40, 1], [1, 1, 1, 1], num_heads=heads[0], num_kv_heads=heads[1],
+              head_dim=head_dim)
+
+
+@pytest.mark.parametrize("block_size", [1, 16, 32])
+def test_decode_block_boundaries(block_size: int) -> None:
+    # contexts ending just before, on and just after block boundaries
+    ctx = [15, 16, 17, 31, 32, 33, 0, 63]
+    _run_both(ctx, [1] * len(ctx), block_size=block_size, seed=1)
+
+
+def test_decode_uniform_lengths_unmasked() -> None:
+    _run_both([31, 31, 31], [1, 1, 1], seed=2)  # 32 keys each: full blocks, no padding
+
+
+def test_decode_very_different_lengths_split_buckets() -> None:
+    ctx = [700, 3, 5, 650, 9, 2, 300]
+    _run_both(ctx, [1] * len(ctx), num_heads=9, num_kv_heads=3, seed=3)
+
+
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_prefill(block_size: int, head_dim: int) -> None:
+    _run_both([0, 0, 0], [37, 1, 64], block_size=block_size, head_dim=head_dim, seed=4)
+
+
+def test_single_prefill() -> None:
+    _run_both([0], [45], num_heads=9, num_kv_heads=3, seed=5)
+
+
+def test_chunked_prefill() -> None:
+    # new chunks attending to cached context and to themselves
+    _run_both([20, 33, 64], [13, 31, 5], block_size=16, seed=6)
+
+
+def test_mixed_batch() -> None:
+    ctx = [0, 40, 17, 100, 0, 5, 32]
+    qs = [23, 1, 9, 1, 1, 1, 40]
+    _run_both(ctx, qs, num_heads=9, num_kv_heads=3, block_size=16, seed=7)
+    _run_both(ctx, qs, num_heads=8, num_kv_heads=1, block_size=32, head_dim=128, seed=8)
+
+
+@pytest.mark.parametrize("window", [1, 4, 19, 1000])
+def test_sliding_window(window: int) -> None:
+    ctx = [0, 40, 17, 100, 3]
+    qs = [23, 1, 9, 1, 30]
+    _run_both(ctx, qs, num_heads=6, num_kv_heads=2, sliding_window=window, seed=9)
+
+
+def test_sliding_window_pure_decode() -> None:
+    _run_both([40, 40, 40], [1, 1, 1], sliding_window=8, seed=10)
+
+
+@pytest.mark.parametrize("window", [None, 7])
+def test_soft_cap(window: int | None) -> None:
+    ctx, qs = [0, 25, 50], [11, 1, 6]
+    _run_both(ctx, qs, soft_cap=5.0, sliding_window=window, seed=11)
+    _run_both([30, 31], [1, 1], soft_cap=2.0, seed=12)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_caches(dtype: torch.dtype) -> None:
+    ctx, qs = [0, 40, 17, 3], [12, 1, 5, 1]
+    _run_both(ctx, qs, num_heads=9, num_kv_heads=3, dtype=dtype, seed=13)
+    _run_both(ctx, qs, dtype=dtype, sliding_window=6, soft_cap=10.0, seed=14)
+
+
+def test_random_shapes() -> None:
+    gen = torch.Generator().manual_seed(1234)
+    for case in range(12):
+        num_seqs = int(torch.randint(1, 7, (1,), generator=gen))
+        ctx = torch.randint(0, 90, (num_seqs,), generator=gen).tolist()
+        qs = [1 if torch.rand(1, generator=gen) < 0.5 else int(torch.randint(1, 40, (1,),
+              generator=gen)) for _ in range(num_seqs)]
+        kv_heads = [1, 2, 3][case % 3]
+        group = [1, 3, 4][(case // 3) % 3]
+        window = [None, 5, 50][case % 3 - (case // 4) % 2]
+        _run_both(
+            ctx,
+            qs,
+            num_heads=kv_heads * group,
+            num_kv_heads=kv_heads,
+            head_dim=[64, 128][case % 2],
+            block_size=[16, 32, 1][case % 3],
+            sliding_window=window,
+            soft_cap=30.0 if case % 5 == 0 else None,
+            seed=100 + case,
+        )
+
+
+def test_empty_batch() -> None:
+    cpu = CpuPagedAttentionBackend()
+    gen = torch.Generator().manual_seed(0)
+    batch = random_paged_batch([], [], 16, 4, gen)
+    layer = AttentionLayerSpec(0, 4, 2, 64, 0.125)
+    q = torch.empty(0, 4, 64)
+    kv = torch.empty(0, 2, 64)
+    cache = torch.zeros(2, 4, 16, 2, 64)
+    out = cpu.forward(layer, q, kv, kv, cache, cpu.build_metadata(batch))
+    assert out.shape == (0, 4, 64)
+
+
+def test_backend_contract() -> None:
+    cpu = CpuPagedAttentionBackend()
+    assert cpu.name == "cpu_paged" and cpu.supported_platforms == ("cpu",)
+    assert cpu.kv_cache_shape(10, 16, 3, 64) == (2, 10, 16, 3, 64)
+    with pytest.raises(ValueError, match="takes no options"):
+        CpuPagedAttentionBackend(bogus=1)
+
+
+def test_registered_through_plugin_manager() -> None:
+    import ironlm_cpu.plugin
+    from ironlm.plugin_manager import BUILTIN_PLUGIN, PluginManager
+    from ironlm_cpu.platform import CpuPlatform
+
+    pm = PluginManager(autoload=False)
+    # only this plugin's hooks: the test does not depend on the core's other registrations
+    pm.unregister(BUILTIN_PLUGIN)
+    pm.register(ironlm_cpu.plugin, "cpu")
+    entry = pm.registries.attention_backends.entry("cpu_paged")
+    assert entry.obj is CpuPagedAttentionBackend
+    assert entry.provenance.plugin == "cpu"
+    # the cpu platform's default backend is this one
+    assert pm.select_attention_backend(None, CpuPlatform()) is CpuPagedAttentionBackend
+
+
+def test_discovered_by_entry_point() -> None:
+    from ironlm.plugin_manager import BUILTIN_PLUGIN, PluginManager
+
+    pm = PluginManager(autoload=False)
+    pm.unregister(BUILTIN_PLUGIN)
+    pm.load_entrypoints(allow=["cpu"])  # the installed ironlm-cpu distribution's entry point
+    entry = pm.registries.attention_backends.entry("cpu_paged")
+    assert entry.obj is CpuPagedAttentionBackend
+    assert entry.provenance.plugin == "cpu"
+    assert entry.provenance.distribution == "ironlm-cpu"

@@ -1,0 +1,150 @@
+"""The engine on the real models: greedy parity with HF transformers, batching, prefix
+caching, chunked prefill, preemption, block accounting, bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from ironlm import LLM, SamplingParams
+
+pytestmark = pytest.mark.real_model
+
+PROMPTS = [
+    "The capital of France is",
+    "Write a haiku about the sea.",
+    "def fibonacci(n):",
+    "Q: What is 17 times 23?\nA:",
+    "Once upon a time, in a land far away, there lived a",
+    "List three primary colors:",
+    "The quick brown fox",
+    "Translate to French: I like apples.",
+]
+NEW_TOKENS = 32
+GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS)
+
+
+def _hf_greedy(model_dir: Path, prompts: list[str]) -> list[list[int]]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.eval()
+    outs = []
+    with torch.inference_mode():
+        for p in prompts:
+            ids = tok(p, return_tensors="pt").input_ids
+            gen = model.generate(
+                ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                max_new_tokens=NEW_TOKENS, pad_token_id=tok.eos_token_id,
+            )
+            outs.append(gen[0, ids.shape[1]:].tolist())
+    return outs
+
+
+@pytest.fixture(scope="module", params=["smollm2", "gemma3"])
+def model_case(request: pytest.FixtureRequest) -> tuple[Path, list[list[int]]]:
+    model_dir = request.getfixturevalue(f"{request.param}_dir")
+    return model_dir, _hf_greedy(model_dir, PROMPTS)
+
+
+def _tokens(outputs: list) -> list[list[int]]:  # type: ignore[type-arg]
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+def test_greedy_matches_hf_one_at_a_time(model_case: tuple[Path, list[list[int]]]) -> None:
+    model_dir, expected = model_case
+    llm = LLM(str(model_dir), dtype="float32", max_model_len=512, kv_cache_memory=64 << 20)
+    got = [_tokens(llm.generate(p, GREEDY, use_tqdm=False))[0] for p in PROMPTS]
+    assert got == expected
+    assert llm.engine.block_manager.num_used_blocks == 0
+
+
+def test_batched_cached_chunked_and_preempted_runs_match(
+    model_case: tuple[Path, list[list[int]]],
+) -> None:
+    model_dir, expected = model_case
+    # All at once, prefix caching on, a small token budget (chunked prefill), and a KV cache
+    # of 12 blocks x 16 tokens for 8 sequences of ~45 tokens: preemption must happen.
+    llm = LLM(
+        str(model_dir), dtype="float32", max_model_len=192, num_kv_blocks=12,
+        enable_prefix_caching=True, enable_chunked_prefill=True, max_num_batched_tokens=24,
+    )
+    assert _tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == expected
+    stats = llm.engine.stats()
+    assert stats["num_preemptions"] > 0
+    assert stats["num_used_blocks"] == 0
+    # The same prompts again, with room: prefix-cache hits happen and tokens stay the same.
+    hits_before = stats["prefix_cache_hits"]
+    again = LLM(str(model_dir), dtype="float32", max_model_len=512, kv_cache_memory=64 << 20)
+    assert _tokens(again.generate(PROMPTS, GREEDY, use_tqdm=False)) == expected
+    assert _tokens(again.generate(PROMPTS, GREEDY, use_tqdm=False)) == expected
+    assert again.engine.stats()["prefix_cache_hits"] > 0
+    assert hits_before >= 0
+
+
+def test_many_mixed_requests_leave_no_blocks(smollm2_dir: Path) -> None:
+    llm = LLM(str(smollm2_dir), max_model_len=256, kv_cache_memory=32 << 20, max_num_seqs=32)
+    g = torch.Generator().manual_seed(0)
+    prompts = [
+        torch.randint(100, 40000, (int(torch.randint(1, 120, (1,), generator=g)),),
+                      generator=g).tolist()
+        for _ in range(100)
+    ]
+    params = [SamplingParams(max_tokens=int(torch.randint(1, 9, (1,), generator=g)),
+                             temperature=0.8, seed=i) for i in range(100)]
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert len(outs) == 100
+    assert all(len(o.outputs[0].token_ids) <= p.max_tokens for o, p in zip(outs, params))
+    assert llm.engine.block_manager.num_used_blocks == 0
+
+
+def test_bad_input_is_a_value_error_and_the_engine_keeps_serving(smollm2_dir: Path) -> None:
+    llm = LLM(str(smollm2_dir), max_model_len=64, kv_cache_memory=16 << 20)
+    with pytest.raises(ValueError, match="maximum model length of 64"):
+        llm.generate("word " * 100, SamplingParams(max_tokens=4))
+    with pytest.raises(ValueError, match="cannot be empty"):
+        llm.generate([[]], SamplingParams(max_tokens=4))
+    with pytest.raises(ValueError, match="out of vocabulary"):
+        llm.generate([[1, 2, 10_000_000]], SamplingParams(max_tokens=4))
+    out = llm.generate("Hello", SamplingParams(max_tokens=3, temperature=0), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 3
+    assert llm.engine.block_manager.num_used_blocks == 0
+    with pytest.raises(ValueError, match="dtype"):
+        LLM(str(smollm2_dir), dtype="float64")
+    with pytest.raises(ValueError, match="device 'tpu'"):
+        LLM(str(smollm2_dir), device="tpu")
+
+
+def test_kv_cache_is_allocated_once_at_the_size_asked(smollm2_dir: Path) -> None:
+    llm = LLM(str(smollm2_dir), max_model_len=256, kv_cache_memory=24 << 20)
+    runner = llm.engine.executor.runner  # type: ignore[attr-defined]
+    total = sum(t.numel() * t.element_size() for t in runner.kv_caches)
+    assert total <= 24 << 20 and total > (24 << 20) - runner.kv_bytes_per_block()
+    ptrs = [t.data_ptr() for t in runner.kv_caches]
+    llm.generate(PROMPTS[:4], GREEDY, use_tqdm=False)
+    assert [t.data_ptr() for t in runner.kv_caches] == ptrs
+
+
+def test_abort_frees_blocks_at_once(smollm2_dir: Path) -> None:
+    llm = LLM(str(smollm2_dir), max_model_len=256, kv_cache_memory=16 << 20)
+    eng = llm.engine
+    eng.add_request("x", "Tell me a long story about dragons", SamplingParams(max_tokens=50))
+    eng.step()
+    eng.step()
+    assert eng.block_manager.num_used_blocks > 0
+    llm.abort("x")
+    assert eng.block_manager.num_used_blocks == 0
+    assert not eng.has_unfinished_requests()
+
+
+def test_chat_uses_the_template(smollm2_dir: Path) -> None:
+    llm = LLM(str(smollm2_dir), max_model_len=512, kv_cache_memory=16 << 20)
+    msgs = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+    out = llm.chat(msgs, SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
+    tok = llm.get_tokenizer()
+    expected_prompt = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert out[0].prompt == expected_prompt
+    assert "Paris" in out[0].outputs[0].text
