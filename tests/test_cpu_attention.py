@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -30,8 +32,26 @@ def _run_both(
     soft_cap: float | None = None,
     seed: int = 0,
 ) -> None:
-    """Fill a cache with a random context, run one step through both backends, compare the
-    outputs and the caches after the write."""
+    """Fill a cache with a random context, run one step through the reference and through the
+    cpu backend (with and without the fused decode kernel); compare outputs and caches."""
+    for native in (True, False):
+        _compare(context_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size, dtype,
+                 sliding_window, soft_cap, seed, CpuPagedAttentionBackend(native_decode=native))
+
+
+def _compare(
+    context_lens: list[int],
+    query_lens: list[int],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    dtype: torch.dtype,
+    sliding_window: int | None,
+    soft_cap: float | None,
+    seed: int,
+    cpu: CpuPagedAttentionBackend,
+) -> None:
     gen = torch.Generator().manual_seed(seed)
     need = sum(-(-(c + q) // block_size) for c, q in zip(context_lens, query_lens))
     num_blocks = need + 3  # a few blocks no sequence owns
@@ -52,7 +72,7 @@ def _run_both(
     k = torch.randn(t, num_kv_heads, head_dim, generator=gen).to(dtype)
     v = torch.randn(t, num_kv_heads, head_dim, generator=gen).to(dtype)
 
-    ref, cpu = ReferenceAttentionBackend(), CpuPagedAttentionBackend()
+    ref = ReferenceAttentionBackend()
     ref_cache, cpu_cache = cache.clone(), cache.clone()
     want = ref.forward(layer, q, k, v, ref_cache, ref.build_metadata(batch))
     meta = cpu.build_metadata(batch)
@@ -77,6 +97,18 @@ def test_decode_block_boundaries(block_size: int) -> None:
     # contexts ending just before, on and just after block boundaries
     ctx = [15, 16, 17, 31, 32, 33, 0, 63]
     _run_both(ctx, [1] * len(ctx), block_size=block_size, seed=1)
+
+
+def test_many_decode_rows_with_prefills() -> None:
+    # enough decode rows that the C kernel schedules whole sequences, plus two prefill chunks
+    gen = torch.Generator().manual_seed(21)
+    ctx = torch.randint(0, 300, (24,), generator=gen).tolist() + [0, 50]
+    _run_both(ctx, [1] * 24 + [17, 33], num_heads=9, num_kv_heads=3, seed=21)
+    _run_both(ctx, [1] * 24 + [17, 33], sliding_window=40, seed=22)
+
+
+def test_head_dim_not_multiple_of_8() -> None:
+    _run_both([5, 30, 0], [1, 1, 7], num_heads=4, num_kv_heads=2, head_dim=36, seed=23)
 
 
 def test_decode_uniform_lengths_unmasked() -> None:
@@ -158,8 +190,29 @@ def test_random_shapes() -> None:
         )
 
 
-def test_empty_batch() -> None:
-    cpu = CpuPagedAttentionBackend()
+@pytest.mark.parametrize("native", [True, False])
+def test_views_of_a_fused_qkv_projection(native: bool) -> None:
+    # models split q/k/v out of one projection: non-contiguous (num_tokens, heads, D) views
+    gen = torch.Generator().manual_seed(31)
+    batch = random_paged_batch([7, 0, 40], [1, 12, 1], 16, 8, gen)
+    layer = AttentionLayerSpec(0, 6, 2, 64, 0.125)
+    qkv = torch.randn(batch.num_tokens, (6 + 2 + 2) * 64, generator=gen)
+    q = qkv[:, : 6 * 64].view(-1, 6, 64)
+    k = qkv[:, 6 * 64 : 8 * 64].view(-1, 2, 64)
+    v = qkv[:, 8 * 64 :].view(-1, 2, 64)
+    cache = torch.randn(2, 8, 16, 2, 64, generator=gen)
+    ref_cache, cpu_cache = cache.clone(), cache.clone()
+    ref = ReferenceAttentionBackend()
+    want = ref.forward(layer, q, k, v, ref_cache, batch)
+    cpu = CpuPagedAttentionBackend(native_decode=native)
+    got = cpu.forward(layer, q, k, v, cpu_cache, cpu.build_metadata(batch))
+    assert torch.equal(cpu_cache, ref_cache)
+    torch.testing.assert_close(got, want, **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_empty_batch(native: bool) -> None:
+    cpu = CpuPagedAttentionBackend(native_decode=native)
     gen = torch.Generator().manual_seed(0)
     batch = random_paged_batch([], [], 16, 4, gen)
     layer = AttentionLayerSpec(0, 4, 2, 64, 0.125)
@@ -174,8 +227,29 @@ def test_backend_contract() -> None:
     cpu = CpuPagedAttentionBackend()
     assert cpu.name == "cpu_paged" and cpu.supported_platforms == ("cpu",)
     assert cpu.kv_cache_shape(10, 16, 3, 64) == (2, 10, 16, 3, 64)
-    with pytest.raises(ValueError, match="takes no options"):
+    with pytest.raises(ValueError, match="native_decode"):
         CpuPagedAttentionBackend(bogus=1)
+    assert CpuPagedAttentionBackend(native_decode=False).decode_path.startswith("torch")
+
+
+def test_decode_kernel_builds_here() -> None:
+    """This machine has a C compiler: the fused decode kernel must build and be used (the
+    other tests then cover it); elsewhere the backend falls back to torch with a reason."""
+    from ironlm_cpu.decode_kernel import PagedDecodeKernel
+
+    kernel = PagedDecodeKernel()
+    assert kernel.available, kernel.reason
+    assert CpuPagedAttentionBackend().decode_path == "fused C kernel"
+
+
+def test_decode_kernel_falls_back_without_compiler(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("IRONLM_CACHE_DIR", str(tmp_path))  # nothing cached there
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    cpu = CpuPagedAttentionBackend()
+    assert "unavailable" in cpu.decode_path
+    _compare([5, 20], [1, 1], 4, 2, 64, 16, torch.float32, None, None, 0, cpu)
 
 
 def test_registered_through_plugin_manager() -> None:

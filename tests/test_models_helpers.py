@@ -14,7 +14,7 @@ from ironlm.attention.reference import ReferenceAttentionBackend
 from ironlm.interfaces.model import ModelArchitecture, ModelContext
 from ironlm.interfaces.platform import LayerOps
 from ironlm.interfaces.quantization import UnquantizedMethod
-from ironlm.model_loader import load_model, resolve_model
+from ironlm.model_loader import ModelSource, load_model, resolve_model
 from ironlm.models.gemma3 import Gemma3ForCausalLM
 from ironlm.models.llama import LlamaForCausalLM
 
@@ -37,8 +37,10 @@ def reference_context(dtype: torch.dtype = torch.float32) -> ModelContext:
     )
 
 
-def load_ours(model: str | Path, load_format: str = "auto", seed: int = 0) -> ModelArchitecture:
-    source = resolve_model(str(model))
+def load_ours(
+    model: str | Path | ModelSource, load_format: str = "auto", seed: int = 0
+) -> ModelArchitecture:
+    source = model if isinstance(model, ModelSource) else resolve_model(str(model))
     return load_model(
         source, ARCHITECTURES[source.architectures[0]], reference_context(), load_format, seed
     )
@@ -72,9 +74,9 @@ class PagedRunner:
         return len(self.tables) - 1
 
     @torch.no_grad()
-    def step(self, chunks: dict[int, list[int]]) -> list[torch.Tensor]:
-        """One forward over new tokens of several sequences; returns each sequence's logits
-        (num_new_tokens, vocab) float32."""
+    def step_hidden(self, chunks: dict[int, list[int]]) -> list[torch.Tensor]:
+        """One forward over new tokens of several sequences; returns each sequence's final
+        hidden states (num_new_tokens, hidden_size)."""
         seqs = list(chunks)
         ctx_lens = [self.lens[s] for s in seqs]
         q_lens = [len(chunks[s]) for s in seqs]
@@ -83,35 +85,42 @@ class PagedRunner:
         positions = torch.tensor(
             [p for c, q in zip(ctx_lens, q_lens) for p in range(c, c + q)], dtype=torch.int64
         )
-        metadata = self.backend.build_metadata(batch)
-        hidden = self.model(ids, positions, self.kv_caches, metadata)
-        logits = self.model.compute_logits(hidden)
-        out, at = [], 0
+        hidden = self.model(ids, positions, self.kv_caches, self.backend.build_metadata(batch))
         for s, q in zip(seqs, q_lens):
-            out.append(logits[at : at + q])
-            at += q
             self.lens[s] += q
-        return out
+        return list(hidden.split(q_lens))
 
-
-def run_prefill_then_decode(
-    model: ModelArchitecture, token_ids: list[int], num_decode: int, block_size: int = 4
-) -> torch.Tensor:
-    """Prefill ``token_ids[:-num_decode]`` in one step, then feed the remaining tokens one per
-    decode step. Returns (len(token_ids), vocab) float32 logits."""
-    runner = PagedRunner(model, num_blocks=-(-len(token_ids) // block_size) + 2, block_size=block_size)
-    seq = runner.add_sequence(len(token_ids))
-    split = len(token_ids) - num_decode
-    parts = runner.step({seq: token_ids[:split]})
-    for t in token_ids[split:]:
-        parts += runner.step({seq: [t]})
-    return torch.cat(parts)
+    @torch.no_grad()
+    def step(self, chunks: dict[int, list[int]]) -> list[torch.Tensor]:
+        """Like step_hidden, returning (num_new_tokens, vocab) float32 logits per sequence."""
+        return [self.model.compute_logits(h) for h in self.step_hidden(chunks)]
 
 
 @torch.no_grad()
-def hf_logits(hf_model: Any, token_ids: list[int]) -> torch.Tensor:
-    """HF transformers' logits over the full sequence: (len, vocab) float32."""
-    out = hf_model(input_ids=torch.tensor([token_ids]), use_cache=False)
+def run_prefill_then_decode(
+    model: ModelArchitecture,
+    token_ids: list[int],
+    num_decode: int,
+    block_size: int = 4,
+    last: int | None = None,
+) -> torch.Tensor:
+    """Prefill ``token_ids[:-num_decode]`` in one step, then feed the remaining tokens one per
+    decode step. Returns float32 logits of every position, or of the ``last`` ones:
+    (len(token_ids) or last, vocab)."""
+    runner = PagedRunner(model, num_blocks=-(-len(token_ids) // block_size) + 2, block_size=block_size)
+    seq = runner.add_sequence(len(token_ids))
+    split = len(token_ids) - num_decode
+    parts = runner.step_hidden({seq: token_ids[:split]})
+    for t in token_ids[split:]:
+        parts += runner.step_hidden({seq: [t]})
+    hidden = torch.cat(parts)
+    return model.compute_logits(hidden if last is None else hidden[-last:])
+
+
+@torch.no_grad()
+def hf_logits(hf_model: Any, token_ids: list[int], last: int | None = None) -> torch.Tensor:
+    """HF transformers' logits over the full sequence (or its ``last`` positions), float32."""
+    out = hf_model(input_ids=torch.tensor([token_ids]), use_cache=False, logits_to_keep=last or 0)
     return out.logits[0].float()
 
 

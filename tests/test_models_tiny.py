@@ -80,7 +80,9 @@ def _configs() -> dict[str, PretrainedConfig]:
                 "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                 "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
             },
-            attn_logit_softcapping=20.0,
+            # HF's Gemma 3 keeps attn_logit_softcapping in its config but never applies it
+            # (the released configs set it to null), so the comparison leaves it off
+            attn_logit_softcapping=None,
             final_logit_softcapping=15.0,
             pad_token_id=0,
         ),
@@ -143,7 +145,7 @@ def test_attention_specs(tiny_pair) -> None:  # type: ignore[no-untyped-def]
     if name == "gemma3":
         assert windows == [6, 6, None, 6]
         assert specs[0].scale == pytest.approx(24**-0.5)
-        assert specs[0].logits_soft_cap == 20.0
+        assert specs[0].logits_soft_cap is None
     elif name == "mistral-sliding":
         assert windows == [7, 7, 7]
     else:

@@ -22,6 +22,7 @@ _LAZY = {
     "LLM": "ironlm.entrypoints.llm",
     "SamplingParams": "ironlm.sampling_params",
     "BeamSearchParams": "ironlm.sampling_params",
+    "GuidedDecodingParams": "ironlm.sampling_params",
     "RequestOutput": "ironlm.outputs",
     "CompletionOutput": "ironlm.outputs",
 }
@@ -39,6 +40,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "LLM",
     "BeamSearchParams",
+    "GuidedDecodingParams",
     "CompletionOutput",
     "RequestOutput",
     "SamplingParams",

@@ -6,13 +6,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ironlm.commands import download_cmd, plugins_cmd, serve_cmd
+from ironlm.commands import bench_cmd, download_cmd, plugins_cmd, serve_cmd
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ironlm", description="IronLM LLM serving engine")
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in (serve_cmd, plugins_cmd, download_cmd):
+    for module in (serve_cmd, plugins_cmd, download_cmd, bench_cmd):
         module.add_parser(sub)
     return parser
 

@@ -44,7 +44,8 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     truncate_prompt_tokens: int | None = None
-    # Structured output: a GuidedSpec (ironlm.interfaces.guided) plus an optional backend name.
+    # Structured output: GuidedDecodingParams (or an ironlm.interfaces.guided.GuidedSpec) plus
+    # an optional backend name (GuidedDecodingParams.backend wins when set).
     guided_decoding: Any = None
     guided_decoding_backend: str | None = None
     # Filled by the engine: token-id sequences of bad_words, and the eos id.
@@ -62,6 +63,10 @@ class SamplingParams:
                 self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
             except (TypeError, ValueError):
                 raise ValueError("logit_bias must map token ids to numbers") from None
+        if isinstance(self.guided_decoding, GuidedDecodingParams):
+            if self.guided_decoding.backend:
+                self.guided_decoding_backend = self.guided_decoding.backend
+            self.guided_decoding = self.guided_decoding.to_spec()
         if self.seed is not None and not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         self._validate()
@@ -146,6 +151,37 @@ class SamplingParams:
 
     def clone(self) -> SamplingParams:
         return copy.deepcopy(self)
+
+
+@dataclass
+class GuidedDecodingParams:
+    """vLLM's offline structured-output parameters: give exactly one of json (schema as a
+    dict, JSON text or pydantic model class), regex, choice, grammar, json_object."""
+
+    json: Any = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    backend: str | None = None
+    whitespace_pattern: str | None = None
+
+    def to_spec(self) -> Any:
+        """The normalised GuidedSpec (ValueError for none or several constraints)."""
+        from ironlm.guided_spec import spec_from_request
+
+        spec = spec_from_request(
+            guided_json=self.json,
+            guided_regex=self.regex,
+            guided_choice=self.choice,
+            guided_grammar=self.grammar,
+            guided_whitespace_pattern=self.whitespace_pattern,
+            response_format={"type": "json_object"} if self.json_object else None,
+        )
+        if spec is None:
+            raise ValueError("guided_decoding: give one of json, regex, choice, grammar, "
+                             "json_object")
+        return spec
 
 
 @dataclass

@@ -124,6 +124,8 @@ class AsyncEngine:
         fut: Future[Any] = Future()
 
         def do() -> None:
+            if not fut.set_running_or_notify_cancel():  # the caller gave up waiting
+                return
             try:
                 fut.set_result(fn(self.engine))
             except BaseException as exc:

@@ -42,7 +42,10 @@ class ModelRunner:
                 f"supported: {[str(d) for d in self.platform.supported_dtypes]}"
             )
         backend_cls = pm.select_attention_backend(config.attention_backend, self.platform)
-        self.attention = backend_cls(**config.attention_backend_options)
+        options = dict(config.attention_backend_options)
+        if config.kv_cache_dtype != "auto":  # only backends with a quantized cache accept it
+            options["kv_cache_dtype"] = config.kv_cache_dtype
+        self.attention = backend_cls(**options)
         quant = UnquantizedMethod()
         if config.quantization:
             qcls = pm.select_quantization(config.quantization, self.platform)
@@ -69,7 +72,7 @@ class ModelRunner:
 
     # -- KV cache --------------------------------------------------------------------------
     def kv_bytes_per_block(self) -> int:
-        elem = torch.empty((), dtype=self.dtype).element_size()
+        elem = torch.empty((), dtype=self.attention.cache_dtype(self.dtype)).element_size()
         return sum(
             2 * self.config.block_size * spec.num_kv_heads * spec.head_dim * elem
             for spec in self.layers
@@ -103,7 +106,7 @@ class ModelRunner:
                 self.attention.kv_cache_shape(
                     num_blocks, self.config.block_size, spec.num_kv_heads, spec.head_dim
                 ),
-                dtype=self.dtype,
+                dtype=self.attention.cache_dtype(self.dtype),
                 device=self.device,
             )
             for spec in self.layers

@@ -91,6 +91,10 @@ class AttentionBackend(ABC):
         """Shape of one layer's KV cache tensor."""
         return (2, num_blocks, block_size, num_kv_heads, head_dim)
 
+    def cache_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
+        """The KV cache's element dtype (a backend with an fp8 cache option returns fp8)."""
+        return model_dtype
+
     def build_metadata(self, batch: AttentionBatch) -> Any:
         """Backend-specific metadata for one step, shared by all layers. Default: the batch."""
         return batch

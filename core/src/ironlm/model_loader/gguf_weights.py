@@ -19,8 +19,9 @@ from transformers.modeling_gguf_pytorch_utils import (
     TENSOR_PROCESSORS,
     TensorProcessor,
     get_gguf_hf_weights_map,
-    read_field,
 )
+
+from ironlm.model_loader.gguf_file import GGUFFile
 
 
 def load_gguf_config(gguf_path: Path, trust_remote_code: bool = False) -> PretrainedConfig:
@@ -45,10 +46,10 @@ def iter_gguf_weights(
     """Yield (HF name, float32 tensor) for every tensor of the GGUF file, dequantised one at a
     time. Tensors with no HF counterpart (e.g. llama.cpp's precomputed rope factors) are skipped.
     """
-    from gguf import GGUFReader, dequantize
+    from gguf import GGMLQuantizationType, dequantize
 
-    reader = GGUFReader(str(gguf_path))
-    architecture = read_field(reader, "general.architecture")[0]
+    gguf = GGUFFile(gguf_path)
+    architecture = gguf.metadata["general.architecture"]
     processor_cls = TENSOR_PROCESSORS.get(architecture, TensorProcessor)
     processor = processor_cls(config=hf_config.to_dict())
     # transformers maps names by walking an HF model's state dict; a meta-device model costs
@@ -57,8 +58,8 @@ def iter_gguf_weights(
         hf_model = AutoModelForCausalLM.from_config(hf_config)
     name_map = get_gguf_hf_weights_map(hf_model, processor)
     del hf_model
-    for tensor in reader.tensors:
-        weights = dequantize(tensor.data, tensor.tensor_type)
+    for tensor in gguf.tensors:
+        weights = dequantize(gguf.raw(tensor), GGMLQuantizationType(tensor.ggml_type))
         result = processor.process(
             weights=weights, name=tensor.name, tensor_key_mapping=name_map, parsed_parameters={}
         )

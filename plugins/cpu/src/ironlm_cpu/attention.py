@@ -1,11 +1,17 @@
-"""Attention backend ``cpu_paged``: paged attention on CPU from batched torch kernels.
+"""Attention backend ``cpu_paged``: paged attention on CPU.
 
-Per step, ``build_metadata`` groups the sequences into buckets of similar shape (see
-``attention_metadata``). Per layer and bucket, ``forward`` gathers the bucket's KV blocks with
-one ``index_select`` into a reused workspace, views them as (n, Hkv, keys, D) without copying,
-groups the query heads that share a KV head into rows, and runs one
-``scaled_dot_product_attention`` with the step's precomputed boolean mask (or a plain
-matmul/softmax path when the layer soft-caps its logits, which SDPA cannot do).
+Per step, ``build_metadata`` groups the sequences into buckets of similar shape and precomputes
+every index and mask (``attention_metadata``); every layer reuses them. Per layer:
+
+- decode rows (one new token per sequence) run on a fused C kernel that reads each sequence's
+  KV blocks straight from the cache (``decode_kernel``), when it builds here and the cache is
+  float32;
+- every other bucket (prefill and chunked-prefill chunks, and decode rows otherwise) gathers its
+  KV blocks with one ``index_select`` into a reused workspace, views them as (n, Hkv, keys, D)
+  without copying, and runs one ``scaled_dot_product_attention`` (GQA without repeating K/V,
+  ``is_causal`` for fresh prompts, else the step's precomputed additive mask), or an explicit
+  matmul/softmax when the layer soft-caps its logits, which SDPA cannot do.
+
 Scores are computed in float32 whatever the cache dtype, as the reference does.
 """
 
@@ -18,6 +24,7 @@ import torch.nn.functional as F
 
 from ironlm.interfaces.attention import AttentionBackend, AttentionBatch, AttentionLayerSpec
 from ironlm_cpu.attention_metadata import Bucket, CpuAttentionMetadata, build_cpu_metadata
+from ironlm_cpu.decode_kernel import PagedDecodeKernel
 
 _COMPUTE_DTYPE = torch.float32  # fp32 is both the reference's precision and fastest on AVX2
 
@@ -30,13 +37,28 @@ class CpuPagedAttentionBackend(AttentionBackend):
     supported_platforms: ClassVar[tuple[str, ...]] = ("cpu",)
 
     def __init__(self, **options: Any) -> None:
-        super().__init__(**options)
+        """Options: ``native_decode`` (default True): run decode rows on the fused C kernel
+        (``decode_kernel``) when it builds here; otherwise, or when False, on torch ops."""
+        native_decode = bool(options.pop("native_decode", True))
+        if options:
+            raise ValueError(
+                f"attention backend {self.name!r} takes only the option 'native_decode'; "
+                f"got {sorted(options)}"
+            )
+        super().__init__()
+        kernel = PagedDecodeKernel() if native_decode else None
+        self._kernel = kernel if kernel is not None and kernel.available else None
+        # why decode rows run where they run (for logs and `ironlm plugins`)
+        self.decode_path = (
+            "fused C kernel" if self._kernel is not None
+            else kernel.reason if kernel is not None else "torch (native_decode=False)"
+        )  # fmt: skip
         # dtype -> flat buffer the KV gathers write into, grown on demand and reused by every
         # layer and step (fresh multi-MB allocations per layer cost page faults)
         self._workspace: dict[torch.dtype, torch.Tensor] = {}
 
     def build_metadata(self, batch: AttentionBatch) -> CpuAttentionMetadata:
-        return build_cpu_metadata(batch)
+        return build_cpu_metadata(batch, unpadded_decode=self._kernel is not None)
 
     def forward(
         self,
@@ -48,16 +70,28 @@ class CpuPagedAttentionBackend(AttentionBackend):
         metadata: CpuAttentionMetadata,
     ) -> torch.Tensor:  # (num_tokens, num_heads, head_dim)
         _write_kv(kv_cache, k, v, metadata.batch.slot_mapping)
+        native = self._kernel is not None and _kernel_fits(layer, q, kv_cache)
         buckets = metadata.buckets
-        if len(buckets) == 1 and buckets[0].out_rows is None:
+        if len(buckets) == 1 and buckets[0].out_rows is None and not native:
             return self._attend_bucket(layer, q, kv_cache, buckets[0]).to(q.dtype)
-        out = torch.empty_like(q)
+        out = torch.empty(q.shape, dtype=q.dtype)  # contiguous: the C kernel writes rows
         for bucket in buckets:
-            rows = self._attend_bucket(layer, q, kv_cache, bucket)  # (n * max_q, H, D)
-            assert bucket.out_rows is not None and bucket.out_tokens is not None
-            if rows.shape[0] != bucket.out_rows.shape[0]:
-                rows = rows.index_select(0, bucket.out_rows)  # drop padding rows
-            out.index_copy_(0, bucket.out_tokens, rows.to(q.dtype))
+            if native and bucket.decode is not None:
+                assert self._kernel is not None
+                rows = bucket.decode
+                self._kernel(
+                    q.contiguous(), kv_cache, out, rows.tokens, rows.seq_lens, rows.tables,
+                    rows.max_len, layer.scale, layer.sliding_window, layer.logits_soft_cap,
+                )  # fmt: skip
+                continue
+            padded = self._attend_bucket(layer, q, kv_cache, bucket)  # (n * max_q, H, D)
+            if bucket.out_rows is None:  # the bucket is every token, in order
+                out.copy_(padded)
+                continue
+            assert bucket.out_tokens is not None
+            if padded.shape[0] != bucket.out_rows.shape[0]:
+                padded = padded.index_select(0, bucket.out_rows)  # drop padding rows
+            out.index_copy_(0, bucket.out_tokens, padded.to(q.dtype))
         return out
 
     # -- one bucket --------------------------------------------------------------------------
@@ -127,6 +161,16 @@ class CpuPagedAttentionBackend(AttentionBackend):
             buf = torch.empty(need, dtype=dtype)
             self._workspace[dtype] = buf
         return buf[:need].view(2, rows, row)
+
+
+def _kernel_fits(layer: AttentionLayerSpec, q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+    """The C decode kernel's preconditions: float32, a contiguous cache (q is made contiguous:
+    a view of a fused QKV projection is not), head_dim a multiple of 8."""
+    return (
+        q.dtype == kv_cache.dtype == torch.float32
+        and kv_cache.is_contiguous()
+        and layer.head_dim % 8 == 0
+    )
 
 
 def _write_kv(

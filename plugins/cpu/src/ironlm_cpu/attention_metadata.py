@@ -5,8 +5,10 @@ attention call: its queries padded to the bucket's longest new-token run ``max_q
 gathered block by block into a padded buffer of ``num_blocks * block_size`` positions. Decode
 sequences (one new token) and prefill chunks land in different buckets, so a long prefill never
 pads 63 decodes up to its length; very different context lengths are split to bound padding.
-Everything index-like (gather indices, query positions, boolean masks) is computed here, on the
-host, once per step; ``forward`` only runs tensor ops.
+When the fused C decode kernel runs, all decode rows form one bucket it reads without padding
+(``DecodeRows``). Everything index-like (gather indices, query positions, masks) is computed
+here, on the host, once per step (masks lazily, by the first layer that needs them);
+``forward`` only runs tensor ops.
 """
 
 from __future__ import annotations
@@ -22,6 +24,17 @@ from ironlm.interfaces.attention import AttentionBatch
 # query rows over it; a separate bucket costs a fixed overhead of index ops and a kernel launch.
 _GATHER_COST = 2
 _BUCKET_OVERHEAD = 4096
+
+
+@dataclass
+class DecodeRows:
+    """A decode bucket (one new token per sequence) as the fused C kernel reads it: no padding,
+    each sequence's blocks straight from its block table."""
+
+    tokens: torch.Tensor  # (n,) int64: the query row of each sequence
+    seq_lens: torch.Tensor  # (n,) int64: context length including the new token
+    tables: torch.Tensor  # (n, num_blocks) int32, contiguous: physical block ids
+    max_len: int  # longest context of the bucket
 
 
 @dataclass
@@ -43,6 +56,7 @@ class Bucket:
     uniform: bool  # all sequences have seq_len == num_blocks * block_size (no key padding)
     fresh: bool  # no sequence has cached context: query row t sits at position t
     block_size: int
+    decode: DecodeRows | None  # set when max_q == 1
     # masks[window]: additive float mask (n, 1, max_q, keys), 0 = attend, -inf = hidden;
     # None when nothing is hidden. Built by the first layer that asks, reused by the rest.
     masks: dict[int | None, torch.Tensor | None] = field(default_factory=dict)
@@ -84,8 +98,7 @@ class CpuAttentionMetadata:
     """What ``CpuPagedAttentionBackend.forward`` needs for one step."""
 
     batch: AttentionBatch
-    buckets: list[Bucket]
-    num_tokens: int
+    buckets: list[Bucket]  # every sequence with new tokens is in exactly one bucket
 
 
 def _cost(n: int, max_q: int, num_keys: int) -> int:
@@ -103,9 +116,8 @@ def _group(
     for i in order:
         if groups:
             q, b, n = max(cur_q, q_lens[i]), max(cur_b, blocks[i]), len(groups[-1])
-            joined = _cost(n + 1, q, b * block_size)
-            apart = _cost(n, cur_q, cur_b * block_size) + _cost(1, q_lens[i], blocks[i] * block_size)
-            if joined <= apart:
+            alone = _cost(1, q_lens[i], blocks[i] * block_size)
+            if _cost(n + 1, q, b * block_size) <= _cost(n, cur_q, cur_b * block_size) + alone:
                 groups[-1].append(i)
                 cur_q, cur_b = q, b
                 continue
@@ -126,37 +138,42 @@ def _make_bucket(
     ids = torch.tensor(seq_ids, dtype=torch.int64)
     block_index = batch.block_tables[ids, :num_blocks].reshape(-1).to(torch.int64)
 
-    q_rows: list[int] = []  # token index of every padded row
-    q_pos: list[int] = []  # position of every padded row
-    out_rows: list[int] = []
-    out_tokens: list[int] = []
-    for j, i in enumerate(seq_ids):
-        start, q_len, seq_len = starts[i], q_lens[i], seq_lens[i]
-        for t in range(max_q):
-            real = min(t, q_len - 1)  # padding rows repeat the last real token
-            q_rows.append(start + real)
-            q_pos.append(seq_len - q_len + real)
-            if t < q_len:
-                out_rows.append(j * max_q + t)
-                out_tokens.append(start + t)
-    identity = q_rows == list(range(batch.num_tokens))
+    # Padded rows (n, max_q): row t of a sequence is its t-th new token; padding rows repeat
+    # the last real token (so their masks are valid rows) and are dropped from the output.
+    q_len = torch.tensor([q_lens[i] for i in seq_ids], dtype=torch.int64).unsqueeze(1)
+    start = torch.tensor([starts[i] for i in seq_ids], dtype=torch.int64).unsqueeze(1)
+    seq_len = torch.tensor([seq_lens[i] for i in seq_ids], dtype=torch.int64).unsqueeze(1)
+    t = torch.arange(max_q, dtype=torch.int64).unsqueeze(0)  # (1, max_q)
+    real = torch.minimum(t, q_len - 1)  # (n, max_q)
+    valid = (t < q_len).reshape(-1)  # (n * max_q,)
+    # identity: the padded rows are exactly tokens 0..num_tokens-1 in order
+    identity = seq_ids == list(range(len(seq_ids))) and len(seq_ids) * max_q == batch.num_tokens
     return Bucket(
         seq_ids=seq_ids,
         max_q=max_q,
         num_blocks=num_blocks,
         block_index=block_index,
-        q_index=None if identity else torch.tensor(q_rows, dtype=torch.int64),
-        out_rows=None if identity else torch.tensor(out_rows, dtype=torch.int64),
-        out_tokens=None if identity else torch.tensor(out_tokens, dtype=torch.int64),
-        q_pos=torch.tensor(q_pos, dtype=torch.int64).view(len(seq_ids), max_q),
+        q_index=None if identity else (start + real).reshape(-1),
+        out_rows=None if identity else valid.nonzero().squeeze(1),
+        out_tokens=None if identity else (start + t).reshape(-1)[valid],
+        q_pos=seq_len - q_len + real,
         uniform=all(seq_lens[i] == num_blocks * bs for i in seq_ids),
         fresh=all(seq_lens[i] == q_lens[i] for i in seq_ids),
         block_size=bs,
+        decode=None if max_q > 1 else DecodeRows(
+            tokens=start.reshape(-1),
+            seq_lens=seq_len.reshape(-1),
+            tables=batch.block_tables[ids, :num_blocks].to(torch.int32).contiguous(),
+            max_len=max(seq_lens[i] for i in seq_ids),
+        ),
     )
 
 
-def build_cpu_metadata(batch: AttentionBatch) -> CpuAttentionMetadata:
-    """Bucket the batch's sequences and precompute every index of the step."""
+def build_cpu_metadata(batch: AttentionBatch, unpadded_decode: bool) -> CpuAttentionMetadata:
+    """Bucket the batch's sequences and precompute every index of the step.
+
+    ``unpadded_decode``: decode rows run on a kernel that reads each sequence's own blocks, so
+    all of them form one bucket whatever their lengths (only padded buckets are split)."""
     bs = batch.block_size
     q_lens = batch.query_lens_cpu
     blocks = [-(-s // bs) for s in batch.seq_lens_cpu]  # blocks covering each context
@@ -164,7 +181,11 @@ def build_cpu_metadata(batch: AttentionBatch) -> CpuAttentionMetadata:
     for q in q_lens:
         starts.append(starts[-1] + q)
     live = [i for i, q in enumerate(q_lens) if q > 0]
-    buckets = [
-        _make_bucket(batch, ids, starts, blocks) for ids in _group(live, q_lens, blocks, bs)
-    ] if live else []
-    return CpuAttentionMetadata(batch=batch, buckets=buckets, num_tokens=starts[-1])
+    groups: list[list[int]] = []
+    if unpadded_decode:
+        decode = [i for i in live if q_lens[i] == 1]
+        live = [i for i in live if q_lens[i] > 1]
+        groups += [decode] if decode else []
+    groups += _group(live, q_lens, blocks, bs) if live else []
+    buckets = [_make_bucket(batch, ids, starts, blocks) for ids in groups]
+    return CpuAttentionMetadata(batch=batch, buckets=buckets)

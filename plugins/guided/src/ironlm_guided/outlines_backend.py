@@ -9,8 +9,6 @@ No context-free grammars: outlines-core has none, so "grammar" is not a supporte
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -19,17 +17,15 @@ import torch
 from ironlm.interfaces.guided import Grammar, GuidedBackend, GuidedSpec
 from ironlm.interfaces.platform import Availability
 from ironlm_guided.bitmask import BitmaskUnpacker
-from ironlm_guided.outlines_schema import OUTLINES_SUPPORT, outlines_schema_regex
-from ironlm_guided.regex_check import check_python_regex
+from ironlm_guided.outlines_schema import (
+    any_json,
+    check_whitespace_pattern,
+    outlines_schema_regex,
+)
+from ironlm_guided.regex_check import check_python_regex, escape_literal
 from ironlm_guided.vocab import TokenTable
 
 _MAX_ROLLBACK = 1 << 30  # the Guide keeps one state per accepted token, unbounded in practice
-_REGEX_META = set(r"\.+*?()|[]{}^$#&-~")
-
-
-def escape_literal(text: str) -> str:
-    """Escape ``text`` for a literal match in both Rust (outlines-core) and Python regexes."""
-    return "".join("\\" + c if c in _REGEX_META else c for c in text)
 
 
 @dataclass(frozen=True)
@@ -80,7 +76,8 @@ class OutlinesBackend(GuidedBackend):
         if spec.kind == "json":
             regex = outlines_schema_regex(spec.value, spec.whitespace_pattern)
         elif spec.kind == "json_object":
-            regex = outlines_schema_regex('{"type":"object"}', spec.whitespace_pattern)
+            # nesting bounded to two levels: deeper any-JSON regexes take minutes to index
+            regex = any_json(check_whitespace_pattern(spec.whitespace_pattern), 2, "object")
         elif spec.kind == "regex":
             check_python_regex(spec.value, "guided regex")
             regex = spec.value

@@ -23,12 +23,28 @@ OUTLINES_SUPPORT = SchemaSupport(
     formats=frozenset({"uuid", "email"}),
     pattern=True,
 )
-_ANY_VALUE = {
-    "anyOf": [{"type": t} for t in ("object", "array", "string", "number", "boolean", "null")]
-}
+_DEFAULT_WHITESPACE = r"[ ]?"  # outlines-core's default between JSON tokens
+_STRING = r'"(?:[^"\\\x00-\x1F]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*"'
+_NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
+_SCALAR = rf"{_STRING}|{_NUMBER}|true|false|null"
 _WHITESPACE = frozenset(b" \t\n\r")
 # bytes a JSON string body cannot hold raw: the quote, the backslash, control characters
 _NOT_IN_STRING = frozenset(b'"\\') | frozenset(range(0x20))
+
+
+def check_whitespace_pattern(whitespace_pattern: str | None) -> str:
+    """The regex to put between JSON tokens; ValueError when it could emit non-whitespace."""
+    if whitespace_pattern is None:
+        return _DEFAULT_WHITESPACE
+    if whitespace_pattern:
+        check_python_regex(whitespace_pattern, "guided_whitespace_pattern")
+        if not _emits_only(whitespace_pattern, lambda b: b in _WHITESPACE):
+            raise ValueError(
+                f"guided_whitespace_pattern {whitespace_pattern!r} may produce characters other "
+                "than JSON whitespace (space, tab, newline, carriage return)"
+            )
+        return f"(?:{whitespace_pattern})"  # grouped: it is spliced between other tokens
+    return whitespace_pattern
 
 
 def outlines_schema_regex(text: str, whitespace_pattern: str | None) -> str:
@@ -36,23 +52,32 @@ def outlines_schema_regex(text: str, whitespace_pattern: str | None) -> str:
     cannot enforce exactly."""
     from outlines_core.json_schema import build_regex_from_schema
 
-    if whitespace_pattern is not None:
-        check_python_regex(whitespace_pattern, "guided_whitespace_pattern")
-        if not _emits_only(whitespace_pattern, lambda b: b in _WHITESPACE):
-            raise ValueError(
-                f"guided_whitespace_pattern {whitespace_pattern!r} may produce characters other "
-                "than JSON whitespace (space, tab, newline, carriage return)"
-            )
+    ws = check_whitespace_pattern(whitespace_pattern)
     normal = normalize_schema(text, OUTLINES_SUPPORT)
     splices: dict[str, str] = {}
-    schema = _rewrite(normal, splices)
+    schema = _rewrite(normal, splices, ws)
     try:
-        regex = build_regex_from_schema(json.dumps(schema), whitespace_pattern)
+        regex = build_regex_from_schema(json.dumps(schema), ws)
     except (ValueError, RuntimeError) as e:
         raise ValueError(f"outlines-core cannot build a regex for the JSON schema: {e}") from None
     for placeholder, replacement in splices.items():
         regex = regex.replace(f'"{placeholder}"', replacement)
     return regex
+
+
+def any_json(ws: str, depth: int, top: str = "value") -> str:
+    """Regex for any JSON value (or object, ``top="object"``) nested at most ``depth`` levels.
+    A regex automaton grows steeply with nesting (outlines-core's own any-object regex takes
+    about a minute to index over a 49k vocabulary), so nesting is bounded: a subset of JSON,
+    which is all a constraint needs."""
+    value = f"(?:{_SCALAR})"
+    obj = ""
+    for _ in range(depth):
+        arr = rf"\[{ws}(?:{value}(?:{ws},{ws}{value})*)?{ws}\]"
+        member = rf"{_STRING}{ws}:{ws}{value}"
+        obj = rf"\{{{ws}(?:{member}(?:{ws},{ws}{member})*)?{ws}\}}"
+        value = f"(?:{_SCALAR}|{arr}|{obj})"
+    return obj if top == "object" else value
 
 
 def _splice(splices: dict[str, str], regex: str) -> dict[str, Any]:
@@ -64,28 +89,27 @@ def _splice(splices: dict[str, str], regex: str) -> dict[str, Any]:
     return {"const": placeholder}
 
 
-def _rewrite(node: dict[str, Any], splices: dict[str, str]) -> dict[str, Any]:
-    if not node:
-        return _ANY_VALUE
+def _rewrite(node: dict[str, Any], splices: dict[str, str], ws: str) -> dict[str, Any]:
+    if not node:  # any value: outlines-core renders {} as an ungrouped alternation
+        return _splice(splices, any_json(ws, depth=1))
     if "$defs" in node:
-        defs = {k: _rewrite(v, splices) for k, v in node["$defs"].items()}
+        defs = {k: _rewrite(v, splices, ws) for k, v in node["$defs"].items()}
         body = {k: v for k, v in node.items() if k != "$defs"}
-        return {**_rewrite(body, splices), "$defs": defs}
+        return {**_rewrite(body, splices, ws), "$defs": defs}
     if "anyOf" in node:
-        return {"anyOf": [_rewrite(o, splices) for o in node["anyOf"]]}
+        return {"anyOf": [_rewrite(o, splices, ws) for o in node["anyOf"]]}
     t = node.get("type")
     if t == "object":
         if "properties" in node:
-            props = {k: _rewrite(v, splices) for k, v in node["properties"].items()}
+            props = {k: _rewrite(v, splices, ws) for k, v in node["properties"].items()}
             return {**node, "properties": props}
-        value = node["additionalProperties"]
-        if not value:
-            return {"type": "object"}
-        return {"type": "object", "additionalProperties": _rewrite(value, splices)}
+        value = _rewrite(node["additionalProperties"], splices, ws)
+        return {"type": "object", "additionalProperties": value}
     if t == "array":
         if "prefixItems" in node:
-            return {**node, "prefixItems": [_rewrite(p, splices) for p in node["prefixItems"]]}
-        return {**node, "items": _rewrite(node["items"], splices)}
+            items = [_rewrite(p, splices, ws) for p in node["prefixItems"]]
+            return {**node, "prefixItems": items}
+        return {**node, "items": _rewrite(node["items"], splices, ws)}
     if t == "integer" and ("minimum" in node or "maximum" in node):
         return _splice(splices, integer_range(node.get("minimum"), node.get("maximum")))
     if t == "number" and len(node) > 1:

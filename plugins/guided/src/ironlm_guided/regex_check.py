@@ -5,6 +5,14 @@ from __future__ import annotations
 
 import re
 
+_REGEX_META = frozenset(r"\.+*?()|[]{}^$#&-~")
+
+
+def escape_literal(text: str) -> str:
+    """Escape ``text`` for a literal match in Rust (outlines-core), Python and interegular
+    regexes: only metacharacters get a backslash (Rust rejects escapes of plain letters)."""
+    return "".join("\\" + c if c in _REGEX_META else c for c in text)
+
 
 def check_python_regex(pattern: str, what: str) -> None:
     """ValueError with the position and reason when ``pattern`` is not a valid regex."""

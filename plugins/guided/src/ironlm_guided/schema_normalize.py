@@ -294,6 +294,21 @@ class _Normalizer:
     def numeric(self, s: dict[str, Any], t: str, where: str) -> dict[str, Any]:
         bounds = {k: s[k] for k in ("minimum", "maximum", "exclusiveMinimum",
                                     "exclusiveMaximum") if k in s}
+        for key in ("exclusiveMinimum", "exclusiveMaximum"):  # draft 4: a flag on the bound
+            if isinstance(bounds.get(key), bool):
+                flag, plain = bounds.pop(key), "minimum" if key == "exclusiveMinimum" else "maximum"
+                if flag and plain in bounds:
+                    bounds[key] = bounds.pop(plain)
+        lo = hi = None
+        if t == "integer":
+            lo = max([math.ceil(bounds[k]) for k in ("minimum",) if k in bounds]
+                     + [math.floor(bounds[k]) + 1 for k in ("exclusiveMinimum",) if k in bounds],
+                     default=None)
+            hi = min([math.floor(bounds[k]) for k in ("maximum",) if k in bounds]
+                     + [math.ceil(bounds[k]) - 1 for k in ("exclusiveMaximum",) if k in bounds],
+                     default=None)
+            if lo is not None and hi is not None and lo > hi:
+                raise ValueError(f"JSON schema at {where}: no integer within the bounds")
         if bounds and not self.support.numeric_bounds:
             raise self.fail(where, f"numeric bounds {sorted(bounds)}")
         if "multipleOf" in s and not (self.support.multiple_of and t == "integer"
@@ -301,14 +316,6 @@ class _Normalizer:
             raise self.fail(where, "multipleOf")
         out: dict[str, Any] = {"type": t}
         if t == "integer":
-            lo = max([math.ceil(s[k]) for k in ("minimum",) if k in s]
-                     + [math.floor(s[k]) + 1 for k in ("exclusiveMinimum",) if k in s],
-                     default=None)
-            hi = min([math.floor(s[k]) for k in ("maximum",) if k in s]
-                     + [math.ceil(s[k]) - 1 for k in ("exclusiveMaximum",) if k in s],
-                     default=None)
-            if lo is not None and hi is not None and lo > hi:
-                raise ValueError(f"JSON schema at {where}: no integer within the bounds")
             out.update({k: v for k, v in (("minimum", lo), ("maximum", hi)) if v is not None})
             if "multipleOf" in s:
                 out["multipleOf"] = int(s["multipleOf"])

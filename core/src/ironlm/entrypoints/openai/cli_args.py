@@ -10,6 +10,7 @@ import argparse
 import json
 import re
 import ssl
+import types
 import typing
 from dataclasses import MISSING, fields
 from typing import Any
@@ -80,8 +81,9 @@ def _add_engine_args(group: argparse._ArgumentGroup) -> None:
             continue
         flag = "--" + f.name.replace("_", "-")
         hint = hints[f.name]
-        args = typing.get_args(hint)
-        base = next((a for a in args if a is not type(None)), hint) if args else hint
+        base = hint  # X | None -> X
+        if typing.get_origin(hint) in (typing.Union, types.UnionType):
+            base = next(a for a in typing.get_args(hint) if a is not type(None))
         default = f.default if f.default is not MISSING else None
         help_text = _ENGINE_HELP.get(f.name, f"engine argument {f.name}")
         help_text += " (default: %(default)s)"

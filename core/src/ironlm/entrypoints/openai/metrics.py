@@ -95,12 +95,9 @@ async def fresh_stats(engine: AsyncEngine, timeout: float = 1.0) -> dict[str, An
     stats when the engine does not answer within ``timeout`` (a long step)."""
     if not engine.is_alive:
         return engine.last_stats
-    try:
-        return await asyncio.wait_for(
-            asyncio.wrap_future(engine.call(lambda e: e.stats())), timeout
-        )
-    except asyncio.TimeoutError:
-        return engine.last_stats
+    pending = asyncio.wrap_future(engine.call(lambda e: e.stats()))
+    done, _ = await asyncio.wait({pending}, timeout=timeout)  # never cancels the call
+    return pending.result() if done else engine.last_stats
 
 
 class RequestTracker:

@@ -1,0 +1,169 @@
+"""The machine a benchmark ran on, and the limits it can reach, measured in the same run.
+
+- ``describe_machine``: CPU model, cores, ISA flags, memory, torch version and threads, load.
+- ``measure_limits``: read bandwidth (sum over a tensor much larger than the caches) and fp32
+  matmul GFLOP/s, best of a few repeats, at the thread count the engines use.
+- ``model_cost``: parameters read (and multiplied) per generated token, from the model config.
+- ``bounds``: single-stream decode is bounded by bandwidth / weight bytes per token; a large
+  batch is bounded by matmul FLOP/s / (2 * params) per token (attention and sampling extra).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+_ISA_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile")
+
+
+def _cpu_info() -> tuple[str, list[str]]:
+    model, flags = platform.processor() or "unknown", []
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and model in ("unknown", "", "x86_64"):
+                    model = value.strip()
+                elif key.strip() == "flags" and not flags:
+                    flags = value.split()
+    except OSError:
+        pass
+    return model, [f for f in _ISA_FLAGS if f in flags]
+
+
+def _mem_total_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return None
+
+
+def describe_machine(threads: int | None) -> dict[str, Any]:
+    """What a reader needs to compare two result files: hardware, software, load at start."""
+    model, isa = _cpu_info()
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except AttributeError:
+        affinity = os.cpu_count() or 1
+    load1, load5, load15 = os.getloadavg()
+    return {
+        "cpu_model": model,
+        "logical_cores": os.cpu_count(),
+        "usable_cores": affinity,
+        "isa": isa,
+        "mem_total_bytes": _mem_total_bytes(),
+        "os": platform.platform(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "threads": threads,
+        "load_average_at_start": [load1, load5, load15],
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def _best_seconds(fn: Callable[[], Any], repeats: int) -> float:
+    fn()  # warm-up: page faults, thread pool start
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+@dataclass
+class MachineLimits:
+    threads: int
+    read_bandwidth_gbs: float  # GB/s (1e9) reading a float32 tensor (torch sum)
+    copy_bandwidth_gbs: float  # GB/s (read + write) of a float32 tensor copy
+    matmul_gflops: float  # fp32 square matmul, 2 n^3 FLOPs
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _memory_seconds(tensor_bytes: int, repeats: int) -> tuple[float, float]:
+    """Best seconds to sum (read) and to copy (read + write) a float32 tensor of that size."""
+    src = torch.ones(tensor_bytes // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    return (_best_seconds(src.sum, repeats),
+            _best_seconds(lambda: dst.copy_(src), repeats))
+
+
+def _matmul_seconds(n: int, repeats: int) -> float:
+    a, b, out = torch.randn(n, n), torch.randn(n, n), torch.empty(n, n)
+    return _best_seconds(lambda: torch.mm(a, b, out=out), repeats)
+
+
+def measure_limits(
+    threads: int, tensor_bytes: int = 512 * 1024**2, matmul_n: int = 2048, repeats: int = 5
+) -> MachineLimits:
+    """Measure with ``threads`` torch threads (restored afterwards)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        read_s, copy_s = _memory_seconds(tensor_bytes, repeats)
+        mm_s = _matmul_seconds(matmul_n, repeats)
+    finally:
+        torch.set_num_threads(before)
+    return MachineLimits(
+        threads=threads,
+        read_bandwidth_gbs=tensor_bytes / read_s / 1e9,
+        copy_bandwidth_gbs=2 * tensor_bytes / copy_s / 1e9,
+        matmul_gflops=2 * matmul_n**3 / mm_s / 1e9,
+    )
+
+
+@dataclass
+class ModelCost:
+    params: int  # unique parameters of the model
+    params_per_token: int  # parameters read and multiplied per token (no input-embedding table
+    # when it is not tied to the LM head: decoding reads one row of it)
+    bytes_per_param: int
+
+    @property
+    def weight_bytes_per_token(self) -> int:
+        return self.params_per_token * self.bytes_per_param
+
+    @property
+    def flops_per_token(self) -> int:
+        return 2 * self.params_per_token
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "weight_bytes_per_token": self.weight_bytes_per_token,
+                "flops_per_token": self.flops_per_token}
+
+
+def model_cost(hf_config: Any, bytes_per_param: int) -> ModelCost:
+    """Count parameters by building the model on the meta device (no memory, no weights)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config)
+    params = sum(p.numel() for p in model.parameters())  # shared (tied) tensors count once
+    per_token = params
+    emb, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if emb is not None and (head is None or head.weight is not emb.weight):
+        per_token -= emb.weight.numel()
+    return ModelCost(params=params, params_per_token=per_token, bytes_per_param=bytes_per_param)
+
+
+def bounds(limits: MachineLimits, cost: ModelCost) -> dict[str, float]:
+    """Upper bounds in tokens/s: single-stream decode (bandwidth) and batch (compute)."""
+    return {
+        "decode_bandwidth_bound_tok_s":
+            limits.read_bandwidth_gbs * 1e9 / cost.weight_bytes_per_token,
+        "batch_compute_bound_tok_s": limits.matmul_gflops * 1e9 / cost.flops_per_token,
+    }
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per weight for an engine ``--dtype`` (auto is float32 on the cpu platform)."""
+    return 2 if dtype in ("float16", "half", "bfloat16") else 4

@@ -1,0 +1,317 @@
+"""A fused paged-decode attention kernel in C, built on first use with the system C compiler.
+
+Why: on CPU, decode attention is memory-bound. The torch path copies every sequence's KV blocks
+into a padded buffer before SDPA reads them again (three passes over the context); this kernel
+reads each key and value row once, straight from the paged cache, block by block, with no
+padding. Measured here (benchmarks/attention_cpu.py) it is about 2x faster than gather + SDPA.
+Work items (a sequence, or a sequence's KV head when there are few sequences) are scheduled
+dynamically over an OpenMP team that is torch's own: the library links libgomp.so.1, which the
+loader resolves to the copy torch has already loaded, so torch's idle workers take the items
+instead of spinning beside extra threads (separate pthreads ran slower than one thread here).
+
+Scope: decode rows only (one new token per sequence), float32 cache and queries, head_dim a
+multiple of 8; any GQA ratio, sliding window and logits soft cap. Everything else, and any
+machine without a working C compiler, uses the torch path (the kernel reports why).
+The shared library is cached under ``$IRONLM_CACHE_DIR/kernels`` (default ~/.cache/ironlm),
+named by a hash of the source and flags, written atomically.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+_SOURCE = r"""
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* 8 floats; alignment 4 so loads from cache rows need not be 32-byte aligned */
+typedef float v8 __attribute__((vector_size(32), aligned(4)));
+
+typedef struct {
+    const float *q;         /* (tokens, h, d) */
+    const float *kc, *vc;   /* (blocks, bs, h_kv, d) each */
+    float *out;             /* (tokens, h, d) */
+    const int64_t *tokens;  /* (n,) row of q/out of each sequence */
+    const int64_t *lens;    /* (n,) context length incl. the new token */
+    const int32_t *tables;  /* (n, table_stride) physical block ids */
+    int64_t table_stride;
+    int n, h, h_kv, d, bs, window, max_len;
+    float scale, cap;
+} job_t;
+
+static inline float hsum(v8 a) {
+    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
+typedef int32_t v8i __attribute__((vector_size(32), aligned(4)));
+
+static inline v8 vmax(v8 a, v8 b) {
+    v8i m = a > b;  /* lanes: -1 where a > b */
+    return (v8)((m & (v8i)a) | (~m & (v8i)b));
+}
+
+/* exp_neg (below) on 8 lanes */
+static inline v8 vexp_neg(v8 x) {
+    x = vmax(x, (v8){0} - 87.0f);
+    v8 t = x * 1.44269504088896341f;
+    v8i ti = __builtin_convertvector(t, v8i);  /* truncates; floor for t <= 0: */
+    ti += (v8i)(__builtin_convertvector(ti, v8) > t);
+    v8 f = t - __builtin_convertvector(ti, v8);
+    v8 p = f * 1.535336188319500e-4f + 1.339887440266574e-3f;
+    p = p * f + 9.618437357674640e-3f;
+    p = p * f + 5.550332471162809e-2f;
+    p = p * f + 2.402264791363012e-1f;
+    p = p * f + 6.931472028550421e-1f;
+    p = p * f + 1.0f;
+    return (v8)((v8i)p + (ti << 23));
+}
+
+/* exp(x) for x <= 0: 2^(x log2 e), degree-6 polynomial for the fraction (rel. error ~2e-7) */
+static inline float exp_neg(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    float t = x * 1.44269504088896341f, fi = floorf(t), f = t - fi;
+    float p = 1.535336188319500e-4f;
+    p = p * f + 1.339887440266574e-3f;
+    p = p * f + 9.618437357674640e-3f;
+    p = p * f + 5.550332471162809e-2f;
+    p = p * f + 2.402264791363012e-1f;
+    p = p * f + 6.931472028550421e-1f;
+    p = p * f + 1.0f;
+    union { float f; int32_t i; } u;
+    u.f = p;
+    u.i += (int32_t)fi << 23;
+    return u.f;
+}
+
+/* Per block and query head: `cnt` keys/values at stride `row` floats. The NV-specialised
+   versions (NV = head_dim / 8, a compile-time constant) keep q or the accumulator in registers;
+   the generic ones serve other head sizes. */
+#define BLOCK_FNS(NV)                                                                        \
+static void dots_##NV(const v8 *q, const float *k, int64_t row, int64_t cnt, float scale,    \
+                      float *out) {                                                          \
+    v8 qr[NV];                                                                               \
+    for (int i = 0; i < NV; i++) qr[i] = q[i];                                               \
+    for (int64_t c = 0; c < cnt; c++) {                                                      \
+        const v8 *kc = (const v8 *)(k + c * row);                                            \
+        v8 a0 = {0}, a1 = {0};                                                               \
+        for (int i = 0; i + 1 < NV; i += 2) { a0 += qr[i] * kc[i]; a1 += qr[i + 1] * kc[i + 1]; } \
+        if (NV % 2) a0 += qr[NV - 1] * kc[NV - 1];                                           \
+        out[c] = hsum(a0 + a1) * scale;                                                      \
+    }                                                                                        \
+}                                                                                            \
+static void axpys_##NV(v8 *acc, const float *w, const float *v, int64_t row, int64_t cnt) {  \
+    v8 r[NV];                                                                                \
+    for (int i = 0; i < NV; i++) r[i] = acc[i];                                              \
+    for (int64_t c = 0; c < cnt; c++) {                                                      \
+        const v8 *vc = (const v8 *)(v + c * row);                                            \
+        const float wc = w[c];                                                               \
+        for (int i = 0; i < NV; i++) r[i] += wc * vc[i];                                     \
+    }                                                                                        \
+    for (int i = 0; i < NV; i++) acc[i] = r[i];                                              \
+}
+BLOCK_FNS(8)   /* head_dim 64 */
+BLOCK_FNS(16)  /* head_dim 128 */
+
+static void dots_any(const v8 *q, const float *k, int64_t row, int64_t cnt, float scale,
+                     float *out, int nv) {
+    for (int64_t c = 0; c < cnt; c++) {
+        const v8 *kc = (const v8 *)(k + c * row);
+        v8 a = {0};
+        for (int i = 0; i < nv; i++) a += q[i] * kc[i];
+        out[c] = hsum(a) * scale;
+    }
+}
+
+static void axpys_any(v8 *acc, const float *w, const float *v, int64_t row, int64_t cnt,
+                      int nv) {
+    for (int64_t c = 0; c < cnt; c++) {
+        const v8 *vc = (const v8 *)(v + c * row);
+        for (int i = 0; i < nv; i++) acc[i] += w[c] * vc[i];
+    }
+}
+
+/* One sequence, KV heads [hk0, hk1): scores, softmax, weighted values. */
+static void attend(const job_t *j, int s, int hk0, int hk1, float *scores, v8 *acc) {
+    const int gq = j->h / j->h_kv, d = j->d, nv = d / 8, bs = j->bs, ml = j->max_len;
+    const int g0 = hk0 * gq, g1 = hk1 * gq;
+    const int64_t len = j->lens[s], row = (int64_t)j->h_kv * d;
+    const int64_t start = (j->window > 0 && len > j->window) ? len - j->window : 0;
+    const float scale = j->scale, cap = j->cap;
+    const float *q = j->q + j->tokens[s] * j->h * d;
+    const int32_t *table = j->tables + s * j->table_stride;
+
+    /* pass 1: scores[g][p - start] = scale * q_g . k_p, block by block */
+    for (int64_t blk = start / bs; blk * bs < len; blk++) {
+        const int64_t p0 = blk * bs > start ? blk * bs : start;
+        const int64_t p1 = (blk + 1) * bs < len ? (blk + 1) * bs : len;
+        const float *k = j->kc + ((int64_t)table[blk] * bs + (p0 - blk * bs)) * row;
+        for (int g = g0; g < g1; g++) {
+            const v8 *qg = (const v8 *)(q + g * d);
+            const float *kg = k + (g / gq) * d;
+            float *out = scores + g * ml + (p0 - start);
+            if (nv == 8) dots_8(qg, kg, row, p1 - p0, scale, out);
+            else if (nv == 16) dots_16(qg, kg, row, p1 - p0, scale, out);
+            else dots_any(qg, kg, row, p1 - p0, scale, out, nv);
+        }
+    }
+    /* soft cap, then softmax per query head */
+    const int64_t n = len - start;
+    for (int g = g0; g < g1; g++) {
+        float *sg = scores + g * ml, mx = -INFINITY, tot = 0;
+        if (cap > 0)
+            for (int64_t p = 0; p < n; p++) sg[p] = cap * tanhf(sg[p] / cap);
+        int64_t p = 0;
+        v8 m8 = mx - (v8){0}, t8 = {0};
+        for (; p + 8 <= n; p += 8) m8 = vmax(m8, *(v8 *)(sg + p));
+        for (int l = 0; l < 8; l++) mx = m8[l] > mx ? m8[l] : mx;
+        for (; p < n; p++) mx = sg[p] > mx ? sg[p] : mx;
+        for (p = 0; p + 8 <= n; p += 8) {
+            v8 e = vexp_neg(*(v8 *)(sg + p) - mx);
+            *(v8 *)(sg + p) = e;
+            t8 += e;
+        }
+        for (; p < n; p++) { sg[p] = exp_neg(sg[p] - mx); tot += sg[p]; }
+        tot += hsum(t8);
+        const float inv = 1.0f / tot;
+        for (p = 0; p < n; p++) sg[p] *= inv;
+    }
+    /* pass 2: out_g = sum_p w[g][p] v_p, block by block */
+    memset(acc + g0 * nv, 0, sizeof(float) * (size_t)(g1 - g0) * d);
+    for (int64_t blk = start / bs; blk * bs < len; blk++) {
+        const int64_t p0 = blk * bs > start ? blk * bs : start;
+        const int64_t p1 = (blk + 1) * bs < len ? (blk + 1) * bs : len;
+        const float *v = j->vc + ((int64_t)table[blk] * bs + (p0 - blk * bs)) * row;
+        for (int g = g0; g < g1; g++) {
+            const float *w = scores + g * ml + (p0 - start), *vg = v + (g / gq) * d;
+            if (nv == 8) axpys_8(acc + g * nv, w, vg, row, p1 - p0);
+            else if (nv == 16) axpys_16(acc + g * nv, w, vg, row, p1 - p0);
+            else axpys_any(acc + g * nv, w, vg, row, p1 - p0, nv);
+        }
+    }
+    memcpy(j->out + (j->tokens[s] * j->h + g0) * d, acc + g0 * nv,
+           sizeof(float) * (size_t)(g1 - g0) * d);
+}
+
+/* Returns 0 on success, 1 when a thread could not allocate its scratch. Work items are
+   (sequence, KV-head range), handed out dynamically; the OpenMP team is torch's own (the
+   library is linked against the libgomp torch has loaded), so torch's idle workers pick the
+   items up instead of spinning beside extra threads of ours. */
+int ironlm_paged_decode_f32(const float *q, const float *kc, const float *vc, float *out,
+                            const int64_t *tokens, const int64_t *lens, const int32_t *tables,
+                            int64_t table_stride, int n, int h, int h_kv, int d, int bs,
+                            int window, int max_len, float scale, float cap, int threads) {
+    /* few sequences: one work item per (sequence, KV head) so every thread has work */
+    const int heads_per_item = n >= 4 * threads ? h_kv : 1;
+    const int per_seq = h_kv / heads_per_item, items = n * per_seq;
+    const job_t j = {q, kc, vc, out, tokens, lens, tables, table_stride, n, h, h_kv, d, bs,
+                     window, max_len, scale, cap};
+    int failed = 0;
+    #pragma omp parallel num_threads(threads > items ? (items > 0 ? items : 1) : threads) \
+        reduction(|: failed)
+    {
+        float *scores = malloc(sizeof(float) * (size_t)h * max_len);
+        v8 *acc = malloc(sizeof(float) * (size_t)h * d);
+        if (scores == NULL || acc == NULL) failed = 1;
+        #pragma omp for schedule(dynamic, 1)
+        for (int it = 0; it < items; it++) {
+            if (scores == NULL || acc == NULL) continue;
+            const int hk0 = (it % per_seq) * heads_per_item;
+            attend(&j, it / per_seq, hk0, hk0 + heads_per_item, scores, acc);
+        }
+        free(scores);
+        free(acc);
+    }
+    return failed;
+}
+"""
+
+
+def _flags() -> list[str]:
+    # AVX2+FMA when torch's own dispatcher found them here; else the compiler's baseline ISA
+    isa = torch.backends.cpu.get_cpu_capability()
+    simd = ["-mavx2", "-mfma"] if isa in ("AVX2", "AVX512") else []
+    # -fopenmp links libgomp.so.1; torch has already loaded its own copy of that soname, so the
+    # loader binds ours to it and both share one thread team
+    return ["-O3", "-fPIC", "-shared", "-fno-math-errno", "-fopenmp", *simd]
+
+
+class PagedDecodeKernel:
+    """Loads (building if needed) the C kernel; ``available`` / ``reason`` say whether it can
+    run here. Calling it runs decode attention for one bucket of decode sequences."""
+
+    def __init__(self) -> None:
+        self.reason = ""
+        self._fn: ctypes._CFuncPtr | None = None  # type: ignore[name-defined]
+        try:
+            self._fn = self._load()
+        except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
+            self.reason = f"C decode kernel unavailable: {exc}"
+
+    @property
+    def available(self) -> bool:
+        return self._fn is not None
+
+    def _load(self) -> ctypes._CFuncPtr:  # type: ignore[name-defined]
+        flags = _flags()
+        digest = hashlib.sha256((_SOURCE + " ".join(flags)).encode()).hexdigest()[:16]
+        root = os.environ.get("IRONLM_CACHE_DIR") or os.path.join("~", ".cache", "ironlm")
+        lib = Path(root).expanduser() / "kernels" / f"cpu_paged_decode_{digest}.so"
+        if not lib.exists():
+            _compile(flags, lib)
+        fn = ctypes.CDLL(str(lib)).ironlm_paged_decode_f32
+        ptr, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
+        fn.argtypes = [ptr] * 7 + [i64] + [i32] * 7 + [f32, f32, i32]
+        fn.restype = i32
+        return fn
+
+    def __call__(
+        self,
+        q: torch.Tensor,  # (num_tokens, H, D) float32, contiguous
+        kv_cache: torch.Tensor,  # (2, num_blocks, block_size, Hkv, D) float32, contiguous
+        out: torch.Tensor,  # (num_tokens, H, D) float32, contiguous: rows `tokens` are written
+        tokens: torch.Tensor,  # (n,) int64: each sequence's query row
+        seq_lens: torch.Tensor,  # (n,) int64: context length including the new token
+        tables: torch.Tensor,  # (n, max_blocks) int32, contiguous: block ids of each sequence
+        max_len: int,  # max(seq_lens)
+        scale: float,
+        window: int | None,
+        soft_cap: float | None,
+    ) -> None:
+        assert self._fn is not None, self.reason
+        _, _, block_size, h_kv, d = kv_cache.shape
+        status = self._fn(
+            q.data_ptr(), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(), out.data_ptr(),
+            tokens.data_ptr(), seq_lens.data_ptr(), tables.data_ptr(), tables.stride(0),
+            tokens.numel(), q.shape[1], h_kv, d, block_size, window or 0, max_len,
+            scale, soft_cap or 0.0, torch.get_num_threads(),
+        )  # fmt: skip
+        if status != 0:
+            raise MemoryError("paged decode kernel could not allocate its scratch buffers")
+
+
+def _compile(flags: list[str], target: Path) -> None:
+    """Compile the source into ``target`` atomically (concurrent builders race harmlessly)."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise RuntimeError("no C compiler (cc/gcc) found")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        src, so = Path(tmp) / "kernel.c", Path(tmp) / "kernel.so"
+        src.write_text(_SOURCE)
+        proc = subprocess.run(
+            [cc, *flags, str(src), "-o", str(so), "-lm"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        if proc.returncode != 0:
+            raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[:500]}")
+        os.replace(so, target)

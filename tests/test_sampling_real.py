@@ -1,0 +1,240 @@
+"""Sampling parameters on the real model, each checked against a pure-torch reference of its
+definition applied to HF transformers' logits for the same tokens."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+
+from ironlm import LLM, SamplingParams
+from ironlm.sampling_params import BeamSearchParams
+
+pytestmark = pytest.mark.real_model
+
+PROMPT = "Write a short poem about the moon and the stars:"
+
+
+@pytest.fixture(scope="module")
+def llm(smollm2_dir: Path) -> LLM:
+    return LLM(str(smollm2_dir), max_model_len=512, kv_cache_memory=64 << 20)
+
+
+@pytest.fixture(scope="module")
+def hf(smollm2_dir: Path):  # type: ignore[no-untyped-def]
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32)
+    return model.eval()
+
+
+def _hf_logits(hf, ids: list[int]) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    """(len(ids), V) float32: row i predicts token i + 1."""
+    with torch.inference_mode():
+        return hf(torch.tensor([ids])).logits[0].float()
+
+
+Processor = Callable[[torch.Tensor, list[int], list[int]], torch.Tensor]
+
+
+def _check_greedy_against(llm: LLM, hf, params: SamplingParams, ref: Processor) -> list[int]:  # type: ignore[no-untyped-def]
+    """Generate greedily with ``params``; each token must be the argmax of the reference
+    processor applied to HF's logits at that step."""
+    out = llm.generate(PROMPT, params, use_tqdm=False)[0]
+    prompt_ids, gen = out.prompt_token_ids, out.outputs[0].token_ids
+    logits = _hf_logits(hf, prompt_ids + gen)
+    for t, tok in enumerate(gen):
+        row = ref(logits[len(prompt_ids) + t - 1].double(), prompt_ids, gen[:t])
+        assert int(row.argmax()) == tok, f"step {t}"
+    return gen
+
+
+def test_penalties_follow_their_definitions(llm: LLM, hf) -> None:  # type: ignore[no-untyped-def]
+    def rep(row: torch.Tensor, prompt: list[int], outs: list[int]) -> torch.Tensor:
+        for t in set(prompt) | set(outs):
+            row[t] = row[t] / 1.5 if row[t] > 0 else row[t] * 1.5
+        return row
+
+    def freq_pres(row: torch.Tensor, prompt: list[int], outs: list[int]) -> torch.Tensor:
+        for t in set(outs):
+            row[t] -= 0.8 * outs.count(t) + 0.5
+        return row
+
+    plain = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)
+    a = _check_greedy_against(
+        llm, hf, SamplingParams(temperature=0, max_tokens=24, repetition_penalty=1.5), rep)
+    b = _check_greedy_against(
+        llm, hf, SamplingParams(temperature=0, max_tokens=24, frequency_penalty=0.8,
+                                presence_penalty=0.5), freq_pres)
+    assert a != plain[0].outputs[0].token_ids or b != plain[0].outputs[0].token_ids
+
+
+def test_bias_allowed_and_bad_words(llm: LLM, hf) -> None:  # type: ignore[no-untyped-def]
+    tok = llm.get_tokenizer()
+    plain = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
+    first = plain[0].outputs[0].token_ids[0]
+
+    def bias(row: torch.Tensor, prompt: list[int], outs: list[int]) -> torch.Tensor:
+        row[first] -= 100.0
+        row[42] += 3.0
+        return row
+
+    gen = _check_greedy_against(
+        llm, hf, SamplingParams(temperature=0, max_tokens=8, logit_bias={first: -100, 42: 3}),
+        bias)
+    assert first not in gen
+    allowed = tok(" the moon stars night sky", add_special_tokens=False).input_ids
+
+    def only(row: torch.Tensor, prompt: list[int], outs: list[int]) -> torch.Tensor:
+        keep = torch.full_like(row, -math.inf)
+        keep[allowed] = row[allowed]
+        return keep
+
+    gen = _check_greedy_against(
+        llm, hf, SamplingParams(temperature=0, max_tokens=8, allowed_token_ids=allowed), only)
+    assert set(gen) <= set(allowed)
+    # bad_words: the first whole word the model would say is never produced
+    word_tok = next(t for t in plain[0].outputs[0].token_ids if tok.decode([t]).strip().isalpha())
+    word = tok.decode([word_tok]).strip()
+    out = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=8, bad_words=[word]),
+                       use_tqdm=False)[0].outputs[0]
+    assert word_tok not in out.token_ids and word not in out.text.split()
+
+
+def test_stop_strings_tokens_min_tokens_and_lengths(llm: LLM) -> None:
+    base = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=40),
+                        use_tqdm=False)[0].outputs[0]
+    text, ids = base.text, base.token_ids
+    stop = text[12:15]  # a 3-char stop string that may straddle tokens
+    cut = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=40, stop=[stop]),
+                       use_tqdm=False)[0].outputs[0]
+    assert cut.text == text[: text.index(stop)]
+    assert (cut.finish_reason, cut.stop_reason) == ("stop", stop)
+    kept = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=40, stop=[stop],
+                                               include_stop_str_in_output=True),
+                        use_tqdm=False)[0].outputs[0]
+    assert kept.text == text[: text.index(stop) + len(stop)]
+    st = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=40,
+                                             stop_token_ids=[ids[5]]),
+                      use_tqdm=False)[0].outputs[0]
+    assert st.token_ids == ids[: ids.index(ids[5]) + 1] and st.stop_reason == ids[5]
+    ln = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=7),
+                      use_tqdm=False)[0].outputs[0]
+    assert len(ln.token_ids) == 7 and ln.finish_reason == "length"
+    eos = llm.get_tokenizer().eos_token_id
+    mt = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=12, min_tokens=12,
+                                             stop_token_ids=[ids[0]]),
+                      use_tqdm=False)[0].outputs[0]
+    assert len(mt.token_ids) == 12 and ids[0] not in mt.token_ids and eos not in mt.token_ids
+    raw = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=5, detokenize=False),
+                       use_tqdm=False)[0].outputs[0]
+    assert raw.text == "" and raw.token_ids == ids[:5]
+    tr = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=3,
+                                             truncate_prompt_tokens=4), use_tqdm=False)[0]
+    assert len(tr.prompt_token_ids) == 4
+
+
+def test_top_k_top_p_min_p_keep_samples_inside_their_sets(llm: LLM) -> None:
+    for params, inside in [
+        (SamplingParams(temperature=1.0, top_k=3, logprobs=20, seed=1, max_tokens=16),
+         lambda lp, tid: lp[tid].rank <= 3),
+        (SamplingParams(temperature=1.0, top_p=0.5, logprobs=20, seed=2, max_tokens=16),
+         lambda lp, tid: sum(math.exp(v.logprob) for v in lp.values()
+                             if v.rank is not None and v.rank < lp[tid].rank
+                             and v is not lp[tid]) < 0.5 + 1e-6),
+        (SamplingParams(temperature=1.0, min_p=0.3, logprobs=20, seed=3, max_tokens=16),
+         lambda lp, tid: math.exp(lp[tid].logprob) >= 0.3 * max(
+             math.exp(v.logprob) for v in lp.values()) - 1e-6),
+    ]:
+        out = llm.generate(PROMPT, params, use_tqdm=False)[0].outputs[0]
+        for tid, lp in zip(out.token_ids, out.logprobs or []):
+            assert inside(lp, tid), params
+
+
+def test_logprobs_match_hf_and_prompt_logprobs_cover_the_prompt(llm: LLM, hf) -> None:  # type: ignore[no-untyped-def]
+    out = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=10, logprobs=5,
+                                              prompt_logprobs=2), use_tqdm=False)[0]
+    ids = out.prompt_token_ids + out.outputs[0].token_ids
+    ref = torch.log_softmax(_hf_logits(hf, ids), dim=-1)
+    P = len(out.prompt_token_ids)
+    for t, (tid, lp) in enumerate(zip(out.outputs[0].token_ids, out.outputs[0].logprobs)):
+        assert lp[tid].logprob == pytest.approx(float(ref[P + t - 1, tid]), abs=1e-3)
+        assert len(lp) == 5 or len(lp) == 6  # top-5 plus the sampled token when outside them
+        for other, v in lp.items():
+            assert v.logprob == pytest.approx(float(ref[P + t - 1, other]), abs=1e-3)
+    assert out.outputs[0].cumulative_logprob == pytest.approx(
+        sum(out.outputs[0].logprobs[t][tid].logprob
+            for t, tid in enumerate(out.outputs[0].token_ids)), abs=1e-4)
+    plp = out.prompt_logprobs
+    assert plp is not None and len(plp) == P and plp[0] is None
+    for pos in range(1, P):
+        tid = out.prompt_token_ids[pos]
+        assert plp[pos][tid].logprob == pytest.approx(float(ref[pos - 1, tid]), abs=1e-3)
+
+
+def test_seed_reproducible_alone_or_in_a_batch(llm: LLM) -> None:
+    p = SamplingParams(temperature=1.0, seed=1234, max_tokens=16)
+    alone = llm.generate(PROMPT, p, use_tqdm=False)[0].outputs[0].text
+    others = [f"Story number {i}:" for i in range(16)]
+    batch = llm.generate([PROMPT] + others, [p] + [SamplingParams(temperature=1.0,
+                                                                  max_tokens=16)] * 16,
+                         use_tqdm=False)
+    assert batch[0].outputs[0].text == alone
+    other_seed = llm.generate(PROMPT, SamplingParams(temperature=1.0, seed=99, max_tokens=16),
+                              use_tqdm=False)[0].outputs[0].text
+    assert other_seed != alone
+
+
+def test_n_and_best_of(llm: LLM) -> None:
+    out = llm.generate(PROMPT, SamplingParams(n=4, best_of=6, temperature=1.0, seed=7,
+                                              max_tokens=8), use_tqdm=False)[0]
+    assert len(out.outputs) == 4 and [o.index for o in out.outputs] == [0, 1, 2, 3]
+    scores = [o.cumulative_logprob for o in out.outputs]
+    assert scores == sorted(scores, reverse=True)
+    n2 = llm.generate(PROMPT, SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=8),
+                      use_tqdm=False)[0]
+    assert len(n2.outputs) == 2 and n2.outputs[0].text != n2.outputs[1].text
+    assert llm.engine.block_manager.num_used_blocks == 0
+
+
+def _reference_beam_search(hf, prompt_ids: list[int], width: int, steps: int,  # type: ignore[no-untyped-def]
+                           eos: int, length_penalty: float) -> list[tuple[list[int], float]]:
+    """Textbook beam search over HF logits: expand every beam by its 2*width best tokens,
+    keep the best `width` by cumulative logprob, retire beams that end in EOS."""
+    live = [(list(prompt_ids), 0.0)]
+    done: list[tuple[list[int], float]] = []
+    for _ in range(steps):
+        cands = []
+        for toks, score in live:
+            lp = torch.log_softmax(_hf_logits(hf, toks)[-1], dim=-1)
+            vals, idx = lp.topk(2 * width)
+            cands += [(toks + [int(i)], score + float(v)) for v, i in zip(vals, idx)]
+        cands.sort(key=lambda c: -c[1])
+        live = []
+        for c in cands[:width]:
+            (done if c[0][-1] == eos else live).append(c)
+        if not live:
+            break
+
+    def norm(c: tuple[list[int], float]) -> float:
+        n = len(c[0]) - (1 if c[0][-1] == eos else 0)
+        return c[1] / n**length_penalty
+
+    return sorted(done + live, key=lambda c: -norm(c))[:width]
+
+
+def test_beam_search_equals_reference(llm: LLM, hf) -> None:  # type: ignore[no-untyped-def]
+    prompts = ["The moon is", "My favourite food is", "In 1969,", "Python is a"]
+    params = BeamSearchParams(beam_width=4, max_tokens=6, length_penalty=1.0)
+    outs = llm.beam_search(prompts, params)
+    eos = llm.get_tokenizer().eos_token_id
+    for prompt, out in zip(prompts, outs):
+        ids = llm.get_tokenizer()(prompt).input_ids
+        ref = _reference_beam_search(hf, ids, 4, 6, eos, 1.0)
+        assert [s.tokens for s in out.sequences] == [r[0] for r in ref]
+        for s, r in zip(out.sequences, ref):
+            assert s.cum_logprob == pytest.approx(r[1], abs=2e-3)
+    assert llm.engine.block_manager.num_used_blocks == 0

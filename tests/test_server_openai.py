@@ -1,0 +1,489 @@
+"""The real server with SmolLM2 driven by the official ``openai`` client and httpx (issue 5):
+completions and chat (streaming and not), n, logprobs, usage, stop, seeds, token-id prompts,
+echo, tokenize, embeddings, /generate, /metrics, the API key, and bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import numpy as np
+import openai
+import pytest
+from server_utils import RemoteServer
+
+pytestmark = [pytest.mark.server, pytest.mark.real_model]
+
+API_KEY = "test-key"
+MODEL = "smollm2"
+MAX_MODEL_LEN = 1024
+PROMPT = "The capital of France is"
+CHAT = [{"role": "user", "content": "Name one colour."}]
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_dir: Path) -> Iterator[RemoteServer]:
+    # A small step budget keeps engine steps short on this 2-core CPU box, so aborts (applied
+    # between steps) take effect quickly after the disconnect burst.
+    args = [
+        "--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-memory", "128MiB",
+        "--max-num-seqs", "32", "--max-num-batched-tokens", "64",
+        "--served-model-name", MODEL, "smollm2-alias",
+        "--max-request-body-size", "1MiB", "--max-log-len", "40",
+        "--middleware", "server_utils.header_middleware", "--disable-log-stats",
+    ]
+    with RemoteServer(smollm2_dir, args, api_key=API_KEY) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server: RemoteServer) -> openai.OpenAI:
+    return server.openai_client(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def http(server: RemoteServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.base_url, headers=server.headers(), timeout=60) as c:
+        yield c
+
+
+def metric(text: str, name: str) -> float:
+    """Sum of a Prometheus sample over its label sets."""
+    values = [float(m.group(1)) for m in
+              re.finditer(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M)]
+    assert values, f"{name} not in /metrics"
+    return sum(values)
+
+
+# -- plain endpoints -----------------------------------------------------------------------
+def test_health_version_models_plugins(server: RemoteServer, http: httpx.Client,
+                                       client: openai.OpenAI) -> None:
+    bare = httpx.get(server.url("/health"), timeout=5)  # no key needed
+    assert bare.status_code == 200
+    assert bare.headers["x-ironlm-test-middleware"] == "1"  # --middleware was loaded
+    assert http.get("/version").json()["version"]
+    models = client.models.list()
+    assert [m.id for m in models.data] == [MODEL, "smollm2-alias"]
+    rows = http.get("/v1/plugins").json()["data"]
+    assert any(r["plugin"] == "ironlm" for r in rows)
+    assert any(item["kind"] == "platform" for r in rows for item in r["registered"])
+
+
+# -- completions ---------------------------------------------------------------------------
+def test_completion_basic_and_alias(client: openai.OpenAI) -> None:
+    out = client.completions.create(model="smollm2-alias", prompt=PROMPT, max_tokens=5,
+                                    temperature=0)
+    assert out.id.startswith("cmpl-") and out.object == "text_completion"
+    assert out.model == MODEL  # the first served name is reported
+    assert len(out.choices) == 1 and out.choices[0].text
+    assert out.choices[0].finish_reason == "length"
+    assert out.usage.completion_tokens == 5
+    assert out.usage.total_tokens == out.usage.prompt_tokens + 5
+
+
+def test_completion_n2_logprobs(client: openai.OpenAI) -> None:
+    out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, n=2,
+                                    logprobs=2, temperature=1.0, seed=7)
+    assert sorted(c.index for c in out.choices) == [0, 1]
+    for c in out.choices:
+        lp = c.logprobs
+        assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4
+        assert "".join(lp.tokens) == c.text
+        assert all(v <= 0 for v in lp.token_logprobs)
+        assert all(1 <= len(t) <= 3 for t in lp.top_logprobs)
+    assert out.usage.completion_tokens == 8
+
+
+def test_completion_stream_equals_non_stream(client: openai.OpenAI) -> None:
+    kwargs = dict(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0)
+    full = client.completions.create(**kwargs).choices[0].text
+    chunks = list(client.completions.create(
+        stream=True, stream_options={"include_usage": True}, **kwargs))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == full
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices
+                and c.choices[0].finish_reason]
+    assert finishes == ["length"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 8
+
+
+def test_stop_string(client: openai.OpenAI) -> None:
+    full = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12,
+                                     temperature=0).choices[0].text
+    words = full.split()
+    stop = " " + words[min(2, len(words) - 1)]
+    cut = full[:full.index(stop)]
+    out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0,
+                                    stop=[stop])
+    assert out.choices[0].text == cut
+    assert out.choices[0].finish_reason == "stop"
+
+
+def test_seed_reproducible(client: openai.OpenAI) -> None:
+    kwargs = dict(model=MODEL, prompt="Once upon a time", max_tokens=8, temperature=1.0,
+                  top_p=0.95, seed=1234)
+    a = client.completions.create(**kwargs).choices[0].text
+    b = client.completions.create(**kwargs).choices[0].text
+    assert a == b
+
+
+def test_token_id_prompts(client: openai.OpenAI, http: httpx.Client) -> None:
+    ids = http.post("/tokenize", json={"prompt": PROMPT}).json()["tokens"]
+    by_text = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4,
+                                        temperature=0).choices[0].text
+    by_ids = client.completions.create(model=MODEL, prompt=ids, max_tokens=4, temperature=0)
+    assert by_ids.choices[0].text == by_text
+    batch = client.completions.create(model=MODEL, prompt=[ids, ids[:3]], max_tokens=2,
+                                      temperature=0)
+    assert sorted(c.index for c in batch.choices) == [0, 1]
+    assert batch.usage.prompt_tokens == len(ids) + 3
+
+
+def test_echo_with_logprobs(client: openai.OpenAI, http: httpx.Client) -> None:
+    n_prompt = http.post("/tokenize", json={"prompt": PROMPT}).json()["count"]
+    out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3, temperature=0,
+                                    echo=True, logprobs=1)
+    c = out.choices[0]
+    assert c.text.startswith(PROMPT)
+    assert len(c.logprobs.tokens) == n_prompt + 3
+    assert c.logprobs.token_logprobs[0] is None  # nothing predicts the first prompt token
+    assert all(v is not None for v in c.logprobs.token_logprobs[1:])
+    assert c.logprobs.text_offset[0] == 0
+
+
+# -- chat ----------------------------------------------------------------------------------
+def test_chat_basic_logprobs(client: openai.OpenAI) -> None:
+    out = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=6,
+                                         temperature=0, logprobs=True, top_logprobs=2)
+    assert out.id.startswith("chatcmpl-") and out.object == "chat.completion"
+    msg = out.choices[0].message
+    assert msg.role == "assistant" and isinstance(msg.content, str) and msg.refusal is None
+    assert not msg.tool_calls
+    content = out.choices[0].logprobs.content
+    assert len(content) == out.usage.completion_tokens
+    assert all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in content)
+    assert out.system_fingerprint
+
+
+def test_chat_stream_n2_roles_and_usage(client: openai.OpenAI) -> None:
+    chunks = list(client.chat.completions.create(
+        model=MODEL, messages=CHAT, max_tokens=5, n=2, temperature=1.0, seed=3, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    per_choice: dict[int, list[Any]] = {0: [], 1: []}
+    for c in chunks:
+        for ch in c.choices:
+            per_choice[ch.index].append(ch)
+        assert c.usage is not None  # continuous usage stats: on every chunk
+    for deltas in per_choice.values():
+        assert deltas[0].delta.role == "assistant"  # the role comes first
+        assert sum(1 for d in deltas if d.finish_reason) == 1
+        assert deltas[-1].finish_reason in ("stop", "length")
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage.completion_tokens == chunks[-2].usage.completion_tokens
+
+
+def test_chat_stream_equals_non_stream(client: openai.OpenAI) -> None:
+    kwargs = dict(model=MODEL, messages=CHAT, max_tokens=10, temperature=0)
+    full = client.chat.completions.create(**kwargs).choices[0].message.content
+    streamed = "".join(c.choices[0].delta.content or "" for c in
+                       client.chat.completions.create(stream=True, **kwargs) if c.choices)
+    assert streamed == full
+
+
+def test_chat_echo_and_max_completion_tokens(http: httpx.Client) -> None:
+    body = {"model": MODEL, "max_completion_tokens": 2, "echo": True,
+            "add_generation_prompt": False, "temperature": 0,
+            "messages": [{"role": "user", "content": "Hi"},
+                         {"role": "assistant", "content": "Hello", "extra": "tolerated"}]}
+    r = http.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["message"]["role"] == "assistant"
+    assert choice["message"]["content"].startswith("Hello")
+    assert r.json()["usage"]["completion_tokens"] <= 2
+
+
+# -- other endpoints -----------------------------------------------------------------------
+def test_tokenize_round_trip(http: httpx.Client) -> None:
+    tok = http.post("/tokenize", json={"prompt": PROMPT, "return_token_strs": True}).json()
+    assert tok["count"] == len(tok["tokens"]) == len(tok["token_strs"])
+    assert tok["max_model_len"] == MAX_MODEL_LEN
+    text = http.post("/detokenize", json={"tokens": tok["tokens"]}).json()["prompt"]
+    assert text == PROMPT
+    chat = http.post("/tokenize", json={"messages": CHAT}).json()
+    assert chat["count"] > tok["count"]
+    info = http.get("/tokenizer_info").json()
+    assert info["eos_token"] and info["model_max_length"] == MAX_MODEL_LEN
+
+
+def test_embeddings(client: openai.OpenAI, http: httpx.Client) -> None:
+    out = client.embeddings.create(model=MODEL, input=["hello world", "a b c d"])  # base64
+    assert [d.index for d in out.data] == [0, 1]
+    assert all(len(d.embedding) == 576 for d in out.data)  # SmolLM2-135M hidden size
+    assert out.usage.prompt_tokens > 0
+    floats = http.post("/v1/embeddings", json={"model": MODEL, "input": "hello world",
+                                               "encoding_format": "float"}).json()
+    vec = np.asarray(floats["data"][0]["embedding"], dtype=np.float32)
+    assert np.allclose(vec, np.asarray(out.data[0].embedding), atol=1e-5)
+    raw = http.post("/v1/embeddings", json={"model": MODEL, "input": "hello world",
+                                            "encoding_format": "base64"}).json()
+    decoded = np.frombuffer(base64.b64decode(raw["data"][0]["embedding"]), dtype="<f4")
+    assert np.allclose(decoded, vec)
+
+
+def test_generate_legacy(http: httpx.Client) -> None:
+    body = {"prompt": PROMPT, "max_tokens": 4, "temperature": 0}
+    r = http.post("/generate", json=body)
+    assert r.status_code == 200, r.text
+    text = r.json()["text"]
+    assert len(text) == 1 and text[0].startswith(PROMPT) and len(text[0]) > len(PROMPT)
+    with http.stream("POST", "/generate", json={**body, "stream": True}) as s:
+        lines = [json.loads(line) for line in s.iter_lines() if line]
+    assert lines[-1]["text"] == text
+    bad = http.post("/generate", json={**body, "bogus": 1})
+    assert bad.status_code == 400 and "bogus" in bad.json()["error"]["message"]
+
+
+def test_metrics_counters_move(server: RemoteServer, client: openai.OpenAI) -> None:
+    before = httpx.get(server.url("/metrics"), timeout=10).text  # no key needed
+    client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3, temperature=0)
+    after = httpx.get(server.url("/metrics"), timeout=10).text
+    for name in ("ironlm:prompt_tokens_total", "ironlm:generation_tokens_total",
+                 "ironlm:time_to_first_token_seconds_count",
+                 "ironlm:e2e_request_latency_seconds_count"):
+        assert metric(after, name) > metric(before, name), name
+    assert metric(after, "ironlm:generation_tokens_total") - \
+        metric(before, "ironlm:generation_tokens_total") == 3
+    for name in ("ironlm:num_requests_running", "ironlm:num_requests_waiting",
+                 "ironlm:kv_cache_usage_perc", "ironlm:prefix_cache_hit_rate",
+                 "ironlm:kv_cache_total_blocks", "ironlm:time_per_output_token_seconds_count"):
+        metric(after, name)
+
+
+# -- bad input -----------------------------------------------------------------------------
+def _error(r: httpx.Response, status: int) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    return err
+
+
+def test_malformed_json_and_content_type(http: httpx.Client) -> None:
+    r = http.post("/v1/completions", content=b'{"model": "smollm2", "prompt": ',
+                  headers={"content-type": "application/json"})
+    assert "Invalid JSON" in _error(r, 400)["message"]
+    r = http.post("/v1/chat/completions", content=b"model=smollm2",
+                  headers={"content-type": "application/x-www-form-urlencoded"})
+    assert "Content-Type" in _error(r, 400)["message"]
+    r = http.post("/v1/completions", json=["not", "an", "object"])
+    _error(r, 400)
+    r = http.post("/v1/completions", json={"model": MODEL, "prompt": PROMPT,
+                                           "temperature": "hot"})
+    assert _error(r, 400)["param"] == "temperature"
+    r = http.post("/v1/chat/completions", json={"model": MODEL})
+    assert _error(r, 400)["param"] == "messages"
+
+
+def test_unknown_model_and_route(client: openai.OpenAI, http: httpx.Client) -> None:
+    with pytest.raises(openai.NotFoundError) as err:
+        client.completions.create(model="gpt-99", prompt=PROMPT, max_tokens=2)
+    assert "gpt-99" in err.value.message
+    _error(http.get("/v1/nope"), 404)
+
+
+# (field, value, extra request fields): each must be a 400 whose param names the field.
+OUT_OF_RANGE = [
+    ("temperature", -1.0, {}),
+    ("top_p", 0.0, {}),
+    ("top_p", 1.5, {}),
+    ("top_k", 0, {}),
+    ("min_p", 1.5, {}),
+    ("presence_penalty", 2.5, {}),
+    ("frequency_penalty", -2.5, {}),
+    ("repetition_penalty", 0.0, {}),
+    ("n", 0, {}),
+    ("best_of", 1, {"n": 2}),
+    ("max_tokens", 0, {}),
+    ("max_tokens", -5, {}),
+    ("min_tokens", 10, {"max_tokens": 5}),
+    ("seed", 2**64, {}),
+    ("logprobs", 100, {}),
+    ("prompt_logprobs", 100, {}),
+    ("stop", [""], {}),
+    ("logit_bias", {"999999": 1.0}, {}),
+    ("allowed_token_ids", [], {}),
+    ("allowed_token_ids", [10**7], {}),
+    ("stop_token_ids", [-1], {}),
+    ("truncate_prompt_tokens", 0, {}),
+]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(("field", "value", "extra"), OUT_OF_RANGE)
+def test_out_of_range_completion_params(client: openai.OpenAI, field: str, value: Any,
+                                        extra: dict[str, Any], stream: bool) -> None:
+    body = {"max_tokens": 2, **extra, field: value}
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=MODEL, prompt=PROMPT, stream=stream, extra_body=body)
+    assert err.value.status_code == 400
+    assert err.value.body["param"] == field, err.value.body  # type: ignore[index]
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"top_logprobs": 3}, "top_logprobs"),  # without logprobs=true
+    ({"logprobs": True, "top_logprobs": 100}, "logprobs"),  # over --max-logprobs
+    ({"max_completion_tokens": 0}, "max_completion_tokens"),
+    ({"temperature": 9.0, "top_p": 0.0}, "top_p"),
+    ({"messages": [{"content": "no role"}]}, "messages"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages"),
+])
+def test_bad_chat_params(http: httpx.Client, body: dict[str, Any], param: str) -> None:
+    full = {"model": MODEL, "messages": CHAT, "max_tokens": 2, **body}
+    for stream in (False, True):
+        assert _error(http.post("/v1/chat/completions", json={**full, "stream": stream}),
+                      400)["param"] == param
+
+
+def test_context_length_and_suffix(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=MAX_MODEL_LEN)
+    assert f"maximum context length is {MAX_MODEL_LEN} tokens" in err.value.message
+    long_prompt = list(range(100, 100 + MAX_MODEL_LEN + 5))
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=MODEL, prompt=long_prompt, max_tokens=1)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=MODEL, prompt=PROMPT, suffix="x", max_tokens=2)
+    assert err.value.body["param"] == "suffix"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=MODEL, prompt=[10**7], max_tokens=2)
+    assert "vocabulary" in err.value.message
+
+
+def test_oversized_body(http: httpx.Client) -> None:
+    big = {"model": MODEL, "prompt": "x" * (2 * 1024 * 1024), "max_tokens": 1}
+    assert _error(http.post("/v1/completions", json=big), 413)["code"] == "request_too_large"
+
+
+def test_api_key(server: RemoteServer) -> None:
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 1}
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY}):
+        for path in ("/v1/completions", "/generate"):
+            r = httpx.post(server.url(path), json=body, headers=headers, timeout=10)
+            assert _error(r, 401)["code"] == "invalid_api_key"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server.url("/v1"), api_key="wrong", max_retries=0).models.list()
+    assert httpx.get(server.url("/health"), timeout=5).status_code == 200
+    assert httpx.get(server.url("/metrics"), timeout=5).status_code == 200
+
+
+def test_server_still_serves_after_bad_input(client: openai.OpenAI) -> None:
+    out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, temperature=0)
+    assert out.choices[0].text
+
+
+# -- disconnects under load ----------------------------------------------------------------
+async def _one_abandoned(server: RemoteServer, i: int, timeout: float) -> str:
+    """One request over a raw socket (a load generator's cost, not httpx's: 200 httpx
+    requests take the client itself seconds here) that the client abandons after
+    ``timeout`` seconds by closing the connection."""
+    common = {"model": MODEL, "max_tokens": 300, "ignore_eos": True, "temperature": 1.0,
+              "stream": i % 4 >= 2}
+    if i % 2:
+        path, body = "/v1/chat/completions", {
+            **common, "messages": [{"role": "user", "content": f"Story {i}, please."}]}
+    else:
+        path, body = "/v1/completions", {**common, "prompt": f"Story number {i}:"}
+    data = json.dumps(body).encode()
+    head = "".join(f"{k}: {v}\r\n" for k, v in server.headers().items())
+    request = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
+               f"\r\nContent-Length: {len(data)}\r\nConnection: close\r\n{head}\r\n").encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        writer.write(request + data)
+        await writer.drain()
+        try:
+            await asyncio.wait_for(reader.read(), timeout)
+            return "done"
+        except asyncio.TimeoutError:
+            return "timeout"
+    finally:
+        writer.close()
+        try:  # the socket really closes only when the loop runs the close: wait for it
+            await writer.wait_closed()
+        except OSError:
+            pass
+
+
+async def _abandon_while_timing_health(
+    server: RemoteServer, n: int, timeout: float, health_after: float | None = None
+) -> tuple[list[str], list[float]]:
+    """``n`` concurrent abandoned requests (completions / chat, streamed or not); with
+    ``health_after``, /health is timed a few times from then on (while the engine is busy)."""
+
+    async def health_times() -> list[float]:
+        if health_after is None:
+            return []
+        times = []
+        await asyncio.sleep(health_after)
+        async with httpx.AsyncClient(timeout=5) as h:
+            for _ in range(5):
+                t0 = time.monotonic()
+                assert (await h.get(server.url("/health"))).status_code == 200
+                times.append(time.monotonic() - t0)
+                await asyncio.sleep(0.1)
+        return times
+
+    results, times = await asyncio.gather(
+        asyncio.gather(*(_one_abandoned(server, i, timeout) for i in range(n))), health_times()
+    )
+    return list(results), times
+
+
+def _wait_until_idle(server: RemoteServer, seconds: float) -> str:
+    """/metrics once no request runs or waits and no KV block is in use (else fail)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        text = httpx.get(server.url("/metrics"), timeout=5).text
+        used = metric(text, "ironlm:kv_cache_used_blocks")
+        busy = metric(text, "ironlm:num_requests_running") + \
+            metric(text, "ironlm:num_requests_waiting")
+        if used == 0 and busy == 0:
+            return text
+        assert time.monotonic() < deadline, f"{used} KV blocks still used, {busy} requests"
+        time.sleep(0.25)
+
+
+def test_health_answers_while_engine_busy(server: RemoteServer) -> None:
+    # 16 long generations keep the engine stepping for seconds; /health is timed meanwhile.
+    results, health = asyncio.run(_abandon_while_timing_health(server, 16, 4.0, 1.0))
+    assert results.count("timeout") == 16
+    assert max(health) < 1.0, health  # the engine loop does not run on the event loop
+    _wait_until_idle(server, 15)
+
+
+def test_disconnects_abort_and_free_kv_blocks(server: RemoteServer,
+                                               client: openai.OpenAI) -> None:
+    aborted = 'ironlm:request_success_total{finished_reason="abort",model_name="smollm2"}'
+    before = httpx.get(server.url("/metrics"), timeout=5).text
+    results, _ = asyncio.run(_abandon_while_timing_health(server, 200, 0.5))
+    assert results.count("timeout") == 200, results
+    t0 = time.monotonic()
+    out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, temperature=0,
+                                    timeout=5)
+    assert out.choices[0].text and time.monotonic() - t0 < 5.0
+    text = _wait_until_idle(server, 15)
+    # The abandoned requests reached the engine and were aborted (not left to run on).
+    assert _sample(text, aborted) - _sample(before, aborted) >= 150
+
+
+def _sample(text: str, line_prefix: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(line_prefix + " "):
+            return float(line.split()[-1])
+    return 0.0
