@@ -140,7 +140,7 @@ def test_regex_walks_fullmatch(walkers: dict[str, Walker], backend: str, regex: 
         assert re.fullmatch(regex, text), (regex, text)
 
 
-CHOICES = ("yes", "no", "New York", "a|b (c)*", 'say "hi"', "üñí ☃", "two\nlines", "")
+CHOICES = ("yes", "no", "New York", "a|b (c)*", 'say "hi"', "üñí", "two\nlines", "")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -150,6 +150,18 @@ def test_choice_walks_pick_a_choice(walkers: dict[str, Walker], backend: str) ->
         assert text in CHOICES
         seen.add(text)
     assert len(seen) >= 3
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_choice_spelled_only_with_partial_characters(walkers: dict[str, Walker],
+                                                     backend: str) -> None:
+    # SmolLM2 has no token holding a whole snowman: only byte-level backends can spell it
+    spec = GuidedSpec("choice", choices=("snow \u2603", "rain"))
+    if backend == "lm-format-enforcer":
+        with pytest.raises(ValueError, match="cannot be spelled"):
+            walkers[backend].backend.compile(spec)
+        return
+    assert set(_walk_all(walkers[backend], spec, range(12))) == {"snow \u2603", "rain"}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

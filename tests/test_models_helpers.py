@@ -80,7 +80,9 @@ class PagedRunner:
         seqs = list(chunks)
         ctx_lens = [self.lens[s] for s in seqs]
         q_lens = [len(chunks[s]) for s in seqs]
-        batch = build_attention_batch(ctx_lens, q_lens, [self.tables[s] for s in seqs], self.block_size)
+        batch = build_attention_batch(
+            ctx_lens, q_lens, [self.tables[s] for s in seqs], self.block_size
+        )
         ids = torch.tensor([t for s in seqs for t in chunks[s]], dtype=torch.int64)
         positions = torch.tensor(
             [p for c, q in zip(ctx_lens, q_lens) for p in range(c, c + q)], dtype=torch.int64
@@ -107,7 +109,9 @@ def run_prefill_then_decode(
     """Prefill ``token_ids[:-num_decode]`` in one step, then feed the remaining tokens one per
     decode step. Returns float32 logits of every position, or of the ``last`` ones:
     (len(token_ids) or last, vocab)."""
-    runner = PagedRunner(model, num_blocks=-(-len(token_ids) // block_size) + 2, block_size=block_size)
+    runner = PagedRunner(
+        model, num_blocks=-(-len(token_ids) // block_size) + 2, block_size=block_size
+    )
     seq = runner.add_sequence(len(token_ids))
     split = len(token_ids) - num_decode
     parts = runner.step_hidden({seq: token_ids[:split]})
@@ -127,5 +131,7 @@ def hf_logits(hf_model: Any, token_ids: list[int], last: int | None = None) -> t
 def assert_logits_close(ours: torch.Tensor, ref: torch.Tensor, rel_tol: float = 1e-3) -> None:
     scale = ref.abs().max().item()
     diff = (ours - ref).abs().max().item()
-    assert diff <= rel_tol * scale, f"max abs diff {diff:.3g} > {rel_tol} * logits scale {scale:.3g}"
+    assert diff <= rel_tol * scale, (
+        f"max abs diff {diff:.3g} > {rel_tol} * logits scale {scale:.3g}"
+    )
     assert torch.equal(ours.argmax(-1), ref.argmax(-1)), "argmax differs"

@@ -77,7 +77,10 @@ def test_sharded_safetensors_use_the_index(tiny_folder: Path, tmp_path: Path) ->
     state = load_file(tiny_folder / "model.safetensors")
     names = sorted(state)
     half = len(names) // 2
-    shards = {"model-00001-of-00002.safetensors": names[:half], "model-00002-of-00002.safetensors": names[half:]}
+    shards = {
+        "model-00001-of-00002.safetensors": names[:half],
+        "model-00002-of-00002.safetensors": names[half:],
+    }
     for file, keys in shards.items():
         save_file({k: state[k] for k in keys}, tmp_path / file, metadata={"format": "pt"})
     save_file({"junk.weight": torch.zeros(1)}, tmp_path / "consolidated.safetensors")
@@ -118,7 +121,9 @@ def test_missing_and_unexpected_weights(tiny_folder: Path, tmp_path: Path) -> No
     save_file(missing, tmp_path / "model.safetensors")
     with pytest.raises(ValueError, match=r"qkv_proj.weight \(shards \['k'\]\)"):
         load_model(source, LlamaForCausalLM, reference_context())
-    save_file({**state, "model.layers.0.extra.weight": torch.zeros(2)}, tmp_path / "model.safetensors")
+    save_file(
+        {**state, "model.layers.0.extra.weight": torch.zeros(2)}, tmp_path / "model.safetensors"
+    )
     with pytest.raises(ValueError, match="unexpected weight 'model.layers.0.extra.weight'"):
         load_model(source, LlamaForCausalLM, reference_context())
     bad = dict(state)
@@ -135,3 +140,13 @@ def test_model_built_in_context_dtype(tiny_folder: Path) -> None:
     assert model.model.rotary_emb.cos_cache.dtype == torch.bfloat16
     hidden = torch.zeros(2, 32, dtype=torch.bfloat16)
     assert model.compute_logits(hidden).dtype == torch.float32
+
+
+def test_quantization_config_passthrough(tmp_path: Path) -> None:
+    config = LlamaConfig(**TINY)
+    config.quantization_config = {"quant_method": "w8a8", "bits": 8}
+    config.save_pretrained(tmp_path)
+    assert resolve_model(str(tmp_path)).quantization_config == {"quant_method": "w8a8", "bits": 8}
+    plain = tmp_path / "plain"
+    LlamaConfig(**TINY).save_pretrained(plain)
+    assert resolve_model(str(plain)).quantization_config is None

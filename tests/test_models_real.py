@@ -84,9 +84,10 @@ def test_smollm2_gguf_equals_converted_folder(smollm2_dir: Path) -> None:
     torch.testing.assert_close(from_gguf, from_folder, rtol=0, atol=1e-5)
     # the tokenizer converted from the GGUF metadata tokenizes like the folder's
     gguf_tokenizer = source.load_tokenizer()
-    assert gguf_tokenizer("Hello, world!").input_ids == AutoTokenizer.from_pretrained(
-        smollm2_dir
-    )("Hello, world!").input_ids
+    assert (
+        gguf_tokenizer("Hello, world!").input_ids
+        == AutoTokenizer.from_pretrained(smollm2_dir)("Hello, world!").input_ids
+    )
 
 
 def test_gemma3_gguf_equals_converted_folder(gemma3_dir: Path, gemma3: tuple[Any, Any]) -> None:

@@ -65,7 +65,9 @@ def _configs() -> dict[str, PretrainedConfig]:
         "mistral-sliding": MistralConfig(
             **COMMON, architectures=["MistralForCausalLM"], sliding_window=7
         ),
-        "qwen2": Qwen2Config(**COMMON, architectures=["Qwen2ForCausalLM"], tie_word_embeddings=True),
+        "qwen2": Qwen2Config(
+            **COMMON, architectures=["Qwen2ForCausalLM"], tie_word_embeddings=True
+        ),
         "qwen3": Qwen3Config(
             **COMMON, architectures=["Qwen3ForCausalLM"], head_dim=24, tie_word_embeddings=False
         ),
@@ -75,7 +77,12 @@ def _configs() -> dict[str, PretrainedConfig]:
             head_dim=32,
             query_pre_attn_scalar=24,
             sliding_window=6,
-            layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+            layer_types=[
+                "sliding_attention",
+                "sliding_attention",
+                "full_attention",
+                "sliding_attention",
+            ],
             rope_parameters={
                 "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                 "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},

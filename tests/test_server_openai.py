@@ -100,6 +100,15 @@ def test_completion_n2_logprobs(client: openai.OpenAI) -> None:
     assert out.usage.completion_tokens == 8
 
 
+def test_prompt_list_and_tokens_as_ids(client: openai.OpenAI) -> None:
+    out = client.completions.create(model=MODEL, prompt=["Hello", "Goodbye"], max_tokens=2,
+                                    temperature=0, logprobs=0,
+                                    extra_body={"return_tokens_as_token_ids": True})
+    assert sorted(c.index for c in out.choices) == [0, 1]
+    for c in out.choices:
+        assert all(re.fullmatch(r"token_id:\d+", t) for t in c.logprobs.tokens)
+
+
 def test_completion_stream_equals_non_stream(client: openai.OpenAI) -> None:
     kwargs = dict(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0)
     full = client.completions.create(**kwargs).choices[0].text

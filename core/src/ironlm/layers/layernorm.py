@@ -25,7 +25,9 @@ class RMSNorm(torch.nn.Module):
         self.eps = eps
         self.weight_offset = weight_offset
         self.layer_ops = ctx.layer_ops
-        self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=ctx.dtype), requires_grad=False)
+        self.weight = torch.nn.Parameter(
+            torch.ones(hidden_size, dtype=ctx.dtype), requires_grad=False
+        )
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
@@ -37,12 +39,15 @@ class RMSNorm(torch.nn.Module):
         """Normalise without a residual stream."""
         return self.layer_ops.rms_norm(x, self.weight, self.eps, None)[0]
 
-    def load_weight(self, name: str, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
+    def load_weight(
+        self, name: str, loaded: torch.Tensor, shard_id: str | int | None = None
+    ) -> None:
         if name != "weight" or shard_id is not None:
             raise ValueError(f"RMSNorm has only 'weight'; got {name!r} (shard {shard_id!r})")
         if loaded.shape != self.weight.shape:
             raise ValueError(
-                f"RMSNorm weight: checkpoint shape {tuple(loaded.shape)} != {tuple(self.weight.shape)}"
+                f"RMSNorm weight: checkpoint shape {tuple(loaded.shape)} does not fit "
+                f"parameter shape {tuple(self.weight.shape)}"
             )
         with torch.no_grad():
             # the offset is added in float32, as the reference implementations compute (1 + w)

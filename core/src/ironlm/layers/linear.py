@@ -6,10 +6,11 @@ applies them. Checkpoint tensors arrive through ``load_weight`` in their full (u
 shape; the layer slices this rank's shard and, for merged layers, the sub-matrix a
 checkpoint tensor fills.
 
-Sharding rule for every tensor the method registers: a tensor whose leading dim scales with the
-layer's output rows is split along dim 0 (column parallel, merged shards), one whose last dim
-scales with the input features along dim -1 (row parallel). Proportional slicing keeps this
-correct for packed or grouped quantized layouts (4 bits per byte, one scale per group).
+Sharding rule for every tensor the method registers: per-row tensors are split proportionally
+(column parallel: along dim 0; row parallel: along the last dim when it has more than one
+column), which keeps packed or grouped quantized layouts correct (4 bits per byte, one scale per
+group). Per-tensor quantities (0-dim, or a single row) are never split; in a merged layer the
+parts share them and must agree on their value.
 
 Tensor parallelism: ColumnParallelLinear splits the output features over ranks (no
 communication; QKV and gate/up are column parallel); RowParallelLinear splits the input features
@@ -64,6 +65,7 @@ class LinearBase(torch.nn.Module):
         self.tp_rank = ctx.tp_rank
         self.tp_size = ctx.tp_size
         self.tp_group = ctx.tp_group
+        self.shared_loaded: set[str] = set()  # per-tensor params already set by a merged part
         self.quant_method.create_weights(self, input_size, output_size, ctx.dtype)
         if bias:
             self.bias: torch.nn.Parameter | None = torch.nn.Parameter(
@@ -76,7 +78,9 @@ class LinearBase(torch.nn.Module):
         # (num_tokens, input_size) -> (num_tokens, output_size)
         return self.quant_method.apply(self, x, self.bias)
 
-    def load_weight(self, name: str, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
+    def load_weight(
+        self, name: str, loaded: torch.Tensor, shard_id: str | int | None = None
+    ) -> None:
         """Copy one checkpoint tensor (full, unsharded shape) into parameter ``name``."""
         if shard_id is not None:
             raise ValueError(f"{type(self).__name__} has no shard {shard_id!r}")
@@ -115,13 +119,28 @@ class ColumnParallelLinear(LinearBase):
             in_features, out_features, ctx, bias, in_features, divide(out_features, ctx.tp_size)
         )
 
-    def load_weight(self, name: str, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
+    def load_weight(
+        self, name: str, loaded: torch.Tensor, shard_id: str | int | None = None
+    ) -> None:
         if shard_id is not None:
             raise ValueError(f"{type(self).__name__} has no shard {shard_id!r}")
         param = self._param(name)
-        if param.dim() > 0 and self.tp_size > 1:
+        if self.tp_size > 1 and not _is_per_tensor(loaded):
             loaded = _slice_rows(loaded, self.tp_rank, 1, self.tp_size)
         _copy_checked(param, loaded, name)
+
+    def _copy_shared(self, name: str, param: torch.Tensor, loaded: torch.Tensor) -> None:
+        """A per-tensor quantity of one part of a merged layer: the first part sets it, the
+        others must carry the same value."""
+        if name in self.shared_loaded:
+            if not torch.equal(param, loaded.to(param.device, param.dtype)):
+                raise ValueError(
+                    f"{type(self).__name__}: per-tensor {name!r} differs between the merged "
+                    "checkpoint tensors; this quantization cannot be merged"
+                )
+            return
+        _copy_checked(param, loaded, name)
+        self.shared_loaded.add(name)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -136,10 +155,17 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         self.shard_ids = tuple(range(len(output_sizes)))
         super().__init__(in_features, sum(output_sizes), ctx, bias)
 
-    def load_weight(self, name: str, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
+    def load_weight(
+        self, name: str, loaded: torch.Tensor, shard_id: str | int | None = None
+    ) -> None:
         if not isinstance(shard_id, int) or not 0 <= shard_id < len(self.output_sizes):
-            raise ValueError(f"{type(self).__name__}: shard id must be a part index, got {shard_id!r}")
+            raise ValueError(
+                f"{type(self).__name__}: shard id must be a part index, got {shard_id!r}"
+            )
         param = self._param(name)
+        if _is_per_tensor(loaded):
+            self._copy_shared(name, param, loaded)
+            return
         # this rank's rows of part ``shard_id`` inside the stacked weight
         offset = sum(self.output_sizes[:shard_id]) // self.tp_size
         size = self.output_sizes[shard_id] // self.tp_size
@@ -182,8 +208,17 @@ class QKVParallelLinear(ColumnParallelLinear):
         self.q_size = self.num_heads * head_dim
         self.kv_size = self.num_kv_heads * head_dim
 
-    def load_weight(self, name: str, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
+    def load_weight(
+        self, name: str, loaded: torch.Tensor, shard_id: str | int | None = None
+    ) -> None:
+        if shard_id not in self.shard_ids:
+            raise ValueError(
+                f"QKVParallelLinear: shard id must be 'q', 'k' or 'v', got {shard_id!r}"
+            )
         param = self._param(name)
+        if _is_per_tensor(loaded):
+            self._copy_shared(name, param, loaded)
+            return
         if shard_id == "q":
             offset, size = 0, self.q_size
             part = _slice_rows(loaded, self.tp_rank, 1, self.tp_size)
@@ -193,8 +228,6 @@ class QKVParallelLinear(ColumnParallelLinear):
             # ranks sharing one KV head (kv_replicas > 1) load the same slice
             kv_rank = self.tp_rank // self.kv_replicas
             part = _slice_rows(loaded, kv_rank, 1, self.total_num_kv_heads // self.num_kv_heads)
-        else:
-            raise ValueError(f"QKVParallelLinear: shard id must be 'q', 'k' or 'v', got {shard_id!r}")
         target = _slice_rows(param, offset, size, self.output_size)
         _copy_checked(target, part, f"{name}[{shard_id}]")
 
@@ -218,14 +251,21 @@ class RowParallelLinear(LinearBase):
         dist.all_reduce(out, group=self.tp_group)
         return out if self.bias is None else out + self.bias
 
-    def load_weight(self, name: str, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
+    def load_weight(
+        self, name: str, loaded: torch.Tensor, shard_id: str | int | None = None
+    ) -> None:
         if shard_id is not None:
             raise ValueError(f"{type(self).__name__} has no shard {shard_id!r}")
         param = self._param(name)
-        if self.tp_size > 1 and name != "bias" and param.dim() > 1:
+        if self.tp_size > 1 and loaded.dim() > 1 and loaded.shape[-1] > 1:
             cols = loaded.shape[-1]
             loaded = loaded.narrow(-1, cols * self.tp_rank // self.tp_size, cols // self.tp_size)
         _copy_checked(param, loaded, name)
+
+
+def _is_per_tensor(tensor: torch.Tensor) -> bool:
+    """A scalar-like quantity (e.g. a per-tensor scale): 0-dim or a single row."""
+    return tensor.dim() == 0 or tensor.shape[0] == 1
 
 
 def _copy_checked(target: torch.Tensor, loaded: torch.Tensor, name: str) -> None:

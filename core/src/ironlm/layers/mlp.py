@@ -24,7 +24,9 @@ class GatedMLP(torch.nn.Module):
     ) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
-            raise ValueError(f"activation {activation!r} is not supported; supported: {ACTIVATIONS}")
+            raise ValueError(
+                f"activation {activation!r} is not supported; supported: {ACTIVATIONS}"
+            )
         self.gate_up_proj = MergedColumnParallelLinear(
             hidden_size, [intermediate_size, intermediate_size], ctx, bias=bias
         )

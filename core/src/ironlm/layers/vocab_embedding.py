@@ -45,7 +45,9 @@ class VocabParallelEmbedding(torch.nn.Module):
         dist.all_reduce(out, group=self.tp_group)
         return out
 
-    def load_weight(self, name: str, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
+    def load_weight(
+        self, name: str, loaded: torch.Tensor, shard_id: str | int | None = None
+    ) -> None:
         if name != "weight" or shard_id is not None:
             raise ValueError(f"{type(self).__name__} has only 'weight'; got {name!r}")
         if loaded.shape != (self.vocab_size, self.hidden_size):

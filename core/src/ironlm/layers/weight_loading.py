@@ -70,5 +70,7 @@ def _check_complete(
             lacking = sorted(str(s) for s in needed - got)
             missing.append(full_name if needed == {None} else f"{full_name} (shards {lacking})")
     if missing:
-        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        shown = ", ".join(missing[:8]) + (
+            f" and {len(missing) - 8} more" if len(missing) > 8 else ""
+        )
         raise ValueError(f"checkpoint lacks weights for: {shown}")

@@ -59,7 +59,9 @@ def resolve_load_format(source: ModelSource, load_format: str) -> str:
         return "dummy"
     if source.gguf_file is not None:
         if load_format not in ("auto", "gguf"):
-            raise ValueError(f"load_format {load_format!r} cannot read GGUF file {source.gguf_file}")
+            raise ValueError(
+                f"load_format {load_format!r} cannot read GGUF file {source.gguf_file}"
+            )
         return "gguf"
     if load_format == "gguf":
         raise ValueError(f"load_format 'gguf' needs a .gguf model; {source.path} is a folder")
@@ -98,7 +100,9 @@ def fill_dummy_weights(model: torch.nn.Module, seed: int) -> None:
 
 
 def _safetensors_files(folder: Path) -> list[Path]:
-    return _checkpoint_files(folder, "model.safetensors.index.json", "model.safetensors", "*.safetensors")
+    return _checkpoint_files(
+        folder, "model.safetensors.index.json", "model.safetensors", "*.safetensors"
+    )
 
 
 def _pt_files(folder: Path) -> list[Path]:

@@ -31,11 +31,24 @@ class ModelSource:
     def is_gguf(self) -> bool:
         return self.gguf_file is not None
 
+    @property
+    def quantization_config(self) -> dict[str, Any] | None:
+        """The checkpoint's HF ``quantization_config`` (for QuantizationMethod.from_config), or
+        None for plain weights. GGUF weights are dequantised on load, so None for GGUF too."""
+        if self.gguf_file is not None:
+            return None
+        config = getattr(self.hf_config, "quantization_config", None)
+        if config is None or isinstance(config, dict):
+            return config
+        return config.to_dict()
+
     def load_tokenizer(self, tokenizer: str | None = None) -> Any:
         """The HF tokenizer: from ``tokenizer`` (a folder or hub-cache name) when given, else
         from the model folder, else converted from the GGUF metadata."""
         if tokenizer is not None:
-            return AutoTokenizer.from_pretrained(tokenizer, trust_remote_code=self.trust_remote_code)
+            return AutoTokenizer.from_pretrained(
+                tokenizer, trust_remote_code=self.trust_remote_code
+            )
         if self.gguf_file is not None:
             return AutoTokenizer.from_pretrained(
                 str(self.gguf_file.parent),

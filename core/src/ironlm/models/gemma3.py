@@ -138,7 +138,7 @@ class Gemma3TextModel(torch.nn.Module):
         cos_sin_local = self.rotary_local.lookup(positions)
         cos_sin_global = self.rotary_global.lookup(positions)
         residual: torch.Tensor | None = None
-        for layer, kv_cache in zip(self.layers, kv_caches):
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             cos_sin = cos_sin_local if layer.is_sliding else cos_sin_global
             hidden, residual = layer(hidden, residual, cos_sin, kv_cache, attn_metadata)
         return self.norm(hidden, residual)[0]

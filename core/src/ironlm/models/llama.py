@@ -117,7 +117,7 @@ class LlamaModel(torch.nn.Module):
         hidden = self.embed_tokens(input_ids)  # (num_tokens, hidden_size)
         cos_sin = self.rotary_emb.lookup(positions)  # once for all layers
         residual: torch.Tensor | None = None
-        for layer, kv_cache in zip(self.layers, kv_caches):
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden, residual = layer(hidden, residual, cos_sin, kv_cache, attn_metadata)
         return self.norm(hidden, residual)[0]
 

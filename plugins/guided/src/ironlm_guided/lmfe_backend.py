@@ -35,6 +35,26 @@ class LmfeVocabulary:
     data: Any  # lmformatenforcer.TokenEnforcerTokenizerData
     config: Any  # lmformatenforcer CharacterLevelParserConfig with this vocabulary's alphabet
     whitespace_led: np.ndarray  # (words,) int32: tokens whose text starts with whitespace
+    texts: frozenset[str]  # every token text of the vocabulary
+    longest: int  # characters in the longest token text
+
+    def spells(self, text: str) -> bool:
+        """Whether ``text`` is a concatenation of token texts (so it can be generated)."""
+        reachable = [True] + [False] * len(text)
+        for start in range(len(text)):
+            if reachable[start]:
+                for end in range(start + 1, min(len(text), start + self.longest) + 1):
+                    if text[start:end] in self.texts:
+                        reachable[end] = True
+        return reachable[-1]
+
+    def check_spellable(self, texts: list[str], what: str) -> None:
+        for text in texts:
+            if not self.spells(text):
+                raise ValueError(
+                    f"the {what} {text!r} cannot be spelled with the tokens the "
+                    "'lm-format-enforcer' backend can use (whole UTF-8 characters only)"
+                )
 
 
 @dataclass(frozen=True)
@@ -102,7 +122,10 @@ class LMFormatEnforcerBackend(GuidedBackend):
             )
             config = CharacterLevelParserConfig(alphabet=data.tokenizer_alphabet)
             packed = np.packbits(led, bitorder="little").view("<i4").astype(np.int32)
-            self._vocabularies[flavour] = LmfeVocabulary(data, config, packed)
+            self._vocabularies[flavour] = LmfeVocabulary(
+                data, config, packed, frozenset(texts.values()),
+                max(map(len, texts.values()), default=1),
+            )
         return self._vocabularies[flavour]
 
     def _decode(self, ids: list[int]) -> str:
@@ -111,7 +134,12 @@ class LMFormatEnforcerBackend(GuidedBackend):
     def compile(self, spec: GuidedSpec) -> LmfeCompiled:
         from lmformatenforcer import JsonSchemaParser, RegexParser
 
-        from ironlm_guided.lmfe_schema import LMFE_SUPPORT, JsonLexGuard, lmfe_schema
+        from ironlm_guided.lmfe_schema import (
+            LMFE_SUPPORT,
+            JsonLexGuard,
+            literal_strings,
+            lmfe_schema,
+        )
 
         if spec.whitespace_pattern is not None:
             raise ValueError(
@@ -123,6 +151,7 @@ class LMFormatEnforcerBackend(GuidedBackend):
             text = spec.value if spec.kind == "json" else '{"type":"object"}'
             schema = lmfe_schema(normalize_schema(text, LMFE_SUPPORT))
             vocabulary = self.vocabulary("json")
+            vocabulary.check_spellable(literal_strings(schema), "JSON schema literal")
             config = vocabulary.config
             make = lambda: JsonLexGuard(JsonSchemaParser(schema, config), config)  # noqa: E731
         elif spec.kind in ("regex", "choice"):
@@ -130,6 +159,9 @@ class LMFormatEnforcerBackend(GuidedBackend):
                 check_python_regex(spec.value, "guided regex")
                 pattern = spec.value
             elif spec.choices:
+                self.vocabulary("full").check_spellable(
+                    [c for c in spec.choices if c], "choice"
+                )
                 pattern = "(?:" + "|".join(escape_literal(c) for c in spec.choices) + ")"
             else:
                 raise ValueError("guided choice needs at least one choice")

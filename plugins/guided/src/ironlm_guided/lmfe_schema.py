@@ -83,6 +83,21 @@ def lmfe_schema(node: dict[str, Any], where: str = "#") -> dict[str, Any]:
     return dict(node)
 
 
+def literal_strings(node: Any) -> list[str]:
+    """Property names and string enum values of an lmfe schema: text that must be produced
+    exactly (the backend checks its vocabulary can spell them)."""
+    out: list[str] = []
+    if isinstance(node, dict):
+        out.extend(node.get("properties", {}))
+        out.extend(v for v in node.get("enum", []) if isinstance(v, str))
+        for value in node.values():
+            out.extend(literal_strings(value))
+    elif isinstance(node, list):
+        for value in node:
+            out.extend(literal_strings(value))
+    return out
+
+
 def _enum(values: list[Any], where: str) -> dict[str, Any]:
     groups: list[dict[str, Any]] = []
     strings = [_plain(v, where, "enum value") for v in values if isinstance(v, str)]

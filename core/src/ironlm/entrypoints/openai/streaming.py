@@ -29,13 +29,18 @@ async def wait_for_disconnect(request: Request) -> None:
             return
 
 
-async def _cancel(task: asyncio.Future[Any]) -> None:
-    if not task.done():
-        task.cancel()
-    try:
-        await task
-    except BaseException:  # its outcome no longer matters
-        pass
+async def _cancel(*tasks: asyncio.Future[Any]) -> None:
+    """Cancel ``tasks`` and wait until they are done. Every cancel is requested before the
+    first wait, so that a caller cancelled meanwhile still leaves none running; their
+    outcomes are consumed (no "exception was never retrieved" noise)."""
+    for t in tasks:
+        if not t.done():
+            t.cancel()
+    if tasks:
+        await asyncio.wait(tasks)
+    for t in tasks:
+        if not t.cancelled():
+            t.exception()
 
 
 async def run_unless_disconnected(request: Request, coro: Coroutine[Any, Any, T]) -> T:
@@ -49,8 +54,7 @@ async def run_unless_disconnected(request: Request, coro: Coroutine[Any, Any, T]
         await _cancel(task)
         raise ClientDisconnected()
     finally:
-        await _cancel(watcher)
-        await _cancel(task)
+        await _cancel(watcher, task)
 
 
 async def stream_unless_disconnected(
@@ -65,7 +69,7 @@ async def stream_unless_disconnected(
             pending = asyncio.ensure_future(chunks.__anext__())
             done, _ = await asyncio.wait({pending, watcher}, return_when=asyncio.FIRST_COMPLETED)
             if pending not in done:
-                return  # disconnected: the finally cancels the pending step
+                return  # disconnected: the finally cancels the pending step (aborting)
             try:
                 item = pending.result()
             except StopAsyncIteration:
@@ -73,9 +77,7 @@ async def stream_unless_disconnected(
             pending = None
             yield item
     finally:
-        await _cancel(watcher)
-        if pending is not None:
-            await _cancel(pending)
+        await _cancel(watcher, *([pending] if pending is not None else []))
         await chunks.aclose()  # type: ignore[attr-defined]
 
 
@@ -89,8 +91,7 @@ async def gather_or_cancel(aws: list[Awaitable[T]]) -> list[T]:
                 raise t.exception()  # type: ignore[misc]
         return [t.result() for t in tasks]
     finally:
-        for t in tasks:
-            await _cancel(t)
+        await _cancel(*tasks)
 
 
 async def close_all(iterators: list[AsyncIterator[Any]]) -> None:
@@ -137,8 +138,7 @@ async def merge(iterators: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T
             else:
                 yield i, item
     finally:
-        for r in readers:
-            await _cancel(r)
+        await _cancel(*readers)
 
 
 def sse(payload: dict[str, Any] | str) -> str:
