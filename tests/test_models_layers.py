@@ -25,7 +25,9 @@ from ironlm.layers.linear import (
 from ironlm.layers.rotary_embedding import RotaryEmbedding, inverse_frequencies, rope_parameters
 
 
-def _ctx(tp_rank: int = 0, tp_size: int = 1, quant: QuantizationMethod | None = None) -> ModelContext:
+def _ctx(
+    tp_rank: int = 0, tp_size: int = 1, quant: QuantizationMethod | None = None
+) -> ModelContext:
     return ModelContext(
         attention=ReferenceAttentionBackend(),
         layer_ops=LayerOps(),
@@ -96,7 +98,11 @@ def test_rotary_errors_and_lookup() -> None:
         rope_parameters(per_type)
     rotary = RotaryEmbedding(8, 32, {"rope_type": "default", "rope_theta": 100.0}, _ctx())
     cos, sin = rotary.lookup(torch.tensor([0, 31]))
-    assert cos.shape == (2, 4) and torch.equal(cos[0], torch.ones(4)) and torch.equal(sin[0], torch.zeros(4))
+    assert (
+        cos.shape == (2, 4)
+        and torch.equal(cos[0], torch.ones(4))
+        and torch.equal(sin[0], torch.zeros(4))
+    )
 
 
 def test_column_and_row_parallel_shards_compose() -> None:

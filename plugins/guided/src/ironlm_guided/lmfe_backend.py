@@ -1,18 +1,17 @@
 """The ``lm-format-enforcer`` backend: character-level parsers over a token prefix tree.
 
 The tokenizer data (prefix tree of every token's text) is built once per backend instance, in
-two flavours: for regex / choice every token that is whole UTF-8 text, and for JSON the same
-without tokens holding control characters or backslashes (see ``lmfe_schema``). Tokens carrying
-part of a UTF-8 character are left out of both: the library counts their characters wrongly.
-Each request gets its own ``TokenEnforcer`` (lm-format-enforcer keys its states by the generated
-token sequence); masks come as packed bitmasks from the library's bitmask mode, corrected for
-what ``JsonLexGuard`` cannot veto through the library's free-text shortcut.
+two flavours (``lmfe_vocab``): regex / choice, and JSON. Each request gets its own
+``TokenEnforcer`` (lm-format-enforcer keys its states by the generated token sequence), sharing
+the spec's cache of allowed tokens per parser state; masks come as packed bitmasks from the
+library's bitmask mode, corrected for what ``JsonLexGuard`` cannot veto through the library's
+free-text shortcut.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
 import numpy as np
@@ -21,40 +20,12 @@ import torch
 from ironlm.interfaces.guided import Grammar, GuidedBackend, GuidedSpec
 from ironlm.interfaces.platform import Availability
 from ironlm_guided.bitmask import BitmaskUnpacker
+from ironlm_guided.lmfe_vocab import LmfeVocabulary, build_vocabulary
 from ironlm_guided.regex_check import check_python_regex, escape_literal
 from ironlm_guided.schema_normalize import normalize_schema
 from ironlm_guided.vocab import TokenTable
 
 _PRUNE_AFTER = 256  # token-sequence states kept per request; older ones are replayed if needed
-
-
-@dataclass(frozen=True)
-class LmfeVocabulary:
-    """One flavour of tokenizer data, plus the packed mask of its whitespace-led tokens."""
-
-    data: Any  # lmformatenforcer.TokenEnforcerTokenizerData
-    config: Any  # lmformatenforcer CharacterLevelParserConfig with this vocabulary's alphabet
-    whitespace_led: np.ndarray  # (words,) int32: tokens whose text starts with whitespace
-    texts: frozenset[str]  # every token text of the vocabulary
-    longest: int  # characters in the longest token text
-
-    def spells(self, text: str) -> bool:
-        """Whether ``text`` is a concatenation of token texts (so it can be generated)."""
-        reachable = [True] + [False] * len(text)
-        for start in range(len(text)):
-            if reachable[start]:
-                for end in range(start + 1, min(len(text), start + self.longest) + 1):
-                    if text[start:end] in self.texts:
-                        reachable[end] = True
-        return reachable[-1]
-
-    def check_spellable(self, texts: list[str], what: str) -> None:
-        for text in texts:
-            if not self.spells(text):
-                raise ValueError(
-                    f"the {what} {text!r} cannot be spelled with the tokens the "
-                    "'lm-format-enforcer' backend can use (whole UTF-8 characters only)"
-                )
 
 
 @dataclass(frozen=True)
@@ -64,6 +35,9 @@ class LmfeCompiled:
     make_parser: Callable[[], Any]  # () -> lmformatenforcer.CharacterLevelParser
     vocabulary: LmfeVocabulary
     eos_token_id: int
+    # parser cache key -> allowed TokenList, shared by every request on this spec (a memo: a
+    # key names one parser state of this spec, e.g. a regex automaton state)
+    token_cache: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 class LMFormatEnforcerBackend(GuidedBackend):
@@ -91,45 +65,8 @@ class LMFormatEnforcerBackend(GuidedBackend):
     def vocabulary(self, flavour: str) -> LmfeVocabulary:
         """The prefix-tree tokenizer data, built on first use and kept for the instance."""
         if flavour not in self._vocabularies:
-            from lmformatenforcer import TokenEnforcerTokenizerData
-            from lmformatenforcer.characterlevelparser import CharacterLevelParserConfig
-
-            texts: dict[int, str] = {}
-            for token_id, raw in enumerate(self.table.token_bytes):
-                if not raw or token_id == self.table.eos_token_id:
-                    continue
-                if flavour == "json" and (b"\\" in raw or any(b < 0x20 for b in raw)):
-                    continue
-                try:
-                    texts[token_id] = raw.decode("utf-8")
-                except UnicodeDecodeError:  # part of a character
-                    continue
-            # The library's alphabet is the set of first characters; a token holding any other
-            # character derails its free-text path, so such tokens are dropped (to a fixpoint).
-            while True:
-                alphabet = {text[0] for text in texts.values()}
-                outside = [i for i, text in texts.items() if not set(text) <= alphabet]
-                if not outside:
-                    break
-                for token_id in outside:
-                    del texts[token_id]
-            led = np.zeros(self.unpacker.words * 32, dtype=np.bool_)
-            for token_id, text in texts.items():
-                led[token_id] = text[0].isspace()
-            data = TokenEnforcerTokenizerData(
-                [(i, t, True) for i, t in texts.items()], self._decode,
-                self.table.eos_token_id, True, self.vocab_size,
-            )
-            config = CharacterLevelParserConfig(alphabet=data.tokenizer_alphabet)
-            packed = np.packbits(led, bitorder="little").view("<i4").astype(np.int32)
-            self._vocabularies[flavour] = LmfeVocabulary(
-                data, config, packed, frozenset(texts.values()),
-                max(map(len, texts.values()), default=1),
-            )
+            self._vocabularies[flavour] = build_vocabulary(self.table, flavour, self.vocab_size)
         return self._vocabularies[flavour]
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.table.text_of(ids).decode("utf-8", "replace")
 
     def compile(self, spec: GuidedSpec) -> LmfeCompiled:
         from lmformatenforcer import JsonSchemaParser, RegexParser
@@ -206,6 +143,9 @@ class LmfeGrammar(Grammar):
 
         parser = self.compiled.make_parser()
         self._enforcer = TokenEnforcer(self.compiled.vocabulary.data, parser)
+        # the enforcer's own per-instance cache, replaced by the spec-wide one: the library
+        # only reads and fills it, and its keys are states of this spec's parser
+        self._enforcer.allowed_token_cache = self.compiled.token_cache
         self._kept.clear()
 
     def _state(self) -> Any:

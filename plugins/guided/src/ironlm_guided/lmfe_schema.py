@@ -79,7 +79,8 @@ def lmfe_schema(node: dict[str, Any], where: str = "#") -> dict[str, Any]:
             raise _refuse(where, "prefixItems")
         return {**node, "items": lmfe_schema(node["items"], f"{where}/items")}
     if t == "string" and "pattern" in node:
-        return {"type": "string", "pattern": full_match_body(node["pattern"], "JSON schema pattern")}
+        body = full_match_body(node["pattern"], "JSON schema pattern")
+        return {"type": "string", "pattern": body}
     return dict(node)
 
 
@@ -121,8 +122,10 @@ def _enum(values: list[Any], where: str) -> dict[str, Any]:
 class JsonLexGuard(CharacterLevelParser):
     """Wraps a JSON CharacterLevelParser with lexical rules it lacks:
 
-    - outside strings, ``e`` / ``E`` may not follow a digit (numbers are written without
-      exponent, so an integer never becomes ``1e-5``);
+    - outside strings, ``e`` / ``E`` may not follow a digit or a decimal point (numbers are
+      written without exponent, so an integer never becomes ``1e-5``, nor a number ``1.e5``),
+      and no ``.`` after ``-0`` (the library lets an integer continue ``-0.84``; numbers lose
+      the range (-1, 0) with it);
     - a string may not start with whitespace (the library skips leading whitespace inside a
       string, so ``" red"`` would pass an enum, a pattern or maxLength check for ``"red"``).
       Its free-text shortcut bypasses ``get_allowed_characters``, so the backend also removes
@@ -134,13 +137,13 @@ class JsonLexGuard(CharacterLevelParser):
 
     def __init__(self, inner: CharacterLevelParser | None,
                  config: CharacterLevelParserConfig | None = None, in_string: bool = False,
-                 escaped: bool = False, after_digit: bool = False,
+                 escaped: bool = False, number: str = "",
                  string_start: bool = False, after_comma: bool = False) -> None:
         self.inner = inner  # None: a dead end
         self._config = config or CharacterLevelParserConfig()
         self.in_string = in_string
         self.escaped = escaped
-        self.after_digit = after_digit
+        self.number = number  # the number being written, first three characters
         self.string_start = string_start
         self.after_comma = after_comma
 
@@ -174,18 +177,22 @@ class JsonLexGuard(CharacterLevelParser):
             inner = self.inner.add_character(new_character)
         except Exception:  # the library's own parse errors: this path is impossible
             inner = None
-        after_digit = not in_string and new_character.isdigit()
+        number = ""
+        if not in_string and new_character in "-+.0123456789":
+            number = (self.number + new_character)[:3]
         if not self.in_string and not new_character.isspace():
             after_comma = new_character == ","
-        return JsonLexGuard(inner, self._config, in_string, escaped, after_digit, string_start,
+        return JsonLexGuard(inner, self._config, in_string, escaped, number, string_start,
                             after_comma)
 
     def get_allowed_characters(self) -> str:
         if self.inner is None:
             return ""
         allowed = self.inner.get_allowed_characters()
-        if self.after_digit:
+        if self.number[-1:].isdigit() or self.number[-1:] == ".":
             allowed = allowed.replace("e", "").replace("E", "")
+        if self.number == "-0":
+            allowed = allowed.replace(".", "")
         if self.string_start:
             allowed = "".join(c for c in allowed if not c.isspace())
         if self.after_comma and not self.in_string:
@@ -200,5 +207,5 @@ class JsonLexGuard(CharacterLevelParser):
 
     def cache_key(self) -> Hashable | None:
         key = None if self.inner is None else self.inner.cache_key()
-        return None if key is None else (key, self.after_digit, self.string_start,
+        return None if key is None else (key, self.number, self.string_start,
                                           self.after_comma)

@@ -22,7 +22,7 @@ from ironlm_guided.outlines_schema import (
     check_whitespace_pattern,
     outlines_schema_regex,
 )
-from ironlm_guided.regex_check import check_python_regex, escape_literal
+from ironlm_guided.regex_check import ascii_shorthands, check_python_regex, escape_literal
 from ironlm_guided.vocab import TokenTable
 
 _MAX_ROLLBACK = 1 << 30  # the Guide keeps one state per accepted token, unbounded in practice
@@ -69,7 +69,9 @@ class OutlinesBackend(GuidedBackend):
         try:
             import outlines_core  # noqa: F401
         except ImportError as e:
-            return Availability.no(f"outlines-core is not installed ({e}); pip install outlines-core")
+            return Availability.no(
+                f"outlines-core is not installed ({e}); pip install outlines-core"
+            )
         return Availability.yes()
 
     def compile(self, spec: GuidedSpec) -> OutlinesCompiled:
@@ -80,7 +82,7 @@ class OutlinesBackend(GuidedBackend):
             regex = any_json(check_whitespace_pattern(spec.whitespace_pattern), 2, "object")
         elif spec.kind == "regex":
             check_python_regex(spec.value, "guided regex")
-            regex = spec.value
+            regex = ascii_shorthands(spec.value)
         elif spec.kind == "choice":
             if not spec.choices:
                 raise ValueError("guided choice needs at least one choice")
@@ -101,7 +103,9 @@ class OutlinesBackend(GuidedBackend):
                     f"the {kind} constraint needs regex features outlines-core cannot compile "
                     f"(look-around, back-references, ...): {text}"
                 ) from None
-            raise ValueError(f"outlines-core cannot enforce the {kind} constraint: {text}") from None
+            raise ValueError(
+                f"outlines-core cannot enforce the {kind} constraint: {text}"
+            ) from None
 
     def new_grammar(self, compiled: OutlinesCompiled) -> OutlinesGrammar:
         return OutlinesGrammar(compiled, self.unpacker)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-from ironlm_guided.regex_check import check_python_regex, full_match_body
+from ironlm_guided.regex_check import ascii_shorthands, check_python_regex, full_match_body
 from ironlm_guided.regex_ranges import integer_range, number_range
 from ironlm_guided.schema_normalize import SchemaSupport, normalize_schema
 
@@ -127,7 +127,7 @@ def _rewrite(node: dict[str, Any], splices: dict[str, str], ws: str) -> dict[str
             ) from None
         return _splice(splices, regex)
     if t == "string" and "pattern" in node:
-        body = full_match_body(node["pattern"], "JSON schema pattern")
+        body = ascii_shorthands(full_match_body(node["pattern"], "JSON schema pattern"))
         if not _emits_only(body, lambda b: b not in _NOT_IN_STRING):
             raise ValueError(
                 f"JSON schema pattern {node['pattern']!r} may produce a quote, backslash or "

@@ -66,3 +66,42 @@ def full_match_body(pattern: str, what: str) -> str:
             "leading ^ and a trailing $ are supported"
         )
     return body
+
+
+_ASCII_CLASS = {"d": "0-9", "w": "0-9A-Za-z_", "s": " \\t\\n\\r\\f\\v"}
+
+
+def ascii_shorthands(pattern: str) -> str:
+    """``\\d``, ``\\w``, ``\\s`` rewritten as their ASCII classes, inside and outside brackets.
+
+    Rust regexes (outlines-core) read them as Unicode classes that differ from Python's (``\\w``
+    takes combining marks, ``\\d`` digits of newer Unicode), so generated text could fail
+    ``re.fullmatch``; the ASCII classes are a subset of both. Negated forms (``\\D``, and any
+    shorthand inside ``[^...]``) stay as written: their ASCII versions would be supersets."""
+    out: list[str] = []
+    i, in_class, negated = 0, False, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\" and i + 1 < len(pattern):
+            nxt = pattern[i + 1]
+            if nxt in _ASCII_CLASS and not negated:
+                out.append(_ASCII_CLASS[nxt] if in_class else f"[{_ASCII_CLASS[nxt]}]")
+            else:
+                out.append(pattern[i : i + 2])
+            i += 2
+            continue
+        if in_class and c == "]":
+            in_class = negated = False
+        elif not in_class and c == "[":
+            in_class = True
+            out.append(c)
+            i += 1
+            for lead in ("^", "]"):  # a negation, then a literal ] first in the class
+                if pattern[i : i + 1] == lead:
+                    negated = negated or lead == "^"
+                    out.append(lead)
+                    i += 1
+            continue
+        out.append(c)
+        i += 1
+    return "".join(out)

@@ -30,11 +30,8 @@ from typing import Any
 
 import jsonschema
 
-_ANNOTATIONS = frozenset(
-    {"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
-     "readOnly", "writeOnly", "discriminator", "$defs", "definitions", "nullable",
-     "contentEncoding", "contentMediaType", "$anchor"}
-)
+from ironlm_guided.schema_union import ANNOTATIONS, disjoint, merge, same
+
 _TYPE_KEYWORDS = {
     "object": {"properties", "required", "additionalProperties", "minProperties",
                "maxProperties", "unevaluatedProperties"},
@@ -70,7 +67,11 @@ def normalize_schema(text: str, support: SchemaSupport) -> dict[str, Any]:
     except jsonschema.SchemaError as e:
         where = "/".join(str(p) for p in e.absolute_path) or "(root)"
         raise ValueError(f"invalid JSON schema at {where}: {e.message}") from None
-    return _Normalizer(root, cls(root), support).run()
+    try:
+        return _Normalizer(root, cls(root), support).run()
+    except RecursionError:
+        raise ValueError("the JSON schema nests too deeply (or an allOf refers to itself)") \
+            from None
 
 
 class _Normalizer:
@@ -123,7 +124,7 @@ class _Normalizer:
             return {}
         if s is False or not isinstance(s, dict):
             raise self.fail(where, "the schema `false` accepts nothing")
-        keys = {k for k in s if k not in _ANNOTATIONS}
+        keys = {k for k in s if k not in ANNOTATIONS}
         if "$ref" in keys:
             if keys != {"$ref"}:
                 raise self.fail(where, f"$ref with sibling keywords {sorted(keys - {'$ref'})}")
@@ -131,8 +132,9 @@ class _Normalizer:
         if "allOf" in keys:
             merged = {k: v for k, v in s.items() if k != "allOf"}
             for i, part in enumerate(s["allOf"]):
-                part = self.resolve(part["$ref"], where) if set(part) == {"$ref"} else part
-                merged = _merge(merged, part, lambda k: self.fail(f"{where}/allOf/{i}", k))
+                if isinstance(part, dict) and set(part) == {"$ref"}:
+                    part = self.resolve(part["$ref"], where)
+                merged = merge(merged, part, lambda k: self.fail(f"{where}/allOf/{i}", k))
             return self.node(merged, where)
         if "enum" in keys or "const" in keys:
             return self.enum(s, where)
@@ -159,14 +161,14 @@ class _Normalizer:
         check = self.validator.evolve(schema=s)
         kept: list[Any] = []
         for v in values:  # keep only the values the whole node accepts, without duplicates
-            if check.is_valid(v) and not any(_same(v, k) for k in kept):
+            if check.is_valid(v) and not any(same(v, k) for k in kept):
                 kept.append(v)
         if not kept:
             raise ValueError(f"JSON schema at {where}: no enum/const value satisfies the schema")
         return {"enum": kept}
 
     def union(self, s: dict[str, Any], comb: str, where: str) -> dict[str, Any]:
-        siblings = {k: v for k, v in s.items() if k != comb and k not in _ANNOTATIONS}
+        siblings = {k: v for k, v in s.items() if k != comb and k not in ANNOTATIONS}
         options = [self.resolve(o["$ref"], where) if isinstance(o, dict) and set(o) == {"$ref"}
                    and siblings else o for o in s[comb]]
         if comb == "oneOf":
@@ -174,11 +176,15 @@ class _Normalizer:
         out: list[dict[str, Any]] = []
         for i, opt in enumerate(options):
             sub = f"{where}/{comb}/{i}"
-            merged = _merge(siblings, opt, lambda k, sub=sub: self.fail(sub, k)) if siblings \
+            merged = merge(siblings, opt, lambda k, sub=sub: self.fail(sub, k)) if siblings \
                 else opt
             n = self.node(merged, sub)
             out.extend(n["anyOf"] if set(n) == {"anyOf"} else [n])
         return out[0] if len(out) == 1 else {"anyOf": out}
+
+    def accepts(self, schema: Any, value: Any) -> bool:
+        """Whether ``value`` validates against ``schema`` (refs resolved in the root)."""
+        return bool(self.validator.evolve(schema=schema).is_valid(value))
 
     def check_disjoint(self, options: list[Any], where: str) -> None:
         """oneOf = exactly one option; enforced as anyOf only when no value can match two."""
@@ -186,25 +192,9 @@ class _Normalizer:
                     else o for o in options]
         for i in range(len(resolved)):
             for j in range(i + 1, len(resolved)):
-                if not self.disjoint(resolved[i], resolved[j]):
+                if not disjoint(resolved[i], resolved[j], self.accepts):
                     raise self.fail(f"{where}", f"options {i} and {j} of oneOf may both match "
                                     "(use anyOf, or a const discriminator property)")
-
-    def disjoint(self, a: Any, b: Any) -> bool:
-        for x, y in ((a, b), (b, a)):
-            if isinstance(x, dict) and ("enum" in x or "const" in x):
-                values = [x["const"]] if "const" in x else x["enum"]
-                if not any(self.validator.evolve(schema=y).is_valid(v) for v in values):
-                    return True
-        ta, tb = _type_set(a), _type_set(b)
-        if ta and tb and not (ta & tb):
-            return True
-        if ta == tb == {"object"}:  # a discriminator: required in both, disjoint constants
-            pa, pb = a.get("properties", {}), b.get("properties", {})
-            for name in set(a.get("required", [])) & set(b.get("required", [])):
-                if name in pa and name in pb and self.disjoint(pa[name], pb[name]):
-                    return True
-        return False
 
     def typed(self, s: dict[str, Any], t: str, keys: set[str], where: str) -> dict[str, Any]:
         if t not in _TYPES:
@@ -322,39 +312,3 @@ class _Normalizer:
             return out
         out.update(bounds)
         return out
-
-
-def _merge(a: dict[str, Any], b: Any, fail: Any) -> dict[str, Any]:
-    """Conjunction of two schemas when their keywords do not interact (else ValueError)."""
-    if b is True:
-        return dict(a)
-    if not isinstance(b, dict):
-        raise fail("the schema `false` accepts nothing")
-    out = dict(a)
-    for k, v in b.items():
-        if k in _ANNOTATIONS:
-            continue
-        if k in out and out[k] != v:
-            if k == "required":
-                out[k] = list(dict.fromkeys(list(out[k]) + list(v)))
-            elif k == "properties":
-                clash = set(out[k]) & set(v)
-                if any(out[k][p] != v[p] for p in clash):
-                    raise fail(f"allOf/anyOf parts both constrain properties {sorted(clash)}")
-                out[k] = {**out[k], **v}
-            else:
-                raise fail(f"keyword {k!r} given twice with different values")
-        else:
-            out[k] = v
-    return out
-
-
-def _type_set(s: Any) -> set[str]:
-    if not isinstance(s, dict) or "type" not in s:
-        return set()
-    types = {s["type"]} if isinstance(s["type"], str) else set(s["type"])
-    return types | {"number"} if "integer" in types else types
-
-
-def _same(a: Any, b: Any) -> bool:
-    return type(a) is type(b) and a == b

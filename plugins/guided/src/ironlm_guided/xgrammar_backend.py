@@ -111,7 +111,7 @@ class XGrammarBackend(GuidedBackend):
 
     def _compile(self, spec: GuidedSpec) -> Any:
         if spec.kind == "json":
-            schema = _patterns_to_full_match(normalize_schema(spec.value, XGRAMMAR_SUPPORT))
+            schema = _xgrammar_schema(normalize_schema(spec.value, XGRAMMAR_SUPPORT))
             return self._json(json.dumps(schema))
         if spec.kind == "json_object":
             return self._json('{"type": "object"}')
@@ -145,18 +145,27 @@ class XGrammarBackend(GuidedBackend):
         return XGrammarGrammar(compiled, self.unpacker)
 
 
-def _patterns_to_full_match(node: Any) -> Any:
-    """Normal-form patterns with outer anchors made explicit (inner anchors refused)."""
+# characters a JSON string holds unescaped (what a length-bounded string is spelled with)
+_PLAIN_CHAR = r'[^"\\\x00-\x1f]'
+
+
+def _xgrammar_schema(node: Any) -> Any:
+    """The normal form as xgrammar should see it: patterns anchored explicitly (inner anchors
+    refused), and length-bounded strings as patterns, because xgrammar's own rule for them lets
+    raw control characters into the string (invalid JSON)."""
     if isinstance(node, dict):
-        out = {k: _patterns_to_full_match(v) for k, v in node.items() if k != "enum"}
+        out = {k: _xgrammar_schema(v) for k, v in node.items() if k != "enum"}
         if "enum" in node:
             out["enum"] = node["enum"]
         if node.get("type") == "string" and "pattern" in node:
             body = full_match_body(node["pattern"], "JSON schema pattern")
             out["pattern"] = f"^(?:{body})$"
+        elif node.get("type") == "string" and ("minLength" in node or "maxLength" in node):
+            lo, hi = node.get("minLength", 0), node.get("maxLength", "")
+            out = {"type": "string", "pattern": f"^{_PLAIN_CHAR}{{{lo},{hi}}}$"}
         return out
     if isinstance(node, list):
-        return [_patterns_to_full_match(v) for v in node]
+        return [_xgrammar_schema(v) for v in node]
     return node
 
 
