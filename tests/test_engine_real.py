@@ -135,7 +135,8 @@ def test_kv_cache_is_allocated_once_at_the_size_asked(smollm2_dir: Path) -> None
 def test_abort_frees_blocks_at_once(smollm2_dir: Path) -> None:
     llm = LLM(str(smollm2_dir), max_model_len=256, kv_cache_memory=16 << 20)
     eng = llm.engine
-    eng.add_request("x", "Tell me a long story about dragons", SamplingParams(max_tokens=50))
+    eng.add_request("x", "Tell me a long story about dragons",
+                    SamplingParams(max_tokens=50, ignore_eos=True))
     eng.step()
     eng.step()
     assert eng.block_manager.num_used_blocks > 0
@@ -145,7 +146,7 @@ def test_abort_frees_blocks_at_once(smollm2_dir: Path) -> None:
 
 
 def test_chat_uses_the_template(smollm2_dir: Path) -> None:
-    llm = LLM(str(smollm2_dir), max_model_len=512, kv_cache_memory=16 << 20)
+    llm = LLM(str(smollm2_dir), max_model_len=512, kv_cache_memory=32 << 20)
     msgs = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
     out = llm.chat(msgs, SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
     tok = llm.get_tokenizer()

@@ -91,7 +91,7 @@ class _Clash:
 
 
 def test_name_clash_names_both_plugins() -> None:
-    pm = PluginManager(autoload=False, plugins={"cpu": __import__("ironlm_cpu.plugin").plugin})
+    pm = PluginManager(autoload=True, allow=["cpu"])
     pm.register(_Clash(), "dup-maker")
     with pytest.raises(PluginClashError) as err:
         pm.registries

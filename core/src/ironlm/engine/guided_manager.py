@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from typing import Any
 
@@ -11,6 +12,7 @@ from ironlm.interfaces.guided import Grammar, GuidedBackend, GuidedSpec
 from ironlm.plugin_manager import PluginManager
 
 _CACHE_SIZE = 256
+log = logging.getLogger("ironlm.guided")
 
 
 class GuidedManager:
@@ -48,13 +50,22 @@ class GuidedManager:
             self._compiled.move_to_end(key)
         return backend.new_grammar(compiled)
 
-    def build_mask(self, grammars: list[Grammar | None]) -> torch.Tensor | None:
-        """(len(grammars), vocab) bool, True = allowed; None when no row is constrained."""
-        if all(g is None for g in grammars):
+    def build_mask(self, requests: list[Any]) -> torch.Tensor | None:
+        """(len(requests), vocab) bool, True = allowed; None when no row is constrained.
+        A grammar that fails (a backend dead end) is dropped and its request marked
+        ``grammar_failed``: the output processor then aborts it rather than emit text that
+        breaks the constraint."""
+        if all(r.grammar is None for r in requests):
             return None
-        mask = torch.ones((len(grammars), self.vocab_size), dtype=torch.bool)
-        for i, g in enumerate(grammars):
-            if g is not None:
-                mask[i] = False
-                g.fill_mask(mask[i])
+        mask = torch.ones((len(requests), self.vocab_size), dtype=torch.bool)
+        for i, req in enumerate(requests):
+            if req.grammar is None:
+                continue
+            mask[i] = False
+            try:
+                req.grammar.fill_mask(mask[i])
+            except Exception as exc:
+                log.warning("guided grammar failed for request %s: %s", req.request_id, exc)
+                req.grammar_failed = True
+                mask[i] = True
         return mask

@@ -33,6 +33,12 @@ class LLMEngine:
         self.tokenizer = source.load_tokenizer(config.tokenizer)
         self.max_model_len = _max_model_len(config, source.max_position_embeddings)
         self.vocab_size = int(source.hf_config.vocab_size)
+        # generation_config may name more end-of-sequence ids than the tokenizer (Gemma's
+        # <end_of_turn>): they stop generation like stop_token_ids, as in vLLM.
+        gen = source.load_generation_config()
+        gen_eos = getattr(gen, "eos_token_id", None) if gen is not None else None
+        gen_eos = [gen_eos] if isinstance(gen_eos, int) else list(gen_eos or [])
+        self.extra_eos_ids = [t for t in gen_eos if t != self.tokenizer.eos_token_id]
         executor_cls = self.pm.select_executor(config.distributed_executor_backend or "uni")
         self.executor: Executor = executor_cls(config, self.pm)
         self.executor.start()
@@ -83,6 +89,10 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         params = params.clone()
         processed = self.inputs.process(prompt, params, add_special_tokens)
+        if not params.ignore_eos:
+            params.stop_token_ids = list(params.stop_token_ids or []) + [
+                t for t in self.extra_eos_ids if t not in (params.stop_token_ids or [])
+            ]
         grammars = []
         for _ in range(params.best_of or 1):
             spec = params.guided_decoding
@@ -141,7 +151,7 @@ class LLMEngine:
 
     def _model_input(self, scheduled: list[tuple[Request, int]], finished: list[str]) -> ModelInput:
         seqs = []
-        grammars = []
+        sampling: list[Request] = []
         for req, n in scheduled:
             start = req.num_computed_tokens
             sample = start + n == req.num_tokens
@@ -158,12 +168,12 @@ class LLMEngine:
                 )
             )
             if sample:
-                grammars.append(req.grammar)
+                sampling.append(req)
         return ModelInput(
             seqs=seqs,
             new_requests=self._take_new(),
             finished_ids=finished,
-            allowed_mask=self.guided.build_mask(grammars),
+            allowed_mask=self.guided.build_mask(sampling),
         )
 
     # -- stats -----------------------------------------------------------------------------

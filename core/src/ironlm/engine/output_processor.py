@@ -123,7 +123,9 @@ class OutputProcessor:
         if tok.top_logprobs is not None:
             req.logprobs.append(self._logprob_dict(tok.top_logprobs))
         status: RequestStatus | None = None
-        if req.grammar is not None and not req.grammar.accept_token(tok.token_id):
+        if req.grammar_failed or (
+            req.grammar is not None and not req.grammar.accept_token(tok.token_id)
+        ):
             status = RequestStatus.FINISHED_ABORTED  # never return text that broke the grammar
         detok = group.detoks[group.children.index(req)]
         stop_str = detok.add_token(tok.token_id) if detok is not None else None

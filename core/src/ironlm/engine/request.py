@@ -51,6 +51,7 @@ class Request:
     logprobs: list[Any] = field(default_factory=list)  # per output token: {id: Logprob}
     prompt_logprobs: list[Any] = field(default_factory=list)
     grammar: Any = None  # the request's guided Grammar, when constrained
+    grammar_failed: bool = False  # the guided backend hit a dead end: abort, never emit
     pooling: bool = False  # an embedding request: run the prompt, return its mean hidden state
     first_token_time: float | None = None
     last_token_time: float | None = None

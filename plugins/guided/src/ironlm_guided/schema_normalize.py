@@ -28,8 +28,6 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import jsonschema
-
 from ironlm_guided.schema_union import ANNOTATIONS, disjoint, merge, same
 
 _TYPE_KEYWORDS = {
@@ -55,6 +53,8 @@ class SchemaSupport:
 
 def normalize_schema(text: str, support: SchemaSupport) -> dict[str, Any]:
     """Parse, meta-validate and normalise a JSON schema text. ValueError names the problem."""
+    import jsonschema  # not at module import: the plugin hook imports this module
+
     try:
         root = json.loads(text)
     except json.JSONDecodeError as e:
