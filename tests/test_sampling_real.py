@@ -238,3 +238,11 @@ def test_beam_search_equals_reference(llm: LLM, hf) -> None:  # type: ignore[no-
         for s, r in zip(out.sequences, ref):
             assert s.cum_logprob == pytest.approx(r[1], abs=2e-3)
     assert llm.engine.block_manager.num_used_blocks == 0
+
+
+def test_use_beam_search_in_sampling_params_runs_beam_search(llm: LLM) -> None:
+    prompt = "The moon is"
+    beams = llm.beam_search([prompt], BeamSearchParams(beam_width=3, max_tokens=5))[0]
+    out = llm.generate(prompt, SamplingParams(use_beam_search=True, best_of=3, n=2,
+                                              temperature=0.0, max_tokens=5), use_tqdm=False)[0]
+    assert [o.text for o in out.outputs] == [s.text for s in beams.sequences[:2]]

@@ -28,6 +28,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     max_num_seqs: int = 256
+    scheduling_policy: str = "fcfs"  # fcfs | priority (lower priority value runs first)
     max_num_batched_tokens: int | None = None  # None: 2048 with chunked prefill, else max_model_len
     # KV cache size: bytes for the KV cache (vLLM's kv_cache_memory). None: platform default
     # (cpu: 4 GiB like VLLM_CPU_KVCACHE_SPACE; devices: gpu_memory_utilization of free memory).
@@ -71,6 +72,11 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens must be at least 1")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(
+                f"scheduling_policy {self.scheduling_policy!r} is not supported; choose "
+                "'fcfs' or 'priority'"
+            )
         if self.swap_space:
             raise ValueError(
                 "swap_space > 0 is not supported: IronLM preempts by recomputation; "

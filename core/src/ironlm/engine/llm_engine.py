@@ -62,7 +62,8 @@ class LLMEngine:
             )
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
-            self.block_manager, config.max_num_seqs, budget, config.enable_chunked_prefill
+            self.block_manager, config.max_num_seqs, budget, config.enable_chunked_prefill,
+            use_priority=config.scheduling_policy == "priority",
         )
         self.inputs = InputProcessor(
             self.tokenizer, self.vocab_size, self.max_model_len, config.max_logprobs
@@ -85,6 +86,11 @@ class LLMEngine:
     ) -> None:
         """Validate and queue a request (ValueError naming the field when invalid). With n or
         best_of > 1 it fans out into child sequences that share the prompt's cached blocks."""
+        if priority != 0 and not self.scheduler.use_priority:
+            raise ValueError(
+                f"Got priority {priority} but priority scheduling is not enabled "
+                "(scheduling_policy='priority')"
+            )
         if request_id in self.outputs.groups:
             raise ValueError(f"request id {request_id!r} is already in use")
         params = params.clone()

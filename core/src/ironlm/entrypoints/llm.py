@@ -51,6 +51,8 @@ class LLM:
         """Run all prompts to completion; outputs come back in input order."""
         batch = _as_prompt_list(prompts)
         params = _per_prompt(sampling_params or SamplingParams(), len(batch))
+        if any(p.use_beam_search for p in params):
+            return self._generate_beams(batch, params)
         ids = []
         for i, (prompt, p) in enumerate(zip(batch, params)):
             rid = str(next(self._ids))
@@ -100,6 +102,34 @@ class LLM:
         from ironlm.entrypoints.beam_search import run_beam_search
 
         return run_beam_search(self, _as_prompt_list(prompts), params)
+
+    def _generate_beams(
+        self, batch: list[PromptType], params: list[SamplingParams]
+    ) -> list[RequestOutput]:
+        """SamplingParams(use_beam_search=True): beam width best_of, the n best beams."""
+        from ironlm.entrypoints.beam_search import run_beam_search
+        from ironlm.outputs import CompletionOutput
+
+        if not all(p.use_beam_search for p in params):
+            raise ValueError("use_beam_search must be the same for every prompt of one call")
+        results = []
+        for prompt, p in zip(batch, params):
+            beam = BeamSearchParams(
+                beam_width=p.best_of or p.n, max_tokens=p.max_tokens or 16,
+                ignore_eos=p.ignore_eos, length_penalty=p.length_penalty,
+            )
+            out = run_beam_search(self, [prompt], beam)[0]
+            prompt_ids = self.engine.inputs.process(prompt, SamplingParams()).token_ids
+            outs = [
+                CompletionOutput(
+                    index=i, text=s.text or "", token_ids=s.tokens[len(prompt_ids):],
+                    cumulative_logprob=s.cum_logprob, finish_reason=s.finish_reason,
+                )
+                for i, s in enumerate(out.sequences[: p.n])
+            ]
+            text = prompt if isinstance(prompt, str) else None
+            results.append(RequestOutput(str(next(self._ids)), text, prompt_ids, outs, True))
+        return results
 
     # -- the loop --------------------------------------------------------------------------
     def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
