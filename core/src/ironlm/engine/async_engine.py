@@ -42,6 +42,10 @@ class AsyncEngine:
     def __init__(self, engine: LLMEngine, max_waiting: int = 1024) -> None:
         self.engine = engine
         self.max_waiting = max_waiting
+        # Requests between generate() entry and their end; only touched on the event loop.
+        # Overloaded = more in flight than can run (max_num_seqs) plus may wait (max_waiting).
+        self._in_flight = 0
+        self._capacity = engine.config.max_num_seqs + max_waiting
         self._commands: queue.Queue[Callable[[], None]] = queue.Queue()
         self._streams: dict[str, _Stream] = {}
         self._stop = threading.Event()
@@ -71,10 +75,22 @@ class AsyncEngine:
         consumer (client disconnect) aborts the request and frees its blocks."""
         if not self.is_alive:
             raise EngineDeadError("the engine loop is not running")
-        if self.last_stats.get("num_waiting", 0) >= self.max_waiting:
+        if self._in_flight >= self._capacity:
             raise EngineOverloadedError(
                 f"server overloaded: {self.max_waiting} requests already waiting"
             )
+        self._in_flight += 1
+        inner = self._generate(request_id, prompt, params, **kwargs)
+        try:
+            async for out in inner:
+                yield out
+        finally:
+            self._in_flight -= 1
+            await inner.aclose()  # run its abort-on-disconnect now, not at garbage collection
+
+    async def _generate(
+        self, request_id: str, prompt: Any, params: Any, **kwargs: Any
+    ) -> AsyncIterator[RequestOutput]:
         loop = asyncio.get_running_loop()
         stream = _Stream(loop, asyncio.Queue())
         added: Future[None] = Future()
