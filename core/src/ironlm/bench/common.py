@@ -11,6 +11,7 @@ from typing import Any
 from ironlm.bench.baselines import BASELINES, llama_cpp_missing_reason
 from ironlm.bench.engine_args import add_engine_args, engine_kwargs
 from ironlm.bench.machine import (
+    ForeignLoadMeter,
     MachineLimits,
     ModelCost,
     bounds,
@@ -19,6 +20,7 @@ from ironlm.bench.machine import (
     measure_limits,
     model_cost,
 )
+from ironlm.bench.worker import run_in_subprocess
 
 
 def add_offline_args(parser: argparse.ArgumentParser) -> None:
@@ -99,7 +101,9 @@ class MachineContext:
     def describe(self) -> str:
         lines = [f"machine: {self.machine['cpu_model']}, {self.machine['usable_cores']} cores, "
                  f"torch {self.machine['torch']}, {self.machine['threads']} threads, load "
-                 + " ".join(f"{x:.2f}" for x in self.machine["load_average_at_start"])]
+                 + " ".join(f"{x:.2f}" for x in self.machine["load_average_at_start"])
+                 + (" at start, " + " ".join(f"{x:.2f}" for x in end) + " at end"
+                    if (end := self.machine.get("load_average_at_end")) else "")]
         if self.limits:
             lines.append(f"limits: read {self.limits.read_bandwidth_gbs:.1f} GB/s, "
                          f"copy {self.limits.copy_bandwidth_gbs:.1f} GB/s, fp32 matmul "
@@ -131,6 +135,19 @@ def machine_context(args: argparse.Namespace) -> MachineContext:
         return ctx
     ctx.bounds = bounds(ctx.limits, ctx.cost)
     return ctx
+
+
+def run_engine(spec: dict[str, Any], threads: int, jobs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Run one engine's jobs in its own process; adds ``foreign_cpu_share``: the CPU share
+    other processes took meanwhile (a disturbed measurement is flagged, not hidden)."""
+    meter = ForeignLoadMeter()
+    result = run_in_subprocess({"runner": spec, "threads": threads, "jobs": jobs})
+    share = meter.stop()["foreign_cpu_share"]
+    result["foreign_cpu_share"] = share
+    if share is not None and share > 0.05:
+        print(f"warning: other processes used {100 * share:.0f}% of the CPU while "
+              f"{spec['kind']} ran: its figures are disturbed", file=sys.stderr)
+    return result
 
 
 def fraction(value: float | None, bound: float | None) -> float | None:

@@ -13,6 +13,7 @@ batch 1: single-stream decode, compared with the bandwidth bound measured in the
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -22,6 +23,7 @@ from ironlm.bench.common import (
     baseline_problem,
     fraction,
     machine_context,
+    run_engine,
     runner_specs,
 )
 from ironlm.bench.prompts import load_tokenizer, random_token_prompts
@@ -34,9 +36,9 @@ from ironlm.bench.results import (
     write_result,
 )
 from ironlm.bench.runners import BatchTiming
-from ironlm.bench.worker import WorkerError, run_in_subprocess
+from ironlm.bench.worker import WorkerError
 
-METRICS: list[tuple[str, str, bool]] = [
+METRICS: list[tuple[str, str, bool | None]] = [
     ("latency_mean_s", "latency mean (s)", False),
     ("latency_p50_s", "latency p50 (s)", False),
     ("latency_p90_s", "latency p90 (s)", False),
@@ -47,6 +49,7 @@ METRICS: list[tuple[str, str, bool]] = [
     ("peak_rss_mib", "peak RSS (MiB)", False),
     ("bandwidth_bound_fraction", "decode / bandwidth bound", True),
     ("compute_bound_fraction", "batch / compute bound", True),
+    ("foreign_cpu_share", "other processes' CPU share", None),
 ]
 
 
@@ -83,6 +86,7 @@ def engine_figures(result: dict[str, Any], ctx: MachineContext, batch_size: int)
         total_tok = sum(sum(t.prompt_tokens) + sum(t.output_tokens) for t in timings)
         fig["compute_bound_fraction"] = fraction(
             total_tok / sum(lat["latencies_s"]), ctx.bounds.get("batch_compute_bound_tok_s"))
+    fig["foreign_cpu_share"] = result["foreign_cpu_share"]
     fig["info"] = result["info"]
     return fig
 
@@ -114,11 +118,12 @@ def main(args: argparse.Namespace) -> int:
         print(f"running {spec['kind']}: {args.num_iters_warmup} + {args.num_iters} iterations "
               f"of batch {args.batch_size}...", file=sys.stderr)
         try:
-            result = run_in_subprocess({"runner": spec, "threads": args.threads, "jobs": jobs})
+            result = run_engine(spec, args.threads, jobs)
         except WorkerError as exc:
             print(f"ironlm bench latency: {exc}", file=sys.stderr)
             return 1
         engines[result["runner"]] = engine_figures(result, ctx, args.batch_size)
+    ctx.machine["load_average_at_end"] = list(os.getloadavg())
     table, ratios = comparison_table(METRICS, engines)
     print(ctx.describe())
     print(f"workload: batch {args.batch_size}, {args.input_len} prompt tokens, "

@@ -167,3 +167,42 @@ def bounds(limits: MachineLimits, cost: ModelCost) -> dict[str, float]:
 def dtype_bytes(dtype: str) -> int:
     """Bytes per weight for an engine ``--dtype`` (auto is float32 on the cpu platform)."""
     return 2 if dtype in ("float16", "half", "bfloat16") else 4
+
+
+def _busy_cpu_seconds() -> float | None:
+    """CPU seconds all processes spent busy since boot (/proc/stat), None without /proc."""
+    try:
+        with open("/proc/stat") as fh:
+            fields = fh.readline().split()[1:]
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_seconds() -> float:
+    """CPU seconds of this process and its finished children."""
+    import resource
+
+    total = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        r = resource.getrusage(who)
+        total += r.ru_utime + r.ru_stime
+    return total
+
+
+class ForeignLoadMeter:
+    """How much CPU other processes took while a measurement ran: the machine's busy CPU time
+    minus ours (this process and its waited-for children), as a share of all cores."""
+
+    def __init__(self) -> None:
+        self._start = (time.perf_counter(), _busy_cpu_seconds(), _own_cpu_seconds())
+
+    def stop(self) -> dict[str, float | None]:
+        wall = time.perf_counter() - self._start[0]
+        busy, own = _busy_cpu_seconds(), _own_cpu_seconds()
+        if busy is None or self._start[1] is None or wall <= 0:
+            return {"foreign_cpu_share": None, "wall_s": wall}
+        foreign = max((busy - self._start[1]) - (own - self._start[2]), 0.0)
+        cores = os.cpu_count() or 1
+        return {"foreign_cpu_share": foreign / (wall * cores), "wall_s": wall}

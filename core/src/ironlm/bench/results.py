@@ -87,12 +87,13 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 def comparison_table(
-    metrics: Sequence[tuple[str, str, bool]],
+    metrics: Sequence[tuple[str, str, bool | None]],
     engines: dict[str, dict[str, Any]],
     ours: str = "ironlm",
 ) -> tuple[str, dict[str, dict[str, float | None]]]:
     """Rows of ``(key, label, higher_is_better)`` for every engine, then ``ours / baseline``
-    per baseline. Returns the printed table and the ratios."""
+    per baseline (none where higher_is_better is None: a context figure, not a score).
+    Returns the printed table and the ratios."""
     names = list(engines)
     baselines = [n for n in names if n != ours]
     header = ["metric", *names, *[f"{ours}/{b}" for b in baselines], "better"]
@@ -101,10 +102,14 @@ def comparison_table(
         values = [engines[n].get(key) for n in names]
         rs = []
         for b in baselines:
+            if higher is None:
+                rs.append("")
+                continue
             r = ratio(engines.get(ours, {}).get(key), engines[b].get(key))
             ratios[b][key] = r
             rs.append(f"{r:.2f}x" if r is not None else "-")
-        rows.append([label, *values, *rs, "higher" if higher else "lower"])
+        better = "" if higher is None else "higher" if higher else "lower"
+        rows.append([label, *values, *rs, better])
     return format_table(header, rows), ratios
 
 

@@ -12,6 +12,7 @@ for the decode rate. The machine's bandwidth and matmul limits are measured in t
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -21,6 +22,7 @@ from ironlm.bench.common import (
     baseline_problem,
     fraction,
     machine_context,
+    run_engine,
     runner_specs,
 )
 from ironlm.bench.prompts import file_prompts, load_tokenizer, random_token_prompts
@@ -34,11 +36,11 @@ from ironlm.bench.results import (
     write_result,
 )
 from ironlm.bench.runners import BatchTiming
-from ironlm.bench.worker import WorkerError, run_in_subprocess
+from ironlm.bench.worker import WorkerError
 
 WARMUP_TOKENS = 4
 
-METRICS: list[tuple[str, str, bool]] = [
+METRICS: list[tuple[str, str, bool | None]] = [
     ("requests_per_s", "requests/s", True),
     ("output_tok_s", "output tok/s", True),
     ("total_tok_s", "total tok/s", True),
@@ -50,6 +52,7 @@ METRICS: list[tuple[str, str, bool]] = [
     ("kv_cache_mib", "KV cache (MiB)", False),
     ("compute_bound_fraction", "batch / compute bound", True),
     ("bandwidth_bound_fraction", "decode / bandwidth bound", True),
+    ("foreign_cpu_share", "other processes' CPU share", None),
 ]
 
 
@@ -93,6 +96,7 @@ def engine_figures(result: dict[str, Any], ctx: MachineContext) -> dict[str, Any
             fig["total_tok_s"], ctx.bounds.get("batch_compute_bound_tok_s"))
         fig["bandwidth_bound_fraction"] = fraction(
             fig.get("single_decode_tok_s"), ctx.bounds.get("decode_bandwidth_bound_tok_s"))
+    fig["foreign_cpu_share"] = result["foreign_cpu_share"]
     fig["info"] = result["info"]
     return fig
 
@@ -117,11 +121,12 @@ def main(args: argparse.Namespace) -> int:
         print(f"running {spec['kind']}: {len(prompts)} prompts x {args.output_len} tokens...",
               file=sys.stderr)
         try:
-            result = run_in_subprocess({"runner": spec, "threads": args.threads, "jobs": jobs})
+            result = run_engine(spec, args.threads, jobs)
         except WorkerError as exc:
             print(f"ironlm bench throughput: {exc}", file=sys.stderr)
             return 1
         engines[result["runner"]] = engine_figures(result, ctx)
+    ctx.machine["load_average_at_end"] = list(os.getloadavg())
     table, ratios = comparison_table(METRICS, engines)
     print(ctx.describe())
     print(f"workload: {len(prompts)} prompts, {sum(len(p) for p in prompts)} prompt tokens, "
