@@ -3,9 +3,16 @@ into the IronLM cache (IRONLM_CACHE_DIR, default ~/.cache/ironlm) by ironlm.test
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+import torch
+
+# Without a GPU the Triton kernels run in Triton's interpreter. The variable must be set before
+# any test imports a module that decorates a kernel (test order must not matter).
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
 
 
 @pytest.fixture(scope="session")

@@ -26,11 +26,29 @@ class Availability:
 
 
 class LayerOps:
-    """Element-wise layer ops the model layers call. The core's pure-torch versions are the
-    reference; a platform may return a subclass with fused kernels from ``Platform.layer_ops``.
+    """Layer ops the model layers call. The core's pure-torch versions are the reference; a
+    platform may return a subclass with its own kernels from ``Platform.layer_ops``.
 
     Shapes: ``x`` is (num_tokens, hidden); ``residual`` the same; ``positions`` (num_tokens,).
+
+    Float weights of linear layers, the LM head and a tied embedding are handed to
+    ``pack_linear_weight`` once after loading; whatever layout it returns is what ``linear`` and
+    ``embedding`` receive (the reference keeps the checkpoint's (out, in) rows).
     """
+
+    def pack_linear_weight(self, weight: torch.Tensor) -> torch.Tensor:
+        """(out, in) float weight -> the layout ``linear`` / ``embedding`` read."""
+        return weight
+
+    def linear(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        """(T, in) -> (T, out): x @ W^T + bias over a ``pack_linear_weight`` result."""
+        return torch.nn.functional.linear(x, weight, bias)
+
+    def embedding(self, ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """(T,) ids -> (T, hidden): rows of a (vocab, hidden) weight, packed or not."""
+        return torch.nn.functional.embedding(ids, weight)
 
     def rms_norm(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None

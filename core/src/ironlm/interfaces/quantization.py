@@ -44,7 +44,8 @@ class QuantizationMethod(ABC):
 
 
 class UnquantizedMethod(QuantizationMethod):
-    """Plain float weights: the core's default when no quantization is selected."""
+    """Plain float weights: the core's default when no quantization is selected. The platform's
+    layer ops (``layer.layer_ops``) choose the weight's layout and run the matmul."""
 
     name = "none"
     supported_platforms = ()
@@ -56,7 +57,11 @@ class UnquantizedMethod(QuantizationMethod):
             torch.empty(out_features, in_features, dtype=dtype), requires_grad=False
         )
 
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        packed = layer.layer_ops.pack_linear_weight(layer.weight.data)
+        layer.weight = torch.nn.Parameter(packed, requires_grad=False)
+
     def apply(
         self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
-        return torch.nn.functional.linear(x, layer.weight, bias)
+        return layer.layer_ops.linear(x, layer.weight, bias)

@@ -62,6 +62,7 @@ class LinearBase(torch.nn.Module):
         self.input_size = input_size
         self.output_size = output_size
         self.quant_method = ctx.quantization
+        self.layer_ops = ctx.layer_ops  # the platform's matmul for float weights
         self.tp_rank = ctx.tp_rank
         self.tp_size = ctx.tp_size
         self.tp_group = ctx.tp_group

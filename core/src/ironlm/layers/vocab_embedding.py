@@ -26,6 +26,7 @@ class VocabParallelEmbedding(torch.nn.Module):
         self.hidden_size = hidden_size
         self.tp_size = ctx.tp_size
         self.tp_group = ctx.tp_group
+        self.layer_ops = ctx.layer_ops
         # pad the vocabulary up to a multiple of the tp size; padded rows are never looked up
         self.padded_vocab_size = -(-vocab_size // ctx.tp_size) * ctx.tp_size
         self.rows_per_rank = divide(self.padded_vocab_size, ctx.tp_size)
@@ -37,10 +38,10 @@ class VocabParallelEmbedding(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return torch.nn.functional.embedding(input_ids, self.weight)
+            return self.layer_ops.embedding(input_ids, self.weight)
         local = input_ids - self.vocab_start
         in_range = (local >= 0) & (local < self.rows_per_rank)
-        out = torch.nn.functional.embedding(local.clamp(0, self.rows_per_rank - 1), self.weight)
+        out = self.layer_ops.embedding(local.clamp(0, self.rows_per_rank - 1), self.weight)
         out = out * in_range.unsqueeze(-1).to(out.dtype)  # (num_tokens, hidden) zeros off-slice
         dist.all_reduce(out, group=self.tp_group)
         return out
@@ -78,11 +79,22 @@ class ParallelLMHead(VocabParallelEmbedding):
         super().__init__(vocab_size, hidden_size, ctx, allocate=tie_to is None)
         if tie_to is not None:
             self.weight = tie_to.weight
+        self.tied_to = tie_to
         self.tied = tie_to is not None
+
+    def process_weights_after_loading(self) -> None:
+        """Lay the weight out for the platform's matmul; a tied embedding shares the result
+        (its lookups go through ``layer_ops.embedding``, which reads that layout)."""
+        packed = torch.nn.Parameter(
+            self.layer_ops.pack_linear_weight(self.weight.data), requires_grad=False
+        )
+        self.weight = packed
+        if self.tied_to is not None:
+            self.tied_to.weight = packed
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         # (num_rows, hidden) -> (num_rows, vocab_size) float32
-        logits = torch.nn.functional.linear(hidden, self.weight)  # (num_rows, rows_per_rank)
+        logits = self.layer_ops.linear(hidden, self.weight, None)  # (num_rows, rows_per_rank)
         if self.tp_size > 1:
             parts = [torch.empty_like(logits) for _ in range(self.tp_size)]
             dist.all_gather(parts, logits, group=self.tp_group)

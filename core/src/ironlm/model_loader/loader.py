@@ -18,6 +18,7 @@ import torch
 
 from ironlm.interfaces.model import ModelArchitecture, ModelContext
 from ironlm.layers.linear import LinearBase
+from ironlm.layers.vocab_embedding import ParallelLMHead
 from ironlm.model_loader.source import ModelSource
 
 LOAD_FORMATS = ("auto", "safetensors", "pt", "gguf", "dummy")
@@ -34,7 +35,8 @@ def load_model(
     seed: int = 0,
 ) -> ModelArchitecture:
     """Construct ``model_cls(hf_config, ctx)`` on ``ctx.device`` in ``ctx.dtype``, fill its
-    weights per ``load_format``, then let the quantization method repack every linear."""
+    weights per ``load_format``, then let the quantization method repack every linear (and the
+    platform lay out the LM head)."""
     fmt = resolve_load_format(source, load_format)
     with torch.device(ctx.device):
         model = model_cls(source.hf_config, ctx)
@@ -47,6 +49,8 @@ def load_model(
         for module in model.modules():
             if isinstance(module, LinearBase):
                 module.quant_method.process_weights_after_loading(module)
+            elif isinstance(module, ParallelLMHead):
+                module.process_weights_after_loading()
     return model
 
 

@@ -12,21 +12,17 @@ instead of spinning beside extra threads (separate pthreads ran slower than one 
 Scope: decode rows only (one new token per sequence), float32 cache and queries, head_dim a
 multiple of 8; any GQA ratio, sliding window and logits soft cap. Everything else, and any
 machine without a working C compiler, uses the torch path (the kernel reports why).
-The shared library is cached under ``$IRONLM_CACHE_DIR/kernels`` (default ~/.cache/ironlm),
-named by a hash of the source and flags, written atomically.
+Built and cached by ``cbuild.load_library``.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import shutil
 import subprocess
-import tempfile
-from pathlib import Path
 
 import torch
+
+from ironlm_cpu.cbuild import load_library
 
 _SOURCE = r"""
 #include <math.h>
@@ -236,15 +232,6 @@ int ironlm_paged_decode_f32(const float *q, const float *kc, const float *vc, fl
 """
 
 
-def _flags() -> list[str]:
-    # AVX2+FMA when torch's own dispatcher found them here; else the compiler's baseline ISA
-    isa = torch.backends.cpu.get_cpu_capability()
-    simd = ["-mavx2", "-mfma"] if isa in ("AVX2", "AVX512") else []
-    # -fopenmp links libgomp.so.1; torch has already loaded its own copy of that soname, so the
-    # loader binds ours to it and both share one thread team
-    return ["-O3", "-fPIC", "-shared", "-fno-math-errno", "-fopenmp", *simd]
-
-
 class PagedDecodeKernel:
     """Loads (building if needed) the C kernel; ``available`` / ``reason`` say whether it can
     run here. Calling it runs decode attention for one bucket of decode sequences."""
@@ -262,13 +249,7 @@ class PagedDecodeKernel:
         return self._fn is not None
 
     def _load(self) -> ctypes._CFuncPtr:  # type: ignore[name-defined]
-        flags = _flags()
-        digest = hashlib.sha256((_SOURCE + " ".join(flags)).encode()).hexdigest()[:16]
-        root = os.environ.get("IRONLM_CACHE_DIR") or os.path.join("~", ".cache", "ironlm")
-        lib = Path(root).expanduser() / "kernels" / f"cpu_paged_decode_{digest}.so"
-        if not lib.exists():
-            _compile(flags, lib)
-        fn = ctypes.CDLL(str(lib)).ironlm_paged_decode_f32
+        fn = load_library("cpu_paged_decode", _SOURCE).ironlm_paged_decode_f32
         ptr, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
         fn.argtypes = [ptr] * 7 + [i64] + [i32] * 7 + [f32, f32, i32]
         fn.restype = i32
@@ -297,21 +278,3 @@ class PagedDecodeKernel:
         )  # fmt: skip
         if status != 0:
             raise MemoryError("paged decode kernel could not allocate its scratch buffers")
-
-
-def _compile(flags: list[str], target: Path) -> None:
-    """Compile the source into ``target`` atomically (concurrent builders race harmlessly)."""
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        raise RuntimeError("no C compiler (cc/gcc) found")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        src, so = Path(tmp) / "kernel.c", Path(tmp) / "kernel.so"
-        src.write_text(_SOURCE)
-        proc = subprocess.run(
-            [cc, *flags, str(src), "-o", str(so), "-lm"],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        if proc.returncode != 0:
-            raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[:500]}")
-        os.replace(so, target)

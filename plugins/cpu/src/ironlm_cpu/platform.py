@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import torch
 
-from ironlm.interfaces.platform import Availability, Platform
+from ironlm.interfaces.platform import Availability, LayerOps, Platform
 
 
 class CpuPlatform(Platform):
@@ -36,3 +36,9 @@ class CpuPlatform(Platform):
     def configure_process(self) -> None:
         threads = int(os.environ.get("IRONLM_CPU_THREADS", "0")) or (os.cpu_count() or 1)
         torch.set_num_threads(threads)
+
+    def layer_ops(self) -> LayerOps:
+        """Float32 linears on packed weights through a C kernel (``CpuLayerOps``)."""
+        from ironlm_cpu.layer_ops import CpuLayerOps
+
+        return CpuLayerOps()
