@@ -1,7 +1,9 @@
-"""The cpu platform's layer ops: float32 linears on panel-packed weights (``linear_kernel``).
+"""The cpu platform's layer ops: float32 linears on panel-packed weights (``linear_kernel``),
+RMSNorm and rotary as single C calls (``fused_kernels``).
 
 Weights the kernel cannot take (not float32, output size not a multiple of 16) stay row-major
-and use the core's torch reference, as does everything when the kernel cannot be built here.
+and use the core's torch reference; so do inputs the fused ops do not fit, and everything when
+the C code cannot be built here.
 """
 
 from __future__ import annotations
@@ -9,12 +11,30 @@ from __future__ import annotations
 import torch
 
 from ironlm.interfaces.platform import LayerOps
+from ironlm_cpu.fused_kernels import FusedKernels
 from ironlm_cpu.linear_kernel import PANEL, PackedLinearKernel
 
 
 class CpuLayerOps(LayerOps):
-    def __init__(self, kernel: PackedLinearKernel | None = None) -> None:
+    def __init__(
+        self, kernel: PackedLinearKernel | None = None, fused: FusedKernels | None = None
+    ) -> None:
         self.kernel = kernel if kernel is not None else PackedLinearKernel()
+        self.fused = fused if fused is not None else FusedKernels()
+
+    def rms_norm(
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.fused.rms_norm_fits(x, residual):
+            return self.fused.rms_norm(x, weight, eps, residual)
+        return super().rms_norm(x, weight, eps, residual)
+
+    def rotary(
+        self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.fused.rotary_fits(q, k, cos):
+            return self.fused.rotary(q, k, cos, sin)
+        return super().rotary(q, k, cos, sin)
 
     def pack_linear_weight(self, weight: torch.Tensor) -> torch.Tensor:
         if self.kernel.available and self.kernel.can_pack(weight):
