@@ -162,6 +162,30 @@ def test_bench_llama_cpp_baseline_missing_is_explained(
     assert not list(tmp_path.glob("*.json"))
 
 
+@pytest.mark.parametrize("batched", [False, True])
+def test_bench_real_llama_cpp_both_modes(
+        smollm2_dir: Path, tmp_path: Path, batched: bool) -> None:
+    """Both llama.cpp modes (one prompt after another; all prompts in one batch) on SmolLM2's
+    GGUF. llama-cpp-python is an optional extra (a 16-minute compile), so CI skips this."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama-cpp-python is not installed (optional extra)")
+    from ironlm.test_models import ensure_test_gguf
+
+    rc = ironlm_main([
+        "bench", "throughput", "--model", str(smollm2_dir), "--num-prompts", "3",
+        "--input-len", "8", "--output-len", "6", "--baseline", "llama-cpp",
+        "--gguf", str(ensure_test_gguf("smollm2")), "--no-single-stream",
+        *(["--llama-cpp-batched"] if batched else []), "--result-dir", str(tmp_path),
+        "--max-model-len", "128", *ENGINE,
+    ])
+    assert rc == 0
+    data = _only_json(tmp_path)
+    fig = data["engines"]["llama-cpp"]
+    assert fig["output_tokens"] == 18 and fig["prompt_tokens"] == 24
+    assert 0 < fig["ttft_batch_s"] <= fig["elapsed_s"]
+    assert data["ratios"]["llama-cpp"]["output_tok_s"] > 0
+
+
 def test_bench_profile(tiny_llama_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "profile.json"
     rc = ironlm_main([

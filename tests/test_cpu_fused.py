@@ -1,4 +1,5 @@
-"""The cpu plugin's fused C layer ops (RMSNorm + residual, rotary) against the core reference."""
+"""The cpu plugin's fused C layer ops (RMSNorm + residual, rotary, gated activations, row
+lookups) against the core reference; the C KV-cache write against index_copy."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import pytest
 import torch
 
 from ironlm.interfaces.platform import LayerOps
+from ironlm_cpu.decode_kernel import PagedDecodeKernel
 from ironlm_cpu.fused_kernels import PARALLEL_ROWS, FusedKernels
 from ironlm_cpu.layer_ops import CpuLayerOps
+from ironlm_cpu.linear_kernel import PackedLinearKernel
 
 REF = LayerOps()
 
@@ -59,6 +62,73 @@ def test_rotary_matches_reference_on_qkv_views(
     ref_q, ref_k = REF.rotary(q, k, cos, sin)
     torch.testing.assert_close(got_q, ref_q, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(got_k, ref_k, rtol=1e-6, atol=1e-6)
+
+
+def _exact_gated(gate_up: torch.Tensor, gelu: bool) -> torch.Tensor:
+    """float64 silu(g) * u or gelu_tanh(g) * u (torch's float32 tanh-GELU loses the small
+    negative tail to cancellation in 1 + tanh, which the kernel's 1 / (1 + exp) form keeps)."""
+    g, u = gate_up.double().chunk(2, dim=-1)
+    if gelu:
+        return (0.5 * g * (1 + torch.tanh(0.7978845608028654 * (g + 0.044715 * g**3))) * u).float()
+    return (g * torch.sigmoid(g) * u).float()
+
+
+@pytest.mark.parametrize("tokens", [1, 3, PARALLEL_ROWS + 2])
+@pytest.mark.parametrize("inter", [5, 64, 1536, 1539])
+@pytest.mark.parametrize("gelu", [False, True])
+def test_gated_activation_matches_reference(
+    fused: FusedKernels, tokens: int, inter: int, gelu: bool
+) -> None:
+    gen = torch.Generator().manual_seed(tokens * inter + gelu)
+    wide = torch.randn(tokens, 2 * inter + 6, generator=gen) * 5
+    gate_up = wide[:, 3 : 3 + 2 * inter]  # rows a stride apart, as a view may be
+    assert fused.gated_act_fits(gate_up)
+    ops = CpuLayerOps(fused=fused)
+    got = ops.gelu_tanh_and_mul(gate_up) if gelu else ops.silu_and_mul(gate_up)
+    ref = REF.gelu_tanh_and_mul(gate_up) if gelu else REF.silu_and_mul(gate_up)
+    torch.testing.assert_close(got, _exact_gated(gate_up, gelu), rtol=2e-6, atol=1e-6)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_gated_activation_extremes(fused: FusedKernels) -> None:
+    g = torch.tensor([-1e4, -100.0, -30.0, -5.0, 0.0, 5.0, 30.0, 100.0, 1e4] * 2)
+    gate_up = torch.cat([g, torch.ones_like(g)]).unsqueeze(0)  # 18 lanes: vector part + tail
+    for gelu in (False, True):
+        got = fused.gated_act(gate_up, gelu)
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, _exact_gated(gate_up, gelu), rtol=1e-6, atol=1e-30)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_row_lookup_matches_embedding(fused: FusedKernels, packed: bool) -> None:
+    table = torch.randn(96, 24)
+    ids = torch.tensor([0, 95, 17, 17, 48])
+    stored = PackedLinearKernel.pack(table) if packed else table
+    assert fused.gather_fits(ids, stored)
+    assert torch.equal(CpuLayerOps(fused=fused).embedding(ids, stored), REF.embedding(ids, table))
+    with pytest.raises(IndexError, match="outside"):
+        fused.gather_rows(torch.tensor([3, 96]), stored)
+
+
+def test_kv_write_matches_index_copy() -> None:
+    kernel = PagedDecodeKernel()
+    if not kernel.available:
+        pytest.skip(kernel.reason)
+    cache = torch.zeros(2, 6, 16, 3, 8)  # (2, blocks, block_size, Hkv, D)
+    qkv = torch.randn(4, 4 * 8 + 2 * 3 * 8)
+    k = torch.randn(4, 3, 8)
+    v = qkv[:, 4 * 8 + 3 * 8 :].view(4, 3, 8)  # a strided view of the QKV output
+    slots = torch.tensor([5, 95, -1, 16])  # -1: a padding row, skipped
+    assert kernel.write_kv_fits(cache, k, v)
+    kernel.write_kv(cache, k, v, slots)
+    want = torch.zeros_like(cache)
+    flat = want.view(2, -1, 3, 8)
+    keep = slots >= 0
+    flat[0].index_copy_(0, slots[keep], k[keep])
+    flat[1].index_copy_(0, slots[keep], v[keep])
+    assert torch.equal(cache, want)
+    with pytest.raises(IndexError, match="outside the cache"):
+        kernel.write_kv(cache, k, v, torch.tensor([0, 1, 2, 96]))
 
 
 def test_layer_ops_fall_back_where_the_kernels_do_not_fit(fused: FusedKernels) -> None:

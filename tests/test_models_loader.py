@@ -150,3 +150,35 @@ def test_quantization_config_passthrough(tmp_path: Path) -> None:
     plain = tmp_path / "plain"
     LlamaConfig(**TINY).save_pretrained(plain)
     assert resolve_model(str(plain)).quantization_config is None
+
+
+def test_safetensors_reader_matches_the_library(tmp_path: Path) -> None:
+    from ironlm.model_loader.safetensors_file import iter_safetensors_file
+
+    tensors = {
+        "w.f32": torch.randn(5, 7),
+        "w.bf16": torch.randn(3, 4).to(torch.bfloat16),
+        "w.f16": torch.randn(9).half(),
+        "ids": torch.arange(6, dtype=torch.int64).reshape(2, 3),
+        "mask": torch.tensor([True, False, True]),
+        "scalar": torch.tensor(2.5),
+        "empty": torch.empty(0, 4),
+    }
+    path = tmp_path / "m.safetensors"
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    got = dict(iter_safetensors_file(path))
+    want = load_file(str(path))
+    assert got.keys() == want.keys()
+    for name, tensor in want.items():
+        assert got[name].dtype == tensor.dtype and torch.equal(got[name], tensor), name
+
+
+def test_safetensors_reader_rejects_a_truncated_file(tmp_path: Path) -> None:
+    from ironlm.model_loader.safetensors_file import iter_safetensors_file
+
+    path = tmp_path / "m.safetensors"
+    save_file({"a": torch.randn(64, 64)}, str(path))
+    data = path.read_bytes()
+    path.write_bytes(data[:-100])
+    with pytest.raises(ValueError, match="file ends inside tensor 'a'"):
+        list(iter_safetensors_file(path))

@@ -35,6 +35,9 @@ def add_offline_args(parser: argparse.ArgumentParser) -> None:
                    help="prompts per HF generate call (default: all prompts in one call)")
     g.add_argument("--llama-cpp-flash-attn", action="store_true",
                    help="run llama.cpp with flash attention")
+    g.add_argument("--llama-cpp-batched", action="store_true",
+                   help="run llama.cpp with every prompt in one batch (its batch API) instead "
+                        "of one prompt after another as its server does")
     g.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                    help="torch / llama.cpp threads for every engine (default: %(default)s)")
     g.add_argument("--disable-detokenize", action="store_true",
@@ -79,7 +82,8 @@ def runner_specs(args: argparse.Namespace, n_ctx: int) -> list[dict[str, Any]]:
                           "batch_size": args.baseline_batch_size})
         else:
             specs.append({"kind": "llama-cpp", "gguf": gguf_path(args), "n_ctx": n_ctx,
-                          "seed": args.seed, "flash_attn": args.llama_cpp_flash_attn})
+                          "seed": args.seed, "flash_attn": args.llama_cpp_flash_attn,
+                          "batched": args.llama_cpp_batched})
     return specs
 
 

@@ -82,6 +82,11 @@ def build_runner(options: dict[str, Any], threads: int) -> Runner:
 
         return HfRunner(options["model"], options.get("dummy_weights", False),
                         options.get("batch_size"), options.get("seed", 0))
+    if kind == "llama-cpp" and options.get("batched"):
+        from ironlm.bench.llama_cpp_batched import LlamaCppBatchedRunner
+
+        return LlamaCppBatchedRunner(options["gguf"], threads, options.get("seed", 0),
+                                     options.get("flash_attn", False))
     if kind == "llama-cpp":
         from ironlm.bench.baselines import LlamaCppRunner
 

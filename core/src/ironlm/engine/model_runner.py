@@ -13,6 +13,7 @@ import torch
 
 from ironlm.attention.batch import build_attention_batch
 from ironlm.engine.config import EngineConfig
+from ironlm.engine.decode_graphs import DecodeGraphs
 from ironlm.engine.model_input import ModelInput, ModelOutput, ScheduledSeq
 from ironlm.engine.sampler import Sampler, SamplingState, top_logprobs
 from ironlm.interfaces.model import ModelArchitecture, ModelContext
@@ -63,6 +64,8 @@ class ModelRunner:
         self.model: ModelArchitecture = load_model(
             self.source, model_cls, ctx, config.load_format, config.seed
         )
+        self.ctx = ctx
+        self.graphs: DecodeGraphs | None = None  # set with the KV cache unless enforce_eager
         self.vocab_size = int(self.source.hf_config.vocab_size)
         self.layers = self.model.attention_layers()
         self.kv_caches: list[torch.Tensor] = []
@@ -111,6 +114,16 @@ class ModelRunner:
             )
             for spec in self.layers
         ]
+        capture = None if self.config.enforce_eager else self.platform.graph_capture(self.ctx)
+        if capture is not None:
+            # the longest context a sequence can reach: the model's limit, or the whole cache
+            longest = self.config.max_model_len or self.source.max_position_embeddings
+            longest = min(longest or num_blocks * self.config.block_size,
+                          num_blocks * self.config.block_size)  # fmt: skip
+            self.graphs = DecodeGraphs(
+                capture, self.model, self.attention, self.kv_caches, self.config.block_size,
+                longest, self.device,
+            )  # fmt: skip
 
     # -- one step --------------------------------------------------------------------------
     @torch.inference_mode()
@@ -126,6 +139,10 @@ class ModelRunner:
             self.states[nr.request_id].pooling = nr.pooling
         out = ModelOutput()
         if not mi.seqs:
+            return out
+        logits = self._decode_graph_logits(mi.seqs)
+        if logits is not None:  # every sequence samples its next token
+            self._sample(out, mi, logits, mi.seqs)
             return out
         input_ids, positions, batch = self._flatten(mi.seqs)
         meta = self.attention.build_metadata(batch)
@@ -153,13 +170,33 @@ class ModelRunner:
                 sample_seqs.append(seq)
         if sample_rows:
             logits = self.model.compute_logits(hidden[sample_rows])  # (B, V) float32
-            states = [self.states[s.request_id] for s in sample_seqs]
-            mask = mi.allowed_mask
-            if mask is not None and mask.shape[1] != logits.shape[1]:
-                raise ValueError("guided mask width differs from the model's vocabulary")
-            for seq, tok in zip(sample_seqs, self.sampler(logits, states, mask)):
-                out.sampled[seq.request_id] = tok
+            self._sample(out, mi, logits, sample_seqs)
         return out
+
+    def _decode_graph_logits(self, seqs: list[ScheduledSeq]) -> torch.Tensor | None:
+        """(B, V) logits through a decode graph when the step is plain decode (one new token
+        per sequence, each sampling, no pooling or prompt logprobs); None: run eagerly."""
+        if self.graphs is None or not self.graphs.accepts(len(seqs)):
+            return None
+        for s in seqs:
+            if len(s.token_ids) != 1 or not s.sample or s.want_prompt_logprobs:
+                return None
+            if self.states[s.request_id].pooling:
+                return None
+        return self.graphs.run(
+            [s.token_ids[0] for s in seqs], [s.start_pos for s in seqs],
+            [s.block_ids for s in seqs],
+        )  # fmt: skip
+
+    def _sample(
+        self, out: ModelOutput, mi: ModelInput, logits: torch.Tensor, seqs: list[ScheduledSeq]
+    ) -> None:
+        states = [self.states[s.request_id] for s in seqs]
+        mask = mi.allowed_mask
+        if mask is not None and mask.shape[1] != logits.shape[1]:
+            raise ValueError("guided mask width differs from the model's vocabulary")
+        for seq, tok in zip(seqs, self.sampler(logits, states, mask)):
+            out.sampled[seq.request_id] = tok
 
     def _flatten(self, seqs: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, Any]:
         ids: list[int] = []

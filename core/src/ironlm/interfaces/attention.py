@@ -99,6 +99,19 @@ class AttentionBackend(ABC):
         """Backend-specific metadata for one step, shared by all layers. Default: the batch."""
         return batch
 
+    def graph_metadata(self, batch: AttentionBatch) -> Any | None:
+        """Metadata for a decode graph (``ironlm.interfaces.graphs``): ``batch`` is a pure
+        decode batch of static tensors (block tables as wide as the longest context, padding
+        rows with slot -1 and seq_len 1; ``max_seq_len`` is the longest context there will
+        be). Every tensor the result holds must stay in place: ``refresh_graph_metadata``
+        updates it after the batch's tensors are overwritten. None (the default): this backend
+        does not run under graphs."""
+        return None
+
+    def refresh_graph_metadata(self, metadata: Any, batch: AttentionBatch) -> None:
+        """Bring ``graph_metadata(batch)``'s tensors up to date with ``batch``'s, in place."""
+        raise NotImplementedError(f"attention backend {self.name!r} has no graph metadata")
+
     def copy_blocks(self, kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy whole blocks ``src[i] -> dst[i]`` inside one layer's cache (copy-on-write for
         forked sequences). Default for the default layout."""

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
+
+if TYPE_CHECKING:  # the model context names this module's LayerOps
+    from ironlm.interfaces.graphs import GraphCapture
+    from ironlm.interfaces.model import ModelContext
 
 
 @dataclass(frozen=True)
@@ -104,7 +108,8 @@ class Platform(ABC):
       default_attention_backend: name of the attention backend used when none is selected.
       supported_block_sizes: KV block sizes the platform's kernels accept (None: any).
       visible_devices_env: environment variable that masks devices (e.g. CUDA_VISIBLE_DEVICES).
-      supports_graph_capture: whether decode graphs (CUDA graphs, ...) can be captured.
+      supports_graph_capture: whether ``graph_capture`` can return a capture (decode graphs:
+        CUDA graphs, recorded kernel calls, ...).
     """
 
     name: ClassVar[str]
@@ -153,3 +158,9 @@ class Platform(ABC):
     def layer_ops(self) -> LayerOps:
         """The element-wise layer ops for this platform (fused kernels where they pay)."""
         return LayerOps()
+
+    def graph_capture(self, ctx: ModelContext) -> GraphCapture | None:
+        """A capture of decode forwards for the model built with ``ctx`` (its layer ops and
+        attention backend), or None when this platform, or that combination, has none; the
+        engine then runs every step eagerly. See ``ironlm.interfaces.graphs``."""
+        return None

@@ -90,8 +90,10 @@ class RotaryEmbedding(torch.nn.Module):
         self.register_buffer("sin_cache", angles.sin().to(ctx.dtype), persistent=False)
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(num_tokens,) int64 -> cos, sin: 2 x (num_tokens, head_dim / 2)."""
-        return self.cos_cache[positions], self.sin_cache[positions]
+        """(num_tokens,) int64 -> cos, sin: 2 x (num_tokens, head_dim / 2). Row lookups go
+        through the platform's ``embedding`` op (one kernel each where the platform has one)."""
+        ops = self.layer_ops
+        return ops.embedding(positions, self.cos_cache), ops.embedding(positions, self.sin_cache)
 
     def forward(
         self,

@@ -19,6 +19,7 @@ import torch
 from ironlm.interfaces.model import ModelArchitecture, ModelContext
 from ironlm.layers.linear import LinearBase
 from ironlm.layers.vocab_embedding import ParallelLMHead
+from ironlm.model_loader.safetensors_file import iter_safetensors_file
 from ironlm.model_loader.source import ModelSource
 
 LOAD_FORMATS = ("auto", "safetensors", "pt", "gguf", "dummy")
@@ -133,12 +134,8 @@ def _require(files: list[Path], folder: Path, fmt: str) -> list[Path]:
 
 
 def _iter_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
-    from safetensors import safe_open
-
-    for file in files:
-        with safe_open(str(file), framework="pt", device="cpu") as f:
-            for name in f.keys():
-                yield name, f.get_tensor(name)
+    for file in files:  # plain reads: no mapped checkpoint pages beside the model's copies
+        yield from iter_safetensors_file(file)
 
 
 def _iter_pt(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:

@@ -23,7 +23,14 @@ import torch
 import torch.nn.functional as F
 
 from ironlm.interfaces.attention import AttentionBackend, AttentionBatch, AttentionLayerSpec
-from ironlm_cpu.attention_metadata import Bucket, CpuAttentionMetadata, build_cpu_metadata
+from ironlm.interfaces.graphs import GraphCaptureError
+from ironlm_cpu.attention_metadata import (
+    Bucket,
+    CpuAttentionMetadata,
+    build_cpu_metadata,
+    build_graph_metadata,
+)
+from ironlm_cpu.cbuild import KernelLibrary
 from ironlm_cpu.decode_kernel import PagedDecodeKernel
 
 _COMPUTE_DTYPE = torch.float32  # fp32 is both the reference's precision and fastest on AVX2
@@ -60,6 +67,19 @@ class CpuPagedAttentionBackend(AttentionBackend):
     def build_metadata(self, batch: AttentionBatch) -> CpuAttentionMetadata:
         return build_cpu_metadata(batch, unpadded_decode=self._kernel is not None)
 
+    def graph_metadata(self, batch: AttentionBatch) -> CpuAttentionMetadata | None:
+        # decode graphs replay the C kernel's calls; the torch path cannot be recorded
+        return build_graph_metadata(batch) if self._kernel is not None else None
+
+    def refresh_graph_metadata(self, metadata: CpuAttentionMetadata, batch: AttentionBatch) -> None:
+        rows = metadata.buckets[0].decode
+        assert rows is not None
+        rows.seq_lens.copy_(batch.seq_lens)
+
+    def libraries(self) -> list[KernelLibrary]:
+        """The C libraries this backend calls (what a decode-graph capture records)."""
+        return [self._kernel.library] if self._kernel is not None else []
+
     def forward(
         self,
         layer: AttentionLayerSpec,
@@ -69,8 +89,17 @@ class CpuPagedAttentionBackend(AttentionBackend):
         kv_cache: torch.Tensor,  # (2, num_blocks, block_size, num_kv_heads, head_dim)
         metadata: CpuAttentionMetadata,
     ) -> torch.Tensor:  # (num_tokens, num_heads, head_dim)
-        _write_kv(kv_cache, k, v, metadata.batch.slot_mapping)
+        slots = metadata.batch.slot_mapping
+        if self._kernel is not None and self._kernel.write_kv_fits(kv_cache, k, v):
+            self._kernel.write_kv(kv_cache, k, v, slots)
+        else:
+            _write_kv(kv_cache, k, v, slots)
         native = self._kernel is not None and _kernel_fits(layer, q, kv_cache)
+        if metadata.graph and not native:
+            raise GraphCaptureError(
+                f"layer {layer.layer_index}: the C decode kernel does not take this layer "
+                "(float32 cache and head_dim % 8 == 0 needed)"
+            )
         buckets = metadata.buckets
         if len(buckets) == 1 and buckets[0].out_rows is None and not native:
             return self._attend_bucket(layer, q, kv_cache, buckets[0]).to(q.dtype)

@@ -99,6 +99,7 @@ class CpuAttentionMetadata:
 
     batch: AttentionBatch
     buckets: list[Bucket]  # every sequence with new tokens is in exactly one bucket
+    graph: bool = False  # built by build_graph_metadata: only the C decode kernel may read it
 
 
 def _cost(n: int, max_q: int, num_keys: int) -> int:
@@ -189,3 +190,24 @@ def build_cpu_metadata(batch: AttentionBatch, unpadded_decode: bool) -> CpuAtten
     groups += _group(live, q_lens, blocks, bs) if live else []
     buckets = [_make_bucket(batch, ids, starts, blocks) for ids in groups]
     return CpuAttentionMetadata(batch=batch, buckets=buckets)
+
+
+def build_graph_metadata(batch: AttentionBatch) -> CpuAttentionMetadata:
+    """One decode bucket over every row of a static decode batch (``graph_metadata``): the C
+    kernel reads the batch's block table in place; the int64 copy of the sequence lengths is
+    the one derived tensor, refreshed by ``refresh_graph_metadata``. The padded-path fields
+    (block_index, q_pos) are left empty: graph metadata is only valid for the C kernel."""
+    n = batch.num_seqs
+    rows = DecodeRows(
+        tokens=torch.arange(n, dtype=torch.int64),
+        seq_lens=batch.seq_lens.to(torch.int64),
+        tables=batch.block_tables,  # (n, max_blocks) int32, contiguous, rewritten in place
+        max_len=batch.max_seq_len,
+    )
+    bucket = Bucket(
+        seq_ids=list(range(n)), max_q=1, num_blocks=batch.block_tables.shape[1],
+        block_index=torch.empty(0, dtype=torch.int64), q_index=None, out_rows=None,
+        out_tokens=None, q_pos=torch.empty(0, dtype=torch.int64), uniform=False, fresh=False,
+        block_size=batch.block_size, decode=rows,
+    )  # fmt: skip
+    return CpuAttentionMetadata(batch=batch, buckets=[bucket], graph=True)

@@ -15,8 +15,12 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
+
+# ctypes signature of one exported C function: (argument types, return type or None)
+Signature = tuple[list[Any], Any]
 
 
 def compile_flags() -> list[str]:
@@ -42,6 +46,46 @@ def load_library(name: str, source: str) -> ctypes.CDLL:
     if not lib.exists():
         _compile(source, flags, lib)
     return ctypes.CDLL(str(lib))
+
+
+class KernelLibrary:
+    """One C source built and loaded with the ctypes signatures of the functions it exports.
+    ``available`` / ``reason`` say whether it runs here; ``lib`` is the loaded library.
+
+    Kernel wrappers call through ``call``, so that while a decode graph is being captured
+    (``graphs.CpuGraphCapture``) every call is also appended to ``recorder``, a list of
+    (function, arguments) that a replay runs again in order.
+    """
+
+    def __init__(
+        self, name: str, source: str, signatures: dict[str, Signature], what: str,
+        needs_avx2: bool = False,
+    ) -> None:  # fmt: skip
+        self.reason = ""
+        self.lib: ctypes.CDLL | None = None
+        self.recorder: list[tuple[Any, tuple[Any, ...]]] | None = None
+        if needs_avx2 and not has_avx2():
+            self.reason = f"{what} needs AVX2 + FMA"
+            return
+        try:
+            lib = load_library(name, source)
+            for fn_name, (argtypes, restype) in signatures.items():
+                fn = getattr(lib, fn_name)
+                fn.argtypes, fn.restype = argtypes, restype
+            self.lib = lib
+        except (OSError, subprocess.SubprocessError, RuntimeError, AttributeError) as exc:
+            self.reason = f"{what} unavailable: {exc}"
+
+    @property
+    def available(self) -> bool:
+        return self.lib is not None
+
+    def call(self, fn: Any, *args: Any) -> Any:
+        """``fn(*args)``, recorded when a capture is on (arguments are plain ints / floats /
+        None: pointers, sizes and scalars, so a replay needs nothing else)."""
+        if self.recorder is not None:
+            self.recorder.append((fn, args))
+        return fn(*args)
 
 
 def _compile(source: str, flags: list[str], target: Path) -> None:

@@ -18,11 +18,10 @@ Built and cached by ``cbuild.load_library``.
 from __future__ import annotations
 
 import ctypes
-import subprocess
 
 import torch
 
-from ironlm_cpu.cbuild import load_library
+from ironlm_cpu.cbuild import KernelLibrary
 
 _SOURCE = r"""
 #include <math.h>
@@ -229,6 +228,24 @@ int ironlm_paged_decode_f32(const float *q, const float *kc, const float *vc, fl
     }
     return failed;
 }
+
+/* Store t new tokens' K and V rows (row floats each; token r's rows start at k + r * ks and
+   v + r * vs) at their cache slots. A negative slot marks a padding row (skipped, as vLLM's
+   pad slot -1); returns the number of slots >= num_slots, which are skipped too. */
+int ironlm_write_kv_f32(const float *k, int64_t ks, const float *v, int64_t vs, float *kc,
+                        float *vc, const int64_t *slots, int t, int row, int64_t num_slots) {
+    int bad = 0;
+    for (int r = 0; r < t; r++) {
+        const int64_t s = slots[r];
+        if (s < 0 || s >= num_slots) {
+            bad += s >= num_slots;
+            continue;
+        }
+        memcpy(kc + s * row, k + (int64_t)r * ks, sizeof(float) * (size_t)row);
+        memcpy(vc + s * row, v + (int64_t)r * vs, sizeof(float) * (size_t)row);
+    }
+    return bad;
+}
 """
 
 
@@ -237,23 +254,27 @@ class PagedDecodeKernel:
     run here. Calling it runs decode attention for one bucket of decode sequences."""
 
     def __init__(self) -> None:
-        self.reason = ""
-        self._fn: ctypes._CFuncPtr | None = None  # type: ignore[name-defined]
-        try:
-            self._fn = self._load()
-        except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
-            self.reason = f"C decode kernel unavailable: {exc}"
+        ptr, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
+        self._code = KernelLibrary(
+            "cpu_paged_decode", _SOURCE,
+            {
+                "ironlm_paged_decode_f32": ([ptr] * 7 + [i64] + [i32] * 7 + [f32, f32, i32], i32),
+                "ironlm_write_kv_f32": ([ptr, i64, ptr, i64] + [ptr] * 3 + [i32, i32, i64], i32),
+            },
+            "C decode kernel",
+        )  # fmt: skip
+        self.reason = self._code.reason
+        lib = self._code.lib
+        self._fn = None if lib is None else lib.ironlm_paged_decode_f32
+        self._write = None if lib is None else lib.ironlm_write_kv_f32
+
+    @property
+    def library(self) -> KernelLibrary:
+        return self._code
 
     @property
     def available(self) -> bool:
         return self._fn is not None
-
-    def _load(self) -> ctypes._CFuncPtr:  # type: ignore[name-defined]
-        fn = load_library("cpu_paged_decode", _SOURCE).ironlm_paged_decode_f32
-        ptr, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
-        fn.argtypes = [ptr] * 7 + [i64] + [i32] * 7 + [f32, f32, i32]
-        fn.restype = i32
-        return fn
 
     def __call__(
         self,
@@ -270,7 +291,8 @@ class PagedDecodeKernel:
     ) -> None:
         assert self._fn is not None, self.reason
         _, _, block_size, h_kv, d = kv_cache.shape
-        status = self._fn(
+        status = self._code.call(
+            self._fn,
             q.data_ptr(), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(), out.data_ptr(),
             tokens.data_ptr(), seq_lens.data_ptr(), tables.data_ptr(), tables.stride(0),
             tokens.numel(), q.shape[1], h_kv, d, block_size, window or 0, max_len,
@@ -278,3 +300,35 @@ class PagedDecodeKernel:
         )  # fmt: skip
         if status != 0:
             raise MemoryError("paged decode kernel could not allocate its scratch buffers")
+
+    @staticmethod
+    def write_kv_fits(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+        """float32 everywhere, a contiguous cache, and each token's (Hkv, D) rows contiguous in
+        k and v (v may be a strided view of the fused QKV output)."""
+
+        def rows_ok(x: torch.Tensor) -> bool:
+            return x.dtype == torch.float32 and x.stride(2) == 1 and x.stride(1) == x.shape[2]
+
+        cache_ok = kv_cache.dtype == torch.float32 and kv_cache.is_contiguous()
+        return cache_ok and rows_ok(k) and rows_ok(v)
+
+    def write_kv(
+        self,
+        kv_cache: torch.Tensor,  # (2, num_blocks, block_size, Hkv, D) float32, contiguous
+        k: torch.Tensor,  # (num_tokens, Hkv, D)
+        v: torch.Tensor,  # (num_tokens, Hkv, D)
+        slot_mapping: torch.Tensor,  # (num_tokens,) int64: block_id * block_size + offset
+    ) -> None:
+        """Store the new tokens' keys and values at their cache slots (one C call); a slot of
+        -1 marks a padding row, which is skipped."""
+        assert self._write is not None, self.reason
+        _, num_blocks, block_size, h_kv, d = kv_cache.shape
+        slots = slot_mapping.contiguous()
+        bad = self._code.call(
+            self._write,
+            k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), kv_cache[0].data_ptr(),
+            kv_cache[1].data_ptr(), slots.data_ptr(), slots.numel(), h_kv * d,
+            num_blocks * block_size,
+        )  # fmt: skip
+        if bad:
+            raise IndexError(f"{bad} KV cache slot(s) outside the cache of {num_blocks} blocks")

@@ -1,4 +1,6 @@
-"""Fused float32 element-wise layer ops in C: RMSNorm (+ residual add) and neox rotary.
+"""Fused float32 element-wise layer ops in C: RMSNorm (+ residual add), neox rotary, the gated
+MLP's activation (SiLU or tanh-GELU of the gate times the up half), and row lookups (embedding,
+rotary cos/sin) from row-major or panel-packed tables.
 
 Why: after the packed linear kernel, a batch-1 decode step on SmolLM2 spends about half its
 time outside the matmuls, in ~1,900 small torch ops (the reference RMSNorm is 8 ops, rotary
@@ -7,17 +9,21 @@ together) replaces them. Rows are independent; they are split over torch's OpenM
 when there are enough of them to pay for the fork (``PARALLEL_ROWS``).
 
 Numerics follow the core's reference (``LayerOps``): RMSNorm in float32 with the mean of squares
-accumulated in double, rotary as x1*cos - x2*sin, x2*cos + x1*sin on the two halves.
+accumulated in double, rotary as x1*cos - x2*sin, x2*cos + x1*sin on the two halves. The
+activations use one exp per element, written as g / (1 + exp(-a)) (SiLU: a = g; tanh-GELU:
+a = 2 * sqrt(2/pi) * (g + 0.044715 g^3), since 0.5 * (1 + tanh(y)) = 1 / (1 + exp(-2y))), with
+an AVX2 exp (range reduction to |r| <= ln2/2 and Cephes' degree-6 polynomial, about 1 ulp) when
+the compiler targets AVX2, libm's expf otherwise.
 """
 
 from __future__ import annotations
 
 import ctypes
-import subprocess
 
 import torch
 
-from ironlm_cpu.cbuild import load_library
+from ironlm_cpu.cbuild import KernelLibrary
+from ironlm_cpu.linear_kernel import PANEL
 
 PARALLEL_ROWS = 64  # fewer rows run on the calling thread
 
@@ -25,6 +31,9 @@ _SOURCE = r"""
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
 
 /* out = rms_norm(x (+ residual)) * w over rows of h; with residual, res_out = x + residual */
 void ironlm_rms_norm_f32(const float *x, const float *residual, float *res_out, const float *w,
@@ -72,6 +81,84 @@ void ironlm_rotary_f32(const float *q, int64_t qs, int hq, const float *k, int64
     rotate(q, qs, hq, cs, sn, q_out, t, d, threads);
     rotate(k, ks, hk, cs, sn, k_out, t, d, threads);
 }
+
+#ifdef __AVX2__
+/* exp of 8 floats: x = m ln2 + r, exp(r) by polynomial, 2^m through the exponent bits. Inputs
+   clamped to [-87.3, 88.3] so m + 127 stays in [1, 254] (normal results, no overflow). */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+    const __m256 m = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504089f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(m, _mm256_set1_ps(0.693359375f), x); /* ln2 in two parts */
+    r = _mm256_fnmadd_ps(m, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(m), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+#endif
+
+/* out (t, width) = rows ids of a (rows, width) table, row-major or, when packed, as the
+   linear kernel packs weights: (rows / 16, width, 16), row v = column v % 16 of panel v / 16.
+   Returns the number of ids outside [0, rows) (their output rows are left unwritten). */
+int ironlm_gather_rows_f32(const int64_t *ids, const float *table, float *out, int t, int width,
+                           int64_t rows, int packed) {
+    int bad = 0;
+    for (int r = 0; r < t; r++) {
+        const int64_t v = ids[r];
+        float *o = out + (int64_t)r * width;
+        if (v < 0 || v >= rows) {
+            bad++;
+            continue;
+        }
+        if (packed) {
+            const float *p = table + (v / 16) * (int64_t)width * 16 + v % 16;
+            for (int j = 0; j < width; j++) o[j] = p[(int64_t)j * 16];
+        } else {
+            const float *p = table + v * (int64_t)width;
+            for (int j = 0; j < width; j++) o[j] = p[j];
+        }
+    }
+    return bad;
+}
+
+/* out (t, n) = g / (1 + exp(-a(g))) * u, g = x[:, :n], u = x[:, n:2n], x rows xs apart;
+   a(g) = g (SiLU) or 2 * sqrt(2/pi) * (g + 0.044715 g^3) (tanh-GELU) */
+void ironlm_gated_act_f32(const float *x, int64_t xs, float *out, int t, int n, int gelu,
+                          int threads) {
+    const float c = 1.5957691216f; /* 2 * sqrt(2 / pi) */
+    #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (int r = 0; r < t; r++) {
+        const float *g = x + (int64_t)r * xs, *u = g + n;
+        float *o = out + (int64_t)r * n;
+        int j = 0;
+#ifdef __AVX2__
+        const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+        for (; j + 8 <= n; j += 8) {
+            const __m256 gv = _mm256_loadu_ps(g + j);
+            __m256 a = gv;
+            if (gelu) {
+                const __m256 g3 = _mm256_mul_ps(_mm256_mul_ps(gv, gv), gv);
+                a = _mm256_mul_ps(_mm256_set1_ps(c),
+                                  _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), g3, gv));
+            }
+            const __m256 e = exp8(_mm256_sub_ps(zero, a));
+            const __m256 act = _mm256_div_ps(gv, _mm256_add_ps(one, e));
+            _mm256_storeu_ps(o + j, _mm256_mul_ps(act, _mm256_loadu_ps(u + j)));
+        }
+#endif
+        for (; j < n; j++) {
+            const float a = gelu ? c * (g[j] + 0.044715f * g[j] * g[j] * g[j]) : g[j];
+            o[j] = g[j] / (1.0f + expf(-a)) * u[j];
+        }
+    }
+}
 """
 
 
@@ -80,18 +167,23 @@ class FusedKernels:
     here. Callers check ``fits`` before calling; everything else uses the torch reference."""
 
     def __init__(self) -> None:
-        self.reason = ""
-        self._lib: ctypes.CDLL | None = None
-        try:
-            lib = load_library("cpu_fused", _SOURCE)
-            ptr, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
-            lib.ironlm_rms_norm_f32.argtypes = [ptr] * 5 + [i32, i32, f32, i32]
-            lib.ironlm_rms_norm_f32.restype = None
-            lib.ironlm_rotary_f32.argtypes = [ptr, i64, i32, ptr, i64, i32] + [ptr] * 4 + [i32] * 3
-            lib.ironlm_rotary_f32.restype = None
-            self._lib = lib
-        except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
-            self.reason = f"fused C layer ops unavailable: {exc}"
+        ptr, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
+        self._code = KernelLibrary(
+            "cpu_fused", _SOURCE,
+            {
+                "ironlm_rms_norm_f32": ([ptr] * 5 + [i32, i32, f32, i32], None),
+                "ironlm_rotary_f32": ([ptr, i64, i32, ptr, i64, i32] + [ptr] * 4 + [i32] * 3, None),
+                "ironlm_gated_act_f32": ([ptr, i64, ptr] + [i32] * 4, None),
+                "ironlm_gather_rows_f32": ([ptr] * 3 + [i32, i32, i64, i32], i32),
+            },
+            "fused C layer ops",
+        )  # fmt: skip
+        self.reason = self._code.reason
+        self._lib = self._code.lib
+
+    @property
+    def library(self) -> KernelLibrary:
+        return self._code
 
     @property
     def available(self) -> bool:
@@ -119,7 +211,8 @@ class FusedKernels:
         out = torch.empty_like(x)
         new_res = torch.empty_like(x) if residual is not None else None
         w = weight.contiguous()
-        self._lib.ironlm_rms_norm_f32(
+        self._code.call(
+            self._lib.ironlm_rms_norm_f32,
             x.data_ptr(), None if residual is None else residual.data_ptr(),
             None if new_res is None else new_res.data_ptr(), w.data_ptr(), out.data_ptr(),
             t, h, eps, self._threads(t),
@@ -145,9 +238,58 @@ class FusedKernels:
         c, s = cos.contiguous(), sin.contiguous()  # (T, D/2)
         q_out = torch.empty(t, hq, d, dtype=q.dtype)
         k_out = torch.empty(k.shape, dtype=k.dtype)
-        self._lib.ironlm_rotary_f32(
+        self._code.call(
+            self._lib.ironlm_rotary_f32,
             q.data_ptr(), q.stride(0), hq, k.data_ptr(), k.stride(0), k.shape[1],
             c.data_ptr(), s.data_ptr(), q_out.data_ptr(), k_out.data_ptr(), t, d,
             self._threads(t),
         )  # fmt: skip
         return q_out, k_out
+
+    def gated_act_fits(self, gate_up: torch.Tensor) -> bool:
+        # (T, 2 * I) float32 with contiguous rows (any row stride)
+        return (
+            self._lib is not None
+            and gate_up.dtype == torch.float32
+            and gate_up.dim() == 2
+            and gate_up.stride(1) == 1
+            and gate_up.shape[1] % 2 == 0
+        )  # fmt: skip
+
+    def gated_act(self, gate_up: torch.Tensor, gelu: bool) -> torch.Tensor:
+        """(T, 2 * I) -> (T, I): act(gate) * up with act SiLU, or tanh-GELU when ``gelu``."""
+        assert self._lib is not None, self.reason
+        t, n = gate_up.shape[0], gate_up.shape[1] // 2
+        out = torch.empty(t, n, dtype=gate_up.dtype)
+        self._code.call(
+            self._lib.ironlm_gated_act_f32,
+            gate_up.data_ptr(), gate_up.stride(0), out.data_ptr(), t, n, int(gelu),
+            self._threads(t),
+        )  # fmt: skip
+        return out
+
+    def gather_fits(self, ids: torch.Tensor, table: torch.Tensor) -> bool:
+        # (T,) int64 ids; a (rows, width) table or a (rows / 16, width, 16) packed one
+        return (
+            self._lib is not None
+            and ids.dtype == torch.int64
+            and ids.dim() == 1
+            and table.dtype == torch.float32
+            and table.is_contiguous()
+            and (table.dim() == 2 or (table.dim() == 3 and table.shape[2] == PANEL))
+        )  # fmt: skip
+
+    def gather_rows(self, ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        """(T,) ids -> (T, width): rows of ``table`` (row-major or panel-packed)."""
+        assert self._lib is not None, self.reason
+        packed = table.dim() == 3
+        rows = table.shape[0] * PANEL if packed else table.shape[0]
+        idx = ids.contiguous()
+        out = torch.empty(idx.numel(), table.shape[1], dtype=table.dtype)
+        bad = self._code.call(
+            self._lib.ironlm_gather_rows_f32, idx.data_ptr(), table.data_ptr(), out.data_ptr(),
+            idx.numel(), table.shape[1], rows, int(packed),
+        )  # fmt: skip
+        if bad:
+            raise IndexError(f"{bad} id(s) outside the table's {rows} rows")
+        return out

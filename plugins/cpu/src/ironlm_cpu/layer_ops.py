@@ -1,5 +1,6 @@
 """The cpu platform's layer ops: float32 linears on panel-packed weights (``linear_kernel``),
-RMSNorm and rotary as single C calls (``fused_kernels``).
+RMSNorm, rotary, the gated MLP activations and row lookups as single C calls
+(``fused_kernels``).
 
 Weights the kernel cannot take (not float32, output size not a multiple of 16) stay row-major
 and use the core's torch reference; so do inputs the fused ops do not fit, and everything when
@@ -11,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ironlm.interfaces.platform import LayerOps
+from ironlm_cpu.cbuild import KernelLibrary
 from ironlm_cpu.fused_kernels import FusedKernels
 from ironlm_cpu.linear_kernel import PANEL, PackedLinearKernel
 
@@ -21,6 +23,10 @@ class CpuLayerOps(LayerOps):
     ) -> None:
         self.kernel = kernel if kernel is not None else PackedLinearKernel()
         self.fused = fused if fused is not None else FusedKernels()
+
+    def libraries(self) -> list[KernelLibrary]:
+        """The C libraries these ops call (what a decode-graph capture records)."""
+        return [lib for lib in (self.kernel.library, self.fused.library) if lib.available]
 
     def rms_norm(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None
@@ -36,6 +42,16 @@ class CpuLayerOps(LayerOps):
             return self.fused.rotary(q, k, cos, sin)
         return super().rotary(q, k, cos, sin)
 
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        if self.fused.gated_act_fits(gate_up):
+            return self.fused.gated_act(gate_up, gelu=False)
+        return super().silu_and_mul(gate_up)
+
+    def gelu_tanh_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        if self.fused.gated_act_fits(gate_up):
+            return self.fused.gated_act(gate_up, gelu=True)
+        return super().gelu_tanh_and_mul(gate_up)
+
     def pack_linear_weight(self, weight: torch.Tensor) -> torch.Tensor:
         if self.kernel.available and self.kernel.can_pack(weight):
             return self.kernel.pack(weight)  # (out / 16, in, 16)
@@ -49,6 +65,8 @@ class CpuLayerOps(LayerOps):
         return super().linear(x, weight, bias)
 
     def embedding(self, ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if self.fused.gather_fits(ids, weight):
+            return self.fused.gather_rows(ids, weight)  # (T, hidden), packed or row-major
         if weight.dim() == 3:
             # row v of the (vocab, hidden) matrix is column v % 16 of panel v // 16
             return weight[ids // PANEL, :, ids % PANEL]  # (T, hidden)

@@ -22,11 +22,10 @@ as a matmul up to summation order.
 from __future__ import annotations
 
 import ctypes
-import subprocess
 
 import torch
 
-from ironlm_cpu.cbuild import has_avx2, load_library
+from ironlm_cpu.cbuild import KernelLibrary
 
 PANEL = 16  # output columns per panel
 
@@ -110,27 +109,21 @@ class PackedLinearKernel:
     run here. ``pack`` lays a weight out for it; calling it computes x @ W^T (+ bias)."""
 
     def __init__(self) -> None:
-        self.reason = ""
-        self._fn: ctypes._CFuncPtr | None = None  # type: ignore[name-defined]
-        if not has_avx2():
-            self.reason = "packed linear kernel needs AVX2 + FMA"
-            return
-        try:
-            self._fn = self._load()
-        except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
-            self.reason = f"packed linear kernel unavailable: {exc}"
+        ptr, i32 = ctypes.c_void_p, ctypes.c_int
+        self._code = KernelLibrary(
+            "cpu_linear", _SOURCE, {"ironlm_linear_f32": ([ptr] * 4 + [i32] * 4, None)},
+            "packed linear kernel", needs_avx2=True,
+        )  # fmt: skip
+        self.reason = self._code.reason
+        self._fn = None if self._code.lib is None else self._code.lib.ironlm_linear_f32
+
+    @property
+    def library(self) -> KernelLibrary:
+        return self._code
 
     @property
     def available(self) -> bool:
         return self._fn is not None
-
-    @staticmethod
-    def _load() -> ctypes._CFuncPtr:  # type: ignore[name-defined]
-        fn = load_library("cpu_linear", _SOURCE).ironlm_linear_f32
-        ptr, i32 = ctypes.c_void_p, ctypes.c_int
-        fn.argtypes = [ptr] * 4 + [i32] * 4
-        fn.restype = None
-        return fn
 
     @staticmethod
     def can_pack(weight: torch.Tensor) -> bool:
@@ -161,8 +154,8 @@ class PackedLinearKernel:
         if m == 0:
             return y
         b = None if bias is None else bias.contiguous()
-        self._fn(
-            x.data_ptr(), packed.data_ptr(), None if b is None else b.data_ptr(), y.data_ptr(),
-            m, n, k, torch.get_num_threads(),
+        self._code.call(
+            self._fn, x.data_ptr(), packed.data_ptr(), None if b is None else b.data_ptr(),
+            y.data_ptr(), m, n, k, torch.get_num_threads(),
         )  # fmt: skip
         return y

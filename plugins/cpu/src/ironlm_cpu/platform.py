@@ -7,6 +7,8 @@ from typing import ClassVar
 
 import torch
 
+from ironlm.interfaces.graphs import GraphCapture
+from ironlm.interfaces.model import ModelContext
 from ironlm.interfaces.platform import Availability, LayerOps, Platform
 
 
@@ -21,6 +23,7 @@ class CpuPlatform(Platform):
         torch.float16,
     )
     default_attention_backend: ClassVar[str] = "cpu_paged"
+    supports_graph_capture: ClassVar[bool] = True
 
     def is_available(self) -> Availability:
         return Availability.yes(f"{os.cpu_count()} CPU cores")
@@ -42,3 +45,18 @@ class CpuPlatform(Platform):
         from ironlm_cpu.layer_ops import CpuLayerOps
 
         return CpuLayerOps()
+
+    def graph_capture(self, ctx: ModelContext) -> GraphCapture | None:
+        """Decode graphs as recorded C kernel calls (``graphs``), when the model's layer ops
+        and attention backend are this plugin's and one process holds the whole model (the
+        recording cannot hold tensor-parallel collectives)."""
+        from ironlm_cpu.attention import CpuPagedAttentionBackend
+        from ironlm_cpu.graphs import CpuGraphCapture
+        from ironlm_cpu.layer_ops import CpuLayerOps
+
+        if ctx.tp_size > 1 or not isinstance(ctx.layer_ops, CpuLayerOps):
+            return None
+        if not isinstance(ctx.attention, CpuPagedAttentionBackend):
+            return None
+        libraries = ctx.layer_ops.libraries() + ctx.attention.libraries()
+        return CpuGraphCapture(libraries) if libraries else None

@@ -1,0 +1,133 @@
+"""DecodeGraphs: pure-decode steps of small batches through the platform's captured graphs.
+
+vLLM's CUDA-graph scheme, through the platform (``ironlm.interfaces.graphs``): a batch of n
+decode sequences is padded to the next capture size (1, 2, 4, ... up to the capture's
+``max_batch_size``); the first step of each size runs the forward, LM head included, under
+capture on static tensors; every later step of that size copies its inputs into those tensors
+and replays. Padding rows read token 0 at position 0 with seq_len 1 and write nothing (slot -1);
+their logits are dropped. A capture that fails (``GraphCaptureError``) turns graphs off for the
+engine, with the reason logged once, and every step runs eagerly, as with ``enforce_eager``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ironlm.interfaces.attention import AttentionBackend, AttentionBatch
+from ironlm.interfaces.graphs import GraphCapture, GraphCaptureError, StepGraph
+from ironlm.interfaces.model import ModelArchitecture
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Captured:
+    graph: StepGraph
+    batch: AttentionBatch  # static: seq_lens, context_lens, block_tables, slot_mapping
+    metadata: Any  # the backend's graph metadata over ``batch``
+    input_ids: torch.Tensor  # (size,) int64
+    positions: torch.Tensor  # (size,) int64
+    logits: torch.Tensor  # (size, vocab) float32, rewritten by each replay
+
+
+class DecodeGraphs:
+    def __init__(
+        self,
+        capture: GraphCapture,
+        model: ModelArchitecture,
+        attention: AttentionBackend,
+        kv_caches: list[torch.Tensor],
+        block_size: int,
+        max_model_len: int,
+        device: torch.device,
+    ) -> None:
+        self.capture = capture
+        self.model = model
+        self.attention = attention
+        self.kv_caches = kv_caches
+        self.block_size = block_size
+        self.device = device
+        self.max_blocks = -(-max_model_len // block_size)
+        self.sizes = [1 << i for i in range(capture.max_batch_size.bit_length())]
+        self.sizes = [s for s in self.sizes if s <= capture.max_batch_size]
+        self.graphs: dict[int, _Captured] = {}
+        self.disabled: str | None = None  # why graphs are off, once a capture failed
+
+    def accepts(self, num_seqs: int) -> bool:
+        return self.disabled is None and 0 < num_seqs <= self.sizes[-1]
+
+    def run(
+        self,
+        token_ids: list[int],  # (n,) each sequence's new token
+        positions: list[int],  # (n,) its position (= tokens cached before it)
+        block_tables: list[list[int]],  # per sequence: its blocks, covering position + 1 slots
+    ) -> torch.Tensor | None:
+        """(n, vocab) float32 logits of one decode step, or None when graphs are off (the
+        caller runs the step eagerly). The tensor is overwritten by the next replay."""
+        n = len(token_ids)
+        size = next(s for s in self.sizes if s >= n)
+        captured = self.graphs.get(size)
+        if captured is None:
+            try:
+                captured = self._capture(size)
+            except GraphCaptureError as exc:
+                self.disabled = str(exc)
+                logger.info("decode graphs off, every step runs eagerly: %s", exc)
+                return None
+            self.graphs[size] = captured
+        self._fill(captured, token_ids, positions, block_tables)
+        captured.graph.replay()
+        return captured.logits[:n]
+
+    def _fill(
+        self, c: _Captured, ids: list[int], pos: list[int], tables: list[list[int]]
+    ) -> None:
+        n, size, bs = len(ids), c.input_ids.shape[0], self.block_size
+        pad = size - n
+        slots = [t[p // bs] * bs + p % bs for t, p in zip(tables, pos)]
+        rows = torch.tensor(
+            [ids + [0] * pad, pos + [0] * pad, slots + [-1] * pad,
+             [p + 1 for p in pos] + [1] * pad],
+            dtype=torch.int64,
+        )  # fmt: skip
+        c.input_ids.copy_(rows[0])
+        c.positions.copy_(rows[1])
+        c.batch.slot_mapping.copy_(rows[2])
+        c.batch.seq_lens.copy_(rows[3])
+        c.batch.context_lens.copy_(rows[1])
+        width = max(len(t) for t in tables)
+        c.batch.block_tables[:n, :width].copy_(
+            torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+        )
+        self.attention.refresh_graph_metadata(c.metadata, c.batch)
+
+    def _capture(self, size: int) -> _Captured:
+        dev = self.device
+        batch = AttentionBatch(
+            query_start_loc=torch.arange(size + 1, dtype=torch.int32, device=dev),
+            seq_lens=torch.ones(size, dtype=torch.int32, device=dev),
+            context_lens=torch.zeros(size, dtype=torch.int32, device=dev),
+            block_tables=torch.zeros(size, self.max_blocks, dtype=torch.int32, device=dev),
+            slot_mapping=torch.full((size,), -1, dtype=torch.int64, device=dev),
+            block_size=self.block_size,
+            max_query_len=1,
+            max_seq_len=self.max_blocks * self.block_size,
+            query_lens_cpu=[1] * size,
+            seq_lens_cpu=[1] * size,
+        )
+        metadata = self.attention.graph_metadata(batch)
+        if metadata is None:
+            raise GraphCaptureError(f"attention backend {self.attention.name!r} has no graphs")
+        input_ids = torch.zeros(size, dtype=torch.int64, device=dev)
+        positions = torch.zeros(size, dtype=torch.int64, device=dev)
+
+        def forward() -> torch.Tensor:
+            hidden = self.model(input_ids, positions, self.kv_caches, metadata)
+            return self.model.compute_logits(hidden)  # (size, vocab)
+
+        graph, logits = self.capture.capture(forward)
+        return _Captured(graph, batch, metadata, input_ids, positions, logits)

@@ -1,0 +1,47 @@
+"""Decode graphs: a platform's way to record one decode forward and replay it without Python.
+
+vLLM captures CUDA graphs for decode batches of fixed sizes: the forward runs once under
+capture on static input tensors, later steps copy their inputs into those tensors and replay
+the recorded kernels. A platform offers the same through ``Platform.graph_capture``, which
+returns a ``GraphCapture`` for one model's layer ops and attention backend (CUDA: CUDA graphs;
+cpu: a recorded list of its C kernel calls). The engine side (which steps qualify, static
+buffers, padding to a captured size) is ``ironlm.engine.decode_graphs``.
+
+Contract for ``capture(forward)``: ``forward`` reads only tensors that stay alive and keep their
+addresses (the static inputs, weights, the KV cache) and returns a tensor; everything it
+allocates is kept by the graph, so the returned tensor is rewritten in place by each
+``replay``. A capture that cannot record the forward faithfully (an op that would not be
+replayed, a data-dependent branch) raises ``GraphCaptureError`` naming it; the engine then runs
+that batch size eagerly.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+
+import torch
+
+
+class GraphCaptureError(RuntimeError):
+    """The forward cannot be captured on this platform; the message says why."""
+
+
+class StepGraph(ABC):
+    """One captured forward. ``replay`` reruns it on the static inputs' current contents."""
+
+    @abstractmethod
+    def replay(self) -> None: ...
+
+
+class GraphCapture(ABC):
+    """Captures forwards for one model on one platform.
+
+    ``max_batch_size``: the largest decode batch worth a graph here (batches are padded up to
+    the next captured size: 1, 2, 4, 8, ... up to this)."""
+
+    max_batch_size: int = 8
+
+    @abstractmethod
+    def capture(self, forward: Callable[[], torch.Tensor]) -> tuple[StepGraph, torch.Tensor]:
+        """Run ``forward`` once under capture; returns the graph and its (static) output."""

@@ -1,0 +1,146 @@
+"""Decode graphs on the cpu platform: recorded C kernel calls replayed on static inputs.
+
+Checked against the eager path (same kernels, so the same tokens and logprobs), on the tiny
+random Llama and on SmolLM2; the capture guard's refusals; the engine's fallback to eager
+steps when a capture fails; ``enforce_eager``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from ironlm import LLM, SamplingParams
+from ironlm.interfaces.graphs import GraphCaptureError
+from ironlm_cpu.graphs import CpuGraphCapture
+from ironlm_cpu.layer_ops import CpuLayerOps
+
+PROMPTS = ["The capital of France is", "def fib(n):", "Once upon a time", "1, 2, 3,", "Hi", "A"]
+
+
+@pytest.fixture(scope="module")
+def ops() -> CpuLayerOps:
+    layer_ops = CpuLayerOps()
+    if not (layer_ops.kernel.available and layer_ops.fused.available):
+        pytest.skip(layer_ops.kernel.reason or layer_ops.fused.reason)
+    return layer_ops
+
+
+def _runner(llm: LLM) -> Any:
+    return llm.engine.executor._runner()
+
+
+def _run(llm: LLM, prompts: list[str], n_tokens: int) -> list[tuple[list[int], list[float]]]:
+    params = SamplingParams(max_tokens=n_tokens, temperature=0, ignore_eos=True, logprobs=0)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    result = []
+    for o in outs:
+        c = o.outputs[0]
+        lps = [next(iter(p.values())).logprob for p in c.logprobs]
+        result.append((list(c.token_ids), lps))
+    return result
+
+
+def _engine(model: Path, eager: bool) -> LLM:
+    return LLM(str(model), device="cpu", max_model_len=256, kv_cache_memory=32 * 2**20,
+               enforce_eager=eager)  # fmt: skip
+
+
+@pytest.mark.parametrize("batch", [1, 3, 5])
+def test_tiny_llama_graph_matches_eager(tiny_llama_dir: Path, ops: CpuLayerOps, batch: int) -> None:
+    graphs, eager = _engine(tiny_llama_dir, False), _engine(tiny_llama_dir, True)
+    assert _runner(eager).graphs is None
+    got = _run(graphs, PROMPTS[:batch], 40)  # contexts cross block boundaries (16)
+    want = _run(eager, PROMPTS[:batch], 40)
+    for (g_ids, g_lps), (w_ids, w_lps) in zip(got, want, strict=True):
+        assert g_ids == w_ids
+        assert g_lps == pytest.approx(w_lps, abs=1e-5)
+    dg = _runner(graphs).graphs
+    assert dg is not None and dg.disabled is None
+    padded = {1: 1, 3: 4, 5: 8}[batch]  # batches are padded up to a captured size
+    assert padded in dg.graphs
+    assert len(dg.graphs[padded].graph) > 0
+
+
+def test_smollm2_graph_matches_eager(smollm2_dir: Path) -> None:
+    graphs, eager = _engine(smollm2_dir, False), _engine(smollm2_dir, True)
+    got, want = _run(graphs, PROMPTS[:3], 24), _run(eager, PROMPTS[:3], 24)
+    for (g_ids, g_lps), (w_ids, w_lps) in zip(got, want, strict=True):
+        assert g_ids == w_ids
+        assert g_lps == pytest.approx(w_lps, abs=1e-4)
+    dg = _runner(graphs).graphs
+    assert dg is not None and dg.disabled is None and 4 in dg.graphs
+    # SmolLM2: 30 layers x 10 kernel calls, the embedding and rotary lookups, final norm, LM head
+    assert len(dg.graphs[4].graph) == 30 * 10 + 3 + 2
+
+
+def test_replay_recomputes_from_static_inputs(ops: CpuLayerOps) -> None:
+    torch.manual_seed(0)
+    weight = ops.pack_linear_weight(torch.randn(64, 32))
+    norm_w = torch.rand(32)
+    x = torch.zeros(3, 32)
+
+    def forward() -> torch.Tensor:
+        h, _ = ops.rms_norm(x, norm_w, 1e-6, None)
+        return ops.silu_and_mul(ops.linear(h, weight, None))
+
+    graph, out = CpuGraphCapture(ops.libraries()).capture(forward)
+    assert len(graph) == 3
+    for _ in range(2):
+        x.copy_(torch.randn(3, 32))
+        graph.replay()
+        h, _ = ops.rms_norm(x, norm_w, 1e-6, None)
+        want = ops.silu_and_mul(ops.linear(h, weight, None))
+        torch.testing.assert_close(out, want)
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (lambda x, y: y + 1, "add"),
+        (lambda x, y: y.add_(1), "in-place"),
+        (lambda x, y: y[: int(y[0, 0])], "reads tensor data"),
+        (lambda x, y: torch.add(y, 1, out=torch.empty_like(y)), "out="),
+    ],
+)
+def test_capture_refuses_ops_a_replay_would_skip(ops: CpuLayerOps, body: Any, message: str) -> None:
+    x, w = torch.randn(2, 16), torch.ones(16)
+
+    def forward() -> torch.Tensor:
+        y, _ = ops.rms_norm(x, w, 1e-6, None)
+        return body(x, y)
+
+    libs = ops.libraries()
+    with pytest.raises(GraphCaptureError, match=message):
+        CpuGraphCapture(libs).capture(forward)
+    assert all(lib.recorder is None for lib in libs)  # recording is off again
+
+
+def test_capture_needs_a_kernel_call(ops: CpuLayerOps) -> None:
+    x = torch.randn(2, 4)
+    with pytest.raises(GraphCaptureError, match="none of the cpu plugin"):
+        CpuGraphCapture(ops.libraries()).capture(lambda: x[:1])
+
+
+def test_failed_capture_falls_back_to_eager(gemma3_dir: Path) -> None:
+    """Gemma 3 scales its embeddings with a torch multiply: the capture refuses it, graphs turn
+    off with the reason, and generation gives the eager tokens."""
+    graphs, eager = _engine(gemma3_dir, False), _engine(gemma3_dir, True)
+    got, want = _run(graphs, PROMPTS[:2], 8), _run(eager, PROMPTS[:2], 8)
+    assert [g[0] for g in got] == [w[0] for w in want]
+    dg = _runner(graphs).graphs
+    assert dg is not None and dg.disabled is not None and "mul" in dg.disabled
+    assert not dg.graphs
+
+
+def test_other_steps_stay_eager(tiny_llama_dir: Path, ops: CpuLayerOps) -> None:
+    """Prompt logprobs, embeddings and prefill chunks are not decode-graph steps."""
+    llm = _engine(tiny_llama_dir, False)
+    params = SamplingParams(max_tokens=3, temperature=0, prompt_logprobs=1)
+    out = llm.generate(["Hello there"], params, use_tqdm=False)[0]
+    assert out.prompt_logprobs is not None and len(out.outputs[0].token_ids) == 3
+    emb = llm.encode(["Hello there"], use_tqdm=False)[0]
+    assert len(emb.embedding) == 64  # tiny Llama hidden size
