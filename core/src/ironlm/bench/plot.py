@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 LABELS = {"ironlm": "IronLM (fp32)", "hf": "HF transformers (fp32)",
-          "llama-cpp": "llama.cpp (Q4_1, sequential)"}
+          "llama-cpp": "llama.cpp (Q4_1, sequential)",
+          "llama-cpp-batched": "llama.cpp (Q4_1, one batch)"}
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -37,6 +38,8 @@ def collect(paths: list[str], metric: str) -> tuple[dict[str, dict[int, float]],
         machine = data.get("machine", machine)
         for name, fig in data["engines"].items():
             batch = int(fig["num_requests"])
+            if (fig.get("info") or {}).get("batching") == "one batch":
+                name = f"{name}-batched"  # llama.cpp through its batch API: its own series
             if fig.get(metric) is not None:
                 series.setdefault(name, {})[batch] = float(fig[metric])
                 newest[batch] = path
