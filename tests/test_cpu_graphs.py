@@ -144,3 +144,16 @@ def test_other_steps_stay_eager(tiny_llama_dir: Path, ops: CpuLayerOps) -> None:
     assert out.prompt_logprobs is not None and len(out.outputs[0].token_ids) == 3
     emb = llm.encode(["Hello there"], use_tqdm=False)[0]
     assert len(emb.embedding) == 64  # tiny Llama hidden size
+
+
+def test_bfloat16_model_runs_eagerly(tiny_llama_dir: Path, ops: CpuLayerOps) -> None:
+    """bf16 weights and cache: no C kernel takes them, so the capture refuses (before any
+    cache write) and the steps run eagerly, with the eager path's tokens."""
+    kwargs: dict[str, Any] = dict(device="cpu", max_model_len=256, kv_cache_memory=32 * 2**20,
+                                  dtype="bfloat16")  # fmt: skip
+    graphs = LLM(str(tiny_llama_dir), enforce_eager=False, **kwargs)
+    eager = LLM(str(tiny_llama_dir), enforce_eager=True, **kwargs)
+    got, want = _run(graphs, PROMPTS[:2], 6), _run(eager, PROMPTS[:2], 6)
+    assert [g[0] for g in got] == [w[0] for w in want]
+    dg = _runner(graphs).graphs
+    assert dg is not None and dg.disabled is not None and not dg.graphs

@@ -67,7 +67,11 @@ class Sampler:
         states: list[SamplingState],
         allowed_mask: torch.Tensor | None = None,  # (B, V) bool from guided decoding
     ) -> list[SampledToken]:
-        raw_logprobs = torch.log_softmax(logits, dim=-1)  # (B, V)
+        # Log-probabilities under the raw distribution: all of them when a request asks for top
+        # logprobs, else only each sampled token's, as x[t] - logsumexp(x) (no (B, V) tensor).
+        want_top = any(s.params.logprobs is not None for s in states)
+        raw_logprobs = torch.log_softmax(logits, dim=-1) if want_top else None  # (B, V)
+        log_norm = None if want_top else torch.logsumexp(logits, dim=-1)  # (B,)
         x = self.final_logits(logits, states, allowed_mask)
         greedy = torch.tensor([s.params.sampling_type_greedy for s in states], device=x.device)
         tokens = x.argmax(dim=-1)  # (B,)
@@ -79,12 +83,16 @@ class Sampler:
                     noise[i].exponential_(generator=s.generator)
             sampled = (probs / noise).argmax(dim=-1)  # exponential race == categorical draw
             tokens = torch.where(greedy, tokens, sampled)
-        chosen_lp = raw_logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)  # (B,)
+        if raw_logprobs is not None:
+            chosen_lp = raw_logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)  # (B,)
+        else:
+            assert log_norm is not None
+            chosen_lp = logits.gather(1, tokens.unsqueeze(1)).squeeze(1) - log_norm
         out: list[SampledToken] = []
         tok_list, lp_list = tokens.tolist(), chosen_lp.tolist()
         for i, s in enumerate(states):
             top = None
-            if s.params.logprobs is not None:
+            if s.params.logprobs is not None and raw_logprobs is not None:
                 top = top_logprobs(raw_logprobs[i], tok_list[i], s.params.logprobs)
             out.append(SampledToken(tok_list[i], lp_list[i], top))
             s.record(tok_list[i])
@@ -95,7 +103,7 @@ class Sampler:
     ) -> torch.Tensor:
         """(B, V) logits after every processor; sampling draws from softmax of these (greedy
         rows take the argmax; their temperature / top-k / top-p / min-p are not applied)."""
-        x = self._process(logits.clone(), states, allowed)
+        x = self._process(logits, states, allowed)  # copies before any in-place change
         greedy = [s.params.sampling_type_greedy for s in states]
         if all(greedy):
             return x
@@ -136,6 +144,8 @@ class Sampler:
                 if not prefix or outs[len(outs) - len(prefix):] == prefix:
                     ban_rows.append(i)
                     ban_cols.append(word[-1])
+        if bias_rows or keep_rows or ban_rows or any(s.output_counts is not None for s in states):
+            x = x.clone()  # the rules below write in place; the caller's logits stay raw
         if bias_rows:
             x.index_put_(
                 (torch.tensor(bias_rows), torch.tensor(bias_cols)),

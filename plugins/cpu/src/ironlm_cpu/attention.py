@@ -89,17 +89,18 @@ class CpuPagedAttentionBackend(AttentionBackend):
         kv_cache: torch.Tensor,  # (2, num_blocks, block_size, num_kv_heads, head_dim)
         metadata: CpuAttentionMetadata,
     ) -> torch.Tensor:  # (num_tokens, num_heads, head_dim)
+        native = self._kernel is not None and _kernel_fits(layer, q, kv_cache)
+        if metadata.graph and not (native and PagedDecodeKernel.write_kv_fits(kv_cache, k, v)):
+            # checked before any write: graph metadata holds padding rows with slot -1
+            raise GraphCaptureError(
+                f"layer {layer.layer_index}: the C decode kernel and KV write do not take this "
+                "layer (float32 cache and head_dim % 8 == 0 needed)"
+            )
         slots = metadata.batch.slot_mapping
         if self._kernel is not None and self._kernel.write_kv_fits(kv_cache, k, v):
             self._kernel.write_kv(kv_cache, k, v, slots)
         else:
             _write_kv(kv_cache, k, v, slots)
-        native = self._kernel is not None and _kernel_fits(layer, q, kv_cache)
-        if metadata.graph and not native:
-            raise GraphCaptureError(
-                f"layer {layer.layer_index}: the C decode kernel does not take this layer "
-                "(float32 cache and head_dim % 8 == 0 needed)"
-            )
         buckets = metadata.buckets
         if len(buckets) == 1 and buckets[0].out_rows is None and not native:
             return self._attend_bucket(layer, q, kv_cache, buckets[0]).to(q.dtype)
