@@ -66,8 +66,9 @@ class LlamaCppBatchedRunner:
 
     def run(self, prompts: list[list[int]], output_len: int) -> BatchTiming:
         lc, n = self.lc, len(prompts)
-        # every sequence gets its own share of the context (llama.cpp splits n_ctx by n_seq_max)
-        per_seq = max(len(p) for p in prompts) + output_len + 1
+        # every sequence gets its own share of the context (llama.cpp splits n_ctx by n_seq_max
+        # and pads each share to 256 cells; a share already padded keeps it quiet about that)
+        per_seq = -(-(max(len(p) for p in prompts) + output_len + 1) // 256) * 256
         ctx = self._context(n, per_seq * n)
         batch = lc.llama_batch_init(max(_PREFILL_BATCH, n), 0, 1)
         ttft, e2e = [0.0] * n, [0.0] * n
