@@ -78,7 +78,7 @@ class CpuPagedAttentionBackend(AttentionBackend):
 
     def libraries(self) -> list[KernelLibrary]:
         """The C libraries this backend calls (what a decode-graph capture records)."""
-        return [self._kernel.library] if self._kernel is not None else []
+        return [self._kernel] if self._kernel is not None else []
 
     def forward(
         self,
@@ -90,14 +90,16 @@ class CpuPagedAttentionBackend(AttentionBackend):
         metadata: CpuAttentionMetadata,
     ) -> torch.Tensor:  # (num_tokens, num_heads, head_dim)
         native = self._kernel is not None and _kernel_fits(layer, q, kv_cache)
-        if metadata.graph and not (native and PagedDecodeKernel.write_kv_fits(kv_cache, k, v)):
+        c_write = self._kernel is not None and PagedDecodeKernel.write_kv_fits(kv_cache, k, v)
+        if metadata.graph and not (native and c_write):
             # checked before any write: graph metadata holds padding rows with slot -1
             raise GraphCaptureError(
                 f"layer {layer.layer_index}: the C decode kernel and KV write do not take this "
                 "layer (float32 cache and head_dim % 8 == 0 needed)"
             )
         slots = metadata.batch.slot_mapping
-        if self._kernel is not None and self._kernel.write_kv_fits(kv_cache, k, v):
+        if c_write:
+            assert self._kernel is not None
             self._kernel.write_kv(kv_cache, k, v, slots)
         else:
             _write_kv(kv_cache, k, v, slots)

@@ -32,6 +32,15 @@ def compile_flags() -> list[str]:
     return ["-O3", "-fPIC", "-shared", "-fno-math-errno", "-fopenmp", *simd]
 
 
+def heads_contiguous(x: torch.Tensor) -> bool:
+    """(T, heads, D) float32 whose heads lie contiguously inside a token (any token stride): the
+    layout the C kernels read q/k/v rows in, views of the fused QKV output included."""
+    return (
+        x.dim() == 3 and x.dtype == torch.float32 and x.stride(2) == 1
+        and x.stride(1) == x.shape[2]
+    )  # fmt: skip
+
+
 def has_avx2() -> bool:
     return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
 
@@ -50,7 +59,8 @@ def load_library(name: str, source: str) -> ctypes.CDLL:
 
 class KernelLibrary:
     """One C source built and loaded with the ctypes signatures of the functions it exports.
-    ``available`` / ``reason`` say whether it runs here; ``lib`` is the loaded library.
+    ``available`` / ``reason`` say whether it runs here; ``lib`` is the loaded library. The
+    plugin's kernel classes subclass it.
 
     Kernel wrappers call through ``call``, so that while a decode graph is being captured
     (``graphs.CpuGraphCapture``) every call is also appended to ``recorder``, a list of

@@ -21,7 +21,7 @@ import ctypes
 
 import torch
 
-from ironlm_cpu.cbuild import KernelLibrary
+from ironlm_cpu.cbuild import KernelLibrary, heads_contiguous
 
 _SOURCE = r"""
 #include <math.h>
@@ -249,13 +249,13 @@ int ironlm_write_kv_f32(const float *k, int64_t ks, const float *v, int64_t vs, 
 """
 
 
-class PagedDecodeKernel:
+class PagedDecodeKernel(KernelLibrary):
     """Loads (building if needed) the C kernel; ``available`` / ``reason`` say whether it can
     run here. Calling it runs decode attention for one bucket of decode sequences."""
 
     def __init__(self) -> None:
         ptr, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
-        self._code = KernelLibrary(
+        super().__init__(
             "cpu_paged_decode", _SOURCE,
             {
                 "ironlm_paged_decode_f32": ([ptr] * 7 + [i64] + [i32] * 7 + [f32, f32, i32], i32),
@@ -263,18 +263,9 @@ class PagedDecodeKernel:
             },
             "C decode kernel",
         )  # fmt: skip
-        self.reason = self._code.reason
-        lib = self._code.lib
+        lib = self.lib
         self._fn = None if lib is None else lib.ironlm_paged_decode_f32
         self._write = None if lib is None else lib.ironlm_write_kv_f32
-
-    @property
-    def library(self) -> KernelLibrary:
-        return self._code
-
-    @property
-    def available(self) -> bool:
-        return self._fn is not None
 
     def __call__(
         self,
@@ -291,7 +282,7 @@ class PagedDecodeKernel:
     ) -> None:
         assert self._fn is not None, self.reason
         _, _, block_size, h_kv, d = kv_cache.shape
-        status = self._code.call(
+        status = self.call(
             self._fn,
             q.data_ptr(), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(), out.data_ptr(),
             tokens.data_ptr(), seq_lens.data_ptr(), tables.data_ptr(), tables.stride(0),
@@ -305,12 +296,8 @@ class PagedDecodeKernel:
     def write_kv_fits(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
         """float32 everywhere, a contiguous cache, and each token's (Hkv, D) rows contiguous in
         k and v (v may be a strided view of the fused QKV output)."""
-
-        def rows_ok(x: torch.Tensor) -> bool:
-            return x.dtype == torch.float32 and x.stride(2) == 1 and x.stride(1) == x.shape[2]
-
         cache_ok = kv_cache.dtype == torch.float32 and kv_cache.is_contiguous()
-        return cache_ok and rows_ok(k) and rows_ok(v)
+        return cache_ok and heads_contiguous(k) and heads_contiguous(v)
 
     def write_kv(
         self,
@@ -324,7 +311,7 @@ class PagedDecodeKernel:
         assert self._write is not None, self.reason
         _, num_blocks, block_size, h_kv, d = kv_cache.shape
         slots = slot_mapping.contiguous()
-        bad = self._code.call(
+        bad = self.call(
             self._write,
             k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), kv_cache[0].data_ptr(),
             kv_cache[1].data_ptr(), slots.data_ptr(), slots.numel(), h_kv * d,

@@ -22,7 +22,7 @@ import ctypes
 
 import torch
 
-from ironlm_cpu.cbuild import KernelLibrary
+from ironlm_cpu.cbuild import KernelLibrary, heads_contiguous
 from ironlm_cpu.linear_kernel import PANEL
 
 PARALLEL_ROWS = 64  # fewer rows run on the calling thread
@@ -162,13 +162,13 @@ void ironlm_gated_act_f32(const float *x, int64_t xs, float *out, int t, int n, 
 """
 
 
-class FusedKernels:
+class FusedKernels(KernelLibrary):
     """Loads (building if needed) the C ops; ``available`` / ``reason`` say whether they run
     here. Callers check ``fits`` before calling; everything else uses the torch reference."""
 
     def __init__(self) -> None:
         ptr, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
-        self._code = KernelLibrary(
+        super().__init__(
             "cpu_fused", _SOURCE,
             {
                 "ironlm_rms_norm_f32": ([ptr] * 5 + [i32, i32, f32, i32], None),
@@ -178,16 +178,7 @@ class FusedKernels:
             },
             "fused C layer ops",
         )  # fmt: skip
-        self.reason = self._code.reason
-        self._lib = self._code.lib
-
-    @property
-    def library(self) -> KernelLibrary:
-        return self._code
-
-    @property
-    def available(self) -> bool:
-        return self._lib is not None
+        self._lib = self.lib
 
     @staticmethod
     def _threads(rows: int) -> int:
@@ -211,7 +202,7 @@ class FusedKernels:
         out = torch.empty_like(x)
         new_res = torch.empty_like(x) if residual is not None else None
         w = weight.contiguous()
-        self._code.call(
+        self.call(
             self._lib.ironlm_rms_norm_f32,
             x.data_ptr(), None if residual is None else residual.data_ptr(),
             None if new_res is None else new_res.data_ptr(), w.data_ptr(), out.data_ptr(),
@@ -221,12 +212,9 @@ class FusedKernels:
 
     def rotary_fits(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor) -> bool:
         # (T, heads, D) with heads contiguous inside a token; any token stride
-        def rows_ok(x: torch.Tensor) -> bool:
-            return x.dtype == torch.float32 and x.stride(2) == 1 and x.stride(1) == x.shape[2]
-
         return (
             self._lib is not None
-            and q.dim() == 3 and k.dim() == 3 and rows_ok(q) and rows_ok(k)
+            and q.dim() == 3 and k.dim() == 3 and heads_contiguous(q) and heads_contiguous(k)
             and q.shape[2] % 2 == 0 and cos.dtype == torch.float32
         )  # fmt: skip
 
@@ -238,7 +226,7 @@ class FusedKernels:
         c, s = cos.contiguous(), sin.contiguous()  # (T, D/2)
         q_out = torch.empty(t, hq, d, dtype=q.dtype)
         k_out = torch.empty(k.shape, dtype=k.dtype)
-        self._code.call(
+        self.call(
             self._lib.ironlm_rotary_f32,
             q.data_ptr(), q.stride(0), hq, k.data_ptr(), k.stride(0), k.shape[1],
             c.data_ptr(), s.data_ptr(), q_out.data_ptr(), k_out.data_ptr(), t, d,
@@ -261,7 +249,7 @@ class FusedKernels:
         assert self._lib is not None, self.reason
         t, n = gate_up.shape[0], gate_up.shape[1] // 2
         out = torch.empty(t, n, dtype=gate_up.dtype)
-        self._code.call(
+        self.call(
             self._lib.ironlm_gated_act_f32,
             gate_up.data_ptr(), gate_up.stride(0), out.data_ptr(), t, n, int(gelu),
             self._threads(t),
@@ -286,7 +274,7 @@ class FusedKernels:
         rows = table.shape[0] * PANEL if packed else table.shape[0]
         idx = ids.contiguous()
         out = torch.empty(idx.numel(), table.shape[1], dtype=table.dtype)
-        bad = self._code.call(
+        bad = self.call(
             self._lib.ironlm_gather_rows_f32, idx.data_ptr(), table.data_ptr(), out.data_ptr(),
             idx.numel(), table.shape[1], rows, int(packed),
         )  # fmt: skip

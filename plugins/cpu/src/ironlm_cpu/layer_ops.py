@@ -26,7 +26,7 @@ class CpuLayerOps(LayerOps):
 
     def libraries(self) -> list[KernelLibrary]:
         """The C libraries these ops call (what a decode-graph capture records)."""
-        return [lib for lib in (self.kernel.library, self.fused.library) if lib.available]
+        return [lib for lib in (self.kernel, self.fused) if lib.available]
 
     def rms_norm(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None

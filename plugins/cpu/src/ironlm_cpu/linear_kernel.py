@@ -104,26 +104,17 @@ void ironlm_linear_f32(const float *x, const float *wp, const float *bias, float
 """
 
 
-class PackedLinearKernel:
+class PackedLinearKernel(KernelLibrary):
     """Loads (building if needed) the C kernel; ``available`` / ``reason`` say whether it can
     run here. ``pack`` lays a weight out for it; calling it computes x @ W^T (+ bias)."""
 
     def __init__(self) -> None:
         ptr, i32 = ctypes.c_void_p, ctypes.c_int
-        self._code = KernelLibrary(
+        super().__init__(
             "cpu_linear", _SOURCE, {"ironlm_linear_f32": ([ptr] * 4 + [i32] * 4, None)},
             "packed linear kernel", needs_avx2=True,
         )  # fmt: skip
-        self.reason = self._code.reason
-        self._fn = None if self._code.lib is None else self._code.lib.ironlm_linear_f32
-
-    @property
-    def library(self) -> KernelLibrary:
-        return self._code
-
-    @property
-    def available(self) -> bool:
-        return self._fn is not None
+        self._fn = None if self.lib is None else self.lib.ironlm_linear_f32
 
     @staticmethod
     def can_pack(weight: torch.Tensor) -> bool:
@@ -154,7 +145,7 @@ class PackedLinearKernel:
         if m == 0:
             return y
         b = None if bias is None else bias.contiguous()
-        self._code.call(
+        self.call(
             self._fn, x.data_ptr(), packed.data_ptr(), None if b is None else b.data_ptr(),
             y.data_ptr(), m, n, k, torch.get_num_threads(),
         )  # fmt: skip
