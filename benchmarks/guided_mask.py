@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ironlm.interfaces.guided import GuidedBackend, GuidedSpec
-from ironlm.test_models import ensure_test_model
+from ironlm.model_loader.downloads import ensure_test_model
 
 SCHEMA = {
     "type": "object",

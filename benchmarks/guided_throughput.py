@@ -11,7 +11,7 @@ import json
 import time
 
 from ironlm import LLM, GuidedDecodingParams, SamplingParams
-from ironlm.test_models import ensure_test_model
+from ironlm.model_loader.downloads import ensure_test_model
 
 SCHEMA = {
     "type": "object",

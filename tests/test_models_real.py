@@ -14,7 +14,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from ironlm.model_loader import resolve_model
 from ironlm.model_loader.gguf_weights import load_gguf_config
-from ironlm.test_models import ensure_test_gguf
+from ironlm.model_loader.downloads import ensure_test_gguf
 
 pytestmark = pytest.mark.real_model
 

@@ -8,14 +8,15 @@ import os
 import subprocess
 import sys
 import textwrap
+import types
 from pathlib import Path
 from typing import Callable
 
+import ironlm
 import pluggy
 import pytest
-
-import ironlm
 from ironlm import hookimpl
+from ironlm.contract_version import PluginContractError
 from ironlm.interfaces.platform import Availability, Platform
 from ironlm.plugin_manager import PluginManager
 from ironlm.registry import PluginClashError, UnavailableError, UnknownNameError
@@ -29,13 +30,17 @@ OUR_PLUGINS = {
 }
 
 
-def _ironlm(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _ironlm(
+    *args: str, env: dict[str, str] | None = None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("IRONLM_")}
     full_env.update(env or {})
-    return subprocess.run(
+    res = subprocess.run(
         [sys.executable, "-m", "ironlm.cli", *args],
         capture_output=True, text=True, env=full_env, timeout=120,
     )
+    assert not check or res.returncode == 0, res.stderr
+    return res
 
 
 def test_discovery_finds_every_installed_plugin_with_provenance() -> None:
@@ -165,7 +170,7 @@ def test_cli_listing_table_and_json() -> None:
 
 
 def test_serve_without_a_platform_exits_2_naming_the_packages() -> None:
-    res = _ironlm("serve", "some-model", env={"IRONLM_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    res = _ironlm("serve", "some-model", env={"IRONLM_DISABLE_PLUGIN_AUTOLOAD": "1"}, check=False)
     assert res.returncode == 2
     assert "ironlm-cpu" in res.stderr and "ironlm-cuda" in res.stderr
 
@@ -194,6 +199,8 @@ import torch
 from ironlm import hookimpl
 from ironlm.interfaces.platform import Availability, Platform
 
+IRONLM_CONTRACT_VERSION = "1.0"
+
 
 class FakeDevicePlatform(Platform):
     name = "fakedev"
@@ -215,15 +222,49 @@ def register_platforms(register: Callable[[type], None]) -> None:
 '''
 
 
-@pytest.fixture()
-def third_party_plugin(tmp_path: Path) -> Path:
-    """A plugin 'installed' the way pip leaves it: module + dist-info with an entry point."""
-    (tmp_path / "fakedev_plugin.py").write_text(THIRD_PARTY_MODULE)
-    info = tmp_path / "ironlm_fakedev-1.2.3.dist-info"
+def _install_fake(folder: Path, module_text: str) -> Path:
+    """A plugin 'installed' the way pip leaves it: module + dist-info with an entry point. The
+    module is named after the folder, so that each test imports its own."""
+    module = "fakedev_" + "".join(c if c.isalnum() else "_" for c in folder.name)
+    (folder / f"{module}.py").write_text(module_text)
+    info = folder / "ironlm_fakedev-1.2.3.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: ironlm-fakedev\nVersion: 1.2.3\n")
-    (info / "entry_points.txt").write_text("[ironlm]\nfakedev = fakedev_plugin\n")
-    return tmp_path
+    (info / "entry_points.txt").write_text(f"[ironlm]\nfakedev = {module}\n")
+    return folder
+
+
+@pytest.fixture()
+def third_party_plugin(tmp_path: Path) -> Path:
+    return _install_fake(tmp_path, THIRD_PARTY_MODULE)
+
+
+@pytest.mark.parametrize(
+    ("declaration", "reason"),
+    [('IRONLM_CONTRACT_VERSION = "2.0"', "was written for contract 2.0"),
+     ('IRONLM_CONTRACT_VERSION = "1.9"', "was written for contract 1.9"),
+     ("", "declares no contract version")],
+)
+def test_plugin_for_another_contract_is_refused_naming_it(
+    tmp_path: Path, tiny_llama_dir: Path, monkeypatch: pytest.MonkeyPatch, declaration: str,
+    reason: str,
+) -> None:
+    module = THIRD_PARTY_MODULE.replace('IRONLM_CONTRACT_VERSION = "1.0"', declaration)
+    folder = _install_fake(tmp_path, module)
+    res = _ironlm("plugins", "--json", env={"PYTHONPATH": str(folder)})
+    rows = {r["plugin"]: r for r in json.loads(res.stdout)}
+    assert reason in rows["fakedev"]["incompatible"] and rows["fakedev"]["registered"] == []
+    table = _ironlm("plugins", env={"PYTHONPATH": str(folder)}).stdout
+    assert "fakedev" in table and f"incompatible: {reason}" in table
+    res = _ironlm("serve", str(tiny_llama_dir), env={"PYTHONPATH": str(folder)}, check=False)
+    assert res.returncode == 2
+    assert "plugin 'fakedev' (ironlm-fakedev 1.2.3)" in res.stderr and reason in res.stderr
+    monkeypatch.syspath_prepend(str(folder))
+    with pytest.raises(PluginContractError, match=f"'fakedev'.*{reason}"):
+        ironlm.LLM(str(tiny_llama_dir), kv_cache_memory=8 << 20)
+    other = PluginManager(autoload=False)
+    with pytest.raises(PluginContractError, match="'x' was written for contract 7.0"):
+        other.register(types.SimpleNamespace(IRONLM_CONTRACT_VERSION="7.0"), "x")
 
 
 def test_third_party_plugin_is_listed_and_selectable(

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from ironlm.engine.sampler import Sampler, SamplingState
+from ironlm.worker.sampler import Sampler, SamplingState
 from ironlm.sampling_params import SamplingParams
 
 V = 50

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ironlm.cli import build_parser
-from ironlm.engine.config import EngineConfig
+from ironlm.config import EngineConfig
 from ironlm.entrypoints.openai.api_server import main as api_server_main
 from ironlm.entrypoints.openai.cli_args import engine_config_from_args, parse_size
 

@@ -11,6 +11,8 @@ from typing import Callable
 
 from ironlm.hookspecs import hookimpl
 
+IRONLM_CONTRACT_VERSION = "1.0"  # the plugin contract this module is written against
+
 
 @hookimpl
 def register_attention_backends(register: Callable[[type], None]) -> None:

@@ -13,6 +13,19 @@ their return values are ignored. The host (``ironlm.plugin_manager.PluginManager
 registries are keyed by name, a name registered twice is an error naming both plugins, and each
 item records its provenance (plugin name, distribution, version).
 
+The contract is versioned (``CONTRACT_VERSION``, "MAJOR.MINOR"). A plugin module declares the
+version it was written against as a module constant::
+
+    IRONLM_CONTRACT_VERSION = "1.0"
+
+It loads when the major versions are equal and its minor version is at most the core's (a minor
+version only adds hooks or optional interface methods; a major version changes or removes
+them). A plugin distribution that declares no version, or another major version, or a newer
+minor version, is not loaded: ``ironlm plugins`` shows it as incompatible with the reason, and
+the engine and server refuse to start, naming the plugin. Objects registered in-process
+(``PluginManager.register``, tests, ``--tool-parser-plugin`` files) are written against the
+running core; a declared version is checked for them too, a missing one is accepted.
+
 Hooks run in every process that needs the registry: the CLI / server front end, the engine, and
 each executor worker. They must therefore be cheap and free of side effects: register classes, do
 not import heavy or hardware libraries (torch_npu, triton, ...) at module import time, and do not
@@ -26,6 +39,11 @@ from typing import Callable
 import pluggy
 
 PROJECT = "ironlm"
+# The contract's version, "MAJOR.MINOR". 1.0: executors drive WorkerBase workers
+# (``ironlm.interfaces.worker``) and are built as Executor(config, plugins, worker_cls).
+CONTRACT_VERSION = "1.0"
+# The module constant a plugin declares its contract version in.
+CONTRACT_ATTRIBUTE = "IRONLM_CONTRACT_VERSION"
 
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)

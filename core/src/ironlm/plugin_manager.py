@@ -14,7 +14,8 @@ from typing import Any, Callable
 
 import pluggy
 
-from ironlm import builtin_plugin, hookspecs
+from ironlm import hookspecs
+from ironlm.contract_version import PluginContractError, incompatibility
 from ironlm.interfaces import (
     AttentionBackend,
     Executor,
@@ -28,6 +29,8 @@ from ironlm.interfaces.platform import Availability
 from ironlm.registry import Provenance, Registry, UnavailableError, UnknownNameError
 
 ENTRY_POINT_GROUP = "ironlm"
+# The core's own plugin (ironlm.builtin_plugin), declared by the ironlm distribution in the same
+# entry-point group as every other plugin and always loaded, whatever the allow-list says.
 BUILTIN_PLUGIN = "ironlm"
 
 
@@ -89,9 +92,12 @@ class PluginManager:
     """Discovers plugins and exposes the registries and selection-by-name.
 
     :param autoload: load entry points of group ``ironlm`` (default: unless
-        ``IRONLM_DISABLE_PLUGIN_AUTOLOAD=1``).
+        ``IRONLM_DISABLE_PLUGIN_AUTOLOAD=1``). The core's own plugin is always loaded.
     :param allow: entry-point names to load (default: ``IRONLM_PLUGINS=a,b``, else all).
     :param plugins: extra plugin objects to register (name -> module/object), e.g. in tests.
+
+    A plugin written for another contract version (``ironlm.hookspecs``) is not registered;
+    it is listed in ``incompatible`` and ``check_compatible()`` raises naming it.
     """
 
     def __init__(
@@ -103,11 +109,16 @@ class PluginManager:
     ) -> None:
         self.pm = pluggy.PluginManager(hookspecs.PROJECT)
         self.pm.add_hookspecs(hookspecs)
-        self.pm.register(builtin_plugin, name=BUILTIN_PLUGIN)
-        self._dists: dict[str, tuple[str | None, str | None]] = {
-            BUILTIN_PLUGIN: ("ironlm", _version_of("ironlm"))
-        }
+        self._dists: dict[str, tuple[str | None, str | None]] = {}
+        # plugin name -> why it was not loaded (another contract version)
+        self.incompatible: dict[str, str] = {}
         self._registries: Registries | None = None
+        self.load_entrypoints([BUILTIN_PLUGIN])
+        if BUILTIN_PLUGIN not in self.plugin_names():
+            raise PluginContractError(
+                "the core's own plugin is missing: the ironlm distribution is not installed "
+                "(pip install ./core), so its entry point 'ironlm' cannot be found"
+            )
         if autoload if autoload is not None else _env_autoload():
             self.load_entrypoints(allow if allow is not None else _env_allow_list())
         for name, plugin in (plugins or {}).items():
@@ -115,26 +126,47 @@ class PluginManager:
 
     # -- discovery -------------------------------------------------------------------------
     def load_entrypoints(self, allow: list[str] | None = None) -> None:
-        """Load plugins of the ``ironlm`` entry-point group (idempotent)."""
-        if allow is None:
-            self.pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
-        else:
-            for name in allow:
-                self.pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP, name=name)
-        for plugin, dist in self.pm.list_plugin_distinfo():
-            pname = self.pm.get_name(plugin)
-            if pname is not None:
-                self._dists[pname] = (dist.metadata["name"], dist.version)
+        """Load plugins of the ``ironlm`` entry-point group (idempotent); ``allow``: only
+        these entry-point names."""
+        for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+            if allow is not None and ep.name not in allow:
+                continue
+            if self.pm.get_plugin(ep.name) is not None or ep.name in self.incompatible:
+                continue
+            dist = ep.dist
+            self._dists[ep.name] = (
+                dist.metadata["name"] if dist else None, dist.version if dist else None
+            )
+            plugin = ep.load()
+            reason = incompatibility(plugin, required=True)
+            if reason is not None:
+                self.incompatible[ep.name] = reason
+                continue
+            self.pm.register(plugin, name=ep.name)
         self.pm.check_pending()
         self._registries = None
 
     def register(self, plugin: object, name: str) -> None:
         """Register a plugin object directly (tests, single-file plugins)."""
+        reason = incompatibility(plugin, required=False)
+        if reason is not None:
+            raise PluginContractError(f"plugin {name!r} {reason}")
         if self.pm.get_plugin(name) is None:
             self.pm.register(plugin, name=name)
             self.pm.check_pending()
             self._dists.setdefault(name, (None, None))
         self._registries = None
+
+    def check_compatible(self) -> None:
+        """Raise PluginContractError naming every installed plugin written for another
+        contract version (called at engine and server start-up)."""
+        if self.incompatible:
+            lines = [f"{self.provenance(n).describe()} {why}"
+                     for n, why in self.incompatible.items()]
+            raise PluginContractError(
+                "installed plugin(s) do not fit this core's plugin contract "
+                f"{hookspecs.CONTRACT_VERSION}: " + "; ".join(lines)
+            )
 
     def unregister(self, name: str) -> None:
         self.pm.unregister(name=name)
@@ -267,6 +299,16 @@ class PluginManager:
                 "plugin": name,
                 "distribution": prov.distribution,
                 "version": prov.version,
+                "contract": getattr(self.pm.get_plugin(name), hookspecs.CONTRACT_ATTRIBUTE, None),
+                "registered": [],
+            }
+        for name, why in self.incompatible.items():
+            prov = self.provenance(name)
+            rows[name] = {
+                "plugin": name,
+                "distribution": prov.distribution,
+                "version": prov.version,
+                "incompatible": why,
                 "registered": [],
             }
         for attr in _HOOKS.values():
@@ -313,8 +355,3 @@ def _registrar(
     return register
 
 
-def _version_of(dist: str) -> str | None:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None

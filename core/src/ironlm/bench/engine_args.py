@@ -12,7 +12,7 @@ import typing
 from dataclasses import MISSING, fields
 from typing import Any
 
-from ironlm.engine.config import EngineConfig
+from ironlm.config import EngineConfig
 from ironlm.entrypoints.openai.cli_args import parse_size
 
 _SIZE_FIELDS = {"kv_cache_memory"}

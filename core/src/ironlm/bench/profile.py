@@ -130,7 +130,7 @@ def format_report(r: dict[str, Any]) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ironlm.engine.config import EngineConfig
+    from ironlm.config import EngineConfig
     from ironlm.engine.llm_engine import LLMEngine
 
     try:

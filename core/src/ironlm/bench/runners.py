@@ -59,7 +59,7 @@ class IronlmRunner:
     def __init__(self, model: str, engine_kwargs: dict[str, Any], detokenize: bool = True) -> None:
         import torch
 
-        from ironlm.engine.config import EngineConfig
+        from ironlm.config import EngineConfig
         from ironlm.engine.llm_engine import LLMEngine
 
         config = EngineConfig(model=model, **engine_kwargs)
@@ -69,11 +69,11 @@ class IronlmRunner:
         self._ids = itertools.count()
 
     def info(self) -> dict[str, Any]:
-        executor = self.engine.executor
-        bytes_per_block = executor.collective_rpc("kv_bytes_per_block")[0]
+        bytes_per_block = self.engine.executor.collective_rpc("kv_cache_bytes_per_block")[0]
+        num_kv_blocks = self.engine.block_manager.num_kv_blocks
         return {
-            "num_kv_blocks": executor.num_kv_blocks,
-            "kv_cache_bytes": int(bytes_per_block) * executor.num_kv_blocks,
+            "num_kv_blocks": num_kv_blocks,
+            "kv_cache_bytes": int(bytes_per_block) * num_kv_blocks,
             "max_model_len": self.engine.max_model_len,
             "max_num_seqs": self.engine.config.max_num_seqs,
             "dtype": self.engine.config.dtype,

@@ -31,7 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ironlm.test_models import ensure_test_gguf, ensure_test_model
+    from ironlm.model_loader.downloads import ensure_test_gguf, ensure_test_model
 
     try:
         if args.gguf:

@@ -16,21 +16,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    """One line per registered item: plugin, distribution, version, kind:name, status."""
-    header = ("PLUGIN", "DISTRIBUTION", "VERSION", "REGISTERED", "STATUS")
+    """One line per registered item: plugin, distribution, version, the contract version it
+    declares, kind:name, status (an incompatible plugin: one line with the reason)."""
+    header = ("PLUGIN", "DISTRIBUTION", "VERSION", "CONTRACT", "REGISTERED", "STATUS")
     lines: list[tuple[str, ...]] = [header]
     for row in rows:
         items = row["registered"] or [None]
         for item in items:
             what = f"{item['kind']}:{item['name']}" if item else "(nothing)"
-            status = ""
+            status = f"incompatible: {row['incompatible']}" if row.get("incompatible") else ""
             if item and "available" in item:
                 status = "available" if item["available"] else f"unavailable: {item['reason']}"
                 if item["available"] and item.get("reason"):
                     status += f" ({item['reason']})"
-            lines.append(
-                (row["plugin"], row["distribution"] or "-", row["version"] or "-", what, status)
-            )
+            lines.append((row["plugin"], row["distribution"] or "-", row["version"] or "-",
+                          row.get("contract") or "-", what, status))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
     return "\n".join(
         "  ".join(col.ljust(w) for col, w in zip(line[:-1], widths)) + "  " + line[-1]

@@ -31,12 +31,12 @@ class PrefixCacheStats:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+    def __init__(self, num_kv_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.blocks = [Block(i) for i in range(num_kv_blocks)]
         # Free blocks in eviction order (front is handed out first); value unused.
-        self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_kv_blocks))
         self._cached: dict[int, int] = {}  # block hash -> block id
         self._req_blocks: dict[str, list[int]] = {}
         self._req_hashes: dict[str, list[int]] = {}  # hashes of the request's full blocks
@@ -44,7 +44,7 @@ class BlockManager:
 
     # -- queries ---------------------------------------------------------------------------
     @property
-    def num_blocks(self) -> int:
+    def num_kv_blocks(self) -> int:
         return len(self.blocks)
 
     @property
@@ -53,11 +53,11 @@ class BlockManager:
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._free)
+        return self.num_kv_blocks - len(self._free)
 
     @property
     def usage(self) -> float:
-        return self.num_used_blocks / self.num_blocks
+        return self.num_used_blocks / self.num_kv_blocks
 
     def block_ids(self, request_id: str) -> list[int]:
         return self._req_blocks.get(request_id, [])

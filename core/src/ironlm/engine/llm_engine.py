@@ -10,25 +10,27 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ironlm.config import EngineConfig
 from ironlm.engine.block_manager import BlockManager
-from ironlm.engine.config import EngineConfig
 from ironlm.engine.guided_manager import GuidedManager
 from ironlm.engine.input_processor import InputProcessor, PromptType
-from ironlm.engine.model_input import ModelInput, NewRequestData, ScheduledSeq
 from ironlm.engine.output_processor import OutputProcessor
 from ironlm.engine.request import Request, RequestStatus
 from ironlm.engine.scheduler import Scheduler
 from ironlm.interfaces.executor import Executor
+from ironlm.interfaces.step import ModelInput, NewRequestData, ScheduledSeq
 from ironlm.model_loader import resolve_model
 from ironlm.outputs import RequestOutput
 from ironlm.plugin_manager import PluginManager
 from ironlm.sampling_params import SamplingParams
+from ironlm.worker.worker import Worker
 
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, pm: PluginManager | None = None) -> None:
         self.config = config
         self.pm = pm or PluginManager()
+        self.pm.check_compatible()
         source = resolve_model(config.model, config.trust_remote_code)
         self.tokenizer = source.load_tokenizer(config.tokenizer)
         self.max_model_len = _max_model_len(config, source.max_position_embeddings)
@@ -40,17 +42,18 @@ class LLMEngine:
         gen_eos = [gen_eos] if isinstance(gen_eos, int) else list(gen_eos or [])
         self.extra_eos_ids = [t for t in gen_eos if t != self.tokenizer.eos_token_id]
         executor_cls = self.pm.select_executor(config.distributed_executor_backend or "uni")
-        self.executor: Executor = executor_cls(config, self.pm)
+        self.executor: Executor = executor_cls(config, self.pm, Worker)
         self.executor.start()
-        num_blocks = self.executor.num_kv_blocks
-        if num_blocks * config.block_size < self.max_model_len:
+        num_kv_blocks = self.executor.determine_num_kv_blocks()
+        if num_kv_blocks * config.block_size < self.max_model_len:
             self.executor.shutdown()
             raise ValueError(
                 f"The model's max seq len ({self.max_model_len}) is larger than the maximum "
                 f"number of tokens that can be stored in KV cache "
-                f"({num_blocks * config.block_size}). Raise kv_cache_memory or lower "
+                f"({num_kv_blocks * config.block_size}). Raise kv_cache_memory or lower "
                 "max_model_len."
             )
+        self.executor.initialize_kv_cache(num_kv_blocks)
         budget = config.max_num_batched_tokens or (
             2048 if config.enable_chunked_prefill else max(self.max_model_len, 2048)
         )
@@ -60,7 +63,9 @@ class LLMEngine:
                 f"({self.max_model_len}) without chunked prefill; enable chunked prefill or "
                 "raise max_num_batched_tokens"
             )
-        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.block_manager = BlockManager(
+            num_kv_blocks, config.block_size, config.enable_prefix_caching
+        )
         self.scheduler = Scheduler(
             self.block_manager, config.max_num_seqs, budget, config.enable_chunked_prefill,
             use_priority=config.scheduling_policy == "priority",
@@ -189,7 +194,7 @@ class LLMEngine:
             "num_running": self.scheduler.num_running,
             "num_waiting": self.scheduler.num_waiting,
             "kv_usage": bm.usage,
-            "num_blocks": bm.num_blocks,
+            "num_kv_blocks": bm.num_kv_blocks,
             "num_used_blocks": bm.num_used_blocks,
             "prefix_cache_queries": bm.stats.queries,
             "prefix_cache_hits": bm.stats.hits,

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ironlm.engine.detokenizer import IncrementalDetokenizer
-from ironlm.engine.model_input import ModelOutput, SampledToken
 from ironlm.engine.request import Request, RequestStatus
 from ironlm.engine.scheduler import Scheduler
+from ironlm.interfaces.step import ModelOutput, SampledToken
 from ironlm.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
 from ironlm.sampling_params import SamplingParams
 

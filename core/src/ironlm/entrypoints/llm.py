@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from ironlm.engine.config import EngineConfig
+from ironlm.config import EngineConfig
 from ironlm.engine.input_processor import PromptType
 from ironlm.engine.llm_engine import LLMEngine
 from ironlm.entrypoints.chat_utils import apply_chat_template

@@ -1,1 +1,1 @@
-"""Executors: in-process (uni) and multiprocess."""
+"""Executors: where the workers live. ``uni`` runs the one worker in the engine's process."""

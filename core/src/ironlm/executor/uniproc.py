@@ -4,49 +4,51 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from ironlm.engine.config import EngineConfig
-from ironlm.engine.model_input import ModelInput, ModelOutput
-from ironlm.engine.model_runner import ModelRunner
+from ironlm.config import EngineConfig
 from ironlm.interfaces.executor import Executor
+from ironlm.interfaces.step import ModelInput, ModelOutput
+from ironlm.interfaces.worker import WorkerBase, WorkerRank
 from ironlm.plugin_manager import PluginManager
 
 
 class UniProcExecutor(Executor):
     name: ClassVar[str] = "uni"
 
-    def __init__(self, config: EngineConfig, pm: PluginManager | None = None) -> None:
-        super().__init__(config)
+    def __init__(
+        self, config: EngineConfig, plugins: PluginManager, worker_cls: type[WorkerBase]
+    ) -> None:
+        super().__init__(config, plugins, worker_cls)
         if config.tensor_parallel_size != 1:
             raise ValueError(
                 "distributed_executor_backend 'uni' runs one worker; "
                 f"tensor_parallel_size={config.tensor_parallel_size} needs 'mp' or 'ray'"
             )
-        self._pm = pm or PluginManager()
-        self.runner: ModelRunner | None = None
-        self._num_blocks = 0
+        self.worker: WorkerBase | None = None
 
     def start(self) -> None:
-        self.runner = ModelRunner(self.config, self._pm, rank=0)
-        self._num_blocks = self.runner.determine_num_blocks()
-        self.runner.allocate_kv_cache(self._num_blocks)
+        worker = self.worker_cls(self.config, WorkerRank(rank=0, world_size=1, local_rank=0),
+                                 self.plugins)
+        worker.init_device()
+        worker.load_model()
+        self.worker = worker
 
-    @property
-    def num_kv_blocks(self) -> int:
-        return self._num_blocks
-
-    def _runner(self) -> ModelRunner:
-        if self.runner is None:
+    def _worker(self) -> WorkerBase:
+        if self.worker is None:
             raise RuntimeError("executor is not started (or was shut down)")
-        return self.runner
+        return self.worker
 
     def execute_model(self, model_input: ModelInput) -> ModelOutput:
-        return self._runner().execute(model_input)
+        output = self._worker().execute_model(model_input)
+        assert output is not None, "the only worker samples"
+        return output
 
     def collective_rpc(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        return [getattr(self._runner(), method)(*args, **kwargs)]
+        return [getattr(self._worker(), method)(*args, **kwargs)]
 
     def check_health(self) -> None:
-        self._runner()
+        self._worker().check_health()
 
     def shutdown(self) -> None:
-        self.runner = None
+        if self.worker is not None:
+            self.worker.shutdown()
+        self.worker = None

@@ -1,4 +1,4 @@
-"""Executor: how the engine's workers are laid out (in-process, processes, Ray)."""
+"""Executor: where the engine's workers live (this process, child processes, Ray actors)."""
 
 from __future__ import annotations
 
@@ -7,24 +7,34 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ironlm.interfaces.platform import Availability
 
-if TYPE_CHECKING:
-    from ironlm.engine.config import EngineConfig
-    from ironlm.engine.model_input import ModelInput, ModelOutput
+if TYPE_CHECKING:  # pytest's pattern: the contract names its host for typing only
+    from ironlm.config import EngineConfig
+    from ironlm.interfaces.step import ModelInput, ModelOutput
+    from ironlm.interfaces.worker import WorkerBase
     from ironlm.plugin_manager import PluginManager
 
 
 class Executor(ABC):
-    """Runs the model runner on one or more workers. Registered through ``register_executors``.
+    """Lays out one worker per rank and drives them. Registered through ``register_executors``.
 
-    Constructed as ``Executor(config, plugin_manager)`` by the engine, then ``start()``; each
-    engine step calls ``execute_model`` with the step's host-side input and gets sampled tokens
-    back. Workers in other processes build their own PluginManager (discovery is per process).
+    Constructed by the engine as ``Executor(config, plugins, worker_cls)``: ``worker_cls`` is
+    the core's worker (a :class:`~ironlm.interfaces.worker.WorkerBase`), built as
+    ``worker_cls(config, WorkerRank(...), plugins)`` where it runs; ``plugins`` is the engine's
+    PluginManager, for workers in the engine's own process (a worker in another process builds
+    its own: discovery is per process).
+
+    The engine then calls ``start()``, ``determine_num_kv_blocks()``,
+    ``initialize_kv_cache(n)``, and ``execute_model`` once per step.
     """
 
     name: ClassVar[str]
 
-    def __init__(self, config: EngineConfig, pm: PluginManager | None = None) -> None:
+    def __init__(
+        self, config: EngineConfig, plugins: PluginManager, worker_cls: type[WorkerBase]
+    ) -> None:
         self.config = config
+        self.plugins = plugins
+        self.worker_cls = worker_cls
 
     @classmethod
     def is_available(cls) -> Availability:
@@ -32,16 +42,19 @@ class Executor(ABC):
 
     @abstractmethod
     def start(self) -> None:
-        """Create the workers, load the model, allocate the KV cache (``num_kv_blocks``)."""
+        """Create the workers; each runs ``init_device()`` and ``load_model()``."""
 
-    @property
-    @abstractmethod
-    def num_kv_blocks(self) -> int:
-        """KV blocks each worker allocated (the same on every worker)."""
+    def determine_num_kv_blocks(self) -> int:
+        """KV blocks every worker can hold: the minimum over the workers."""
+        return min(self.collective_rpc("determine_num_kv_blocks"))
+
+    def initialize_kv_cache(self, num_kv_blocks: int) -> None:
+        """Have every worker allocate ``num_kv_blocks`` blocks per attention layer."""
+        self.collective_rpc("initialize_kv_cache", num_kv_blocks)
 
     @abstractmethod
     def execute_model(self, model_input: ModelInput) -> ModelOutput:
-        """Run one forward + sample step and return the driver worker's output."""
+        """Run one step on every worker; return the sampling worker's output."""
 
     @abstractmethod
     def collective_rpc(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:

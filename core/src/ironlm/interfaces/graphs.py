@@ -5,7 +5,7 @@ capture on static input tensors, later steps copy their inputs into those tensor
 the recorded kernels. A platform offers the same through ``Platform.graph_capture``, which
 returns a ``GraphCapture`` for one model's layer ops and attention backend (CUDA: CUDA graphs;
 cpu: a recorded list of its C kernel calls). The engine side (which steps qualify, static
-buffers, padding to a captured size) is ``ironlm.engine.decode_graphs``.
+buffers, padding to a captured size) is ``ironlm.worker.decode_graphs``.
 
 Contract for ``capture(forward)``: ``forward`` reads only tensors that stay alive and keep their
 addresses (the static inputs, weights, the KV cache) and returns a tensor; everything it

@@ -15,16 +15,15 @@ import numpy as np
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 from transformers.integrations import GGUF_CONFIG_MAPPING
-from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 from transformers.modeling_gguf_pytorch_utils import (
     TENSOR_PROCESSORS,
     TensorProcessor,
     get_gguf_hf_weights_map,
 )
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from ironlm.model_loader.gguf_file import GGUFFile
-
 
 # GGUF architectures whose HF config is rebuilt here from the metadata (one fast pass over the
 # file) with transformers' key table; others go through transformers' own GGUF config reader,

@@ -6,6 +6,8 @@ from typing import Callable
 
 from ironlm import hookimpl
 
+IRONLM_CONTRACT_VERSION = "1.0"  # the plugin contract this module is written against
+
 
 @hookimpl
 def register_platforms(register: Callable[[type], None]) -> None:

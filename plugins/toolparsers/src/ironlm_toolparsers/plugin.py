@@ -9,6 +9,8 @@ from typing import Callable
 
 from ironlm import hookimpl
 
+IRONLM_CONTRACT_VERSION = "1.0"  # the plugin contract this module is written against
+
 
 @hookimpl
 def register_tool_parsers(register: Callable[[type], None]) -> None:

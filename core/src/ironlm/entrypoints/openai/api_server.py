@@ -21,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.responses import JSONResponse, Response
 
 from ironlm import __version__
+from ironlm.contract_version import PluginContractError
 from ironlm.engine.async_engine import AsyncEngine
 from ironlm.entrypoints.chat_utils import load_chat_template
 from ironlm.entrypoints.openai import (
@@ -222,6 +223,7 @@ def run_server(args: argparse.Namespace) -> None:
     from ironlm.engine.llm_engine import LLMEngine
 
     pm = PluginManager()
+    pm.check_compatible()
     if args.tool_parser_plugin:
         load_tool_parser_plugin(pm, args.tool_parser_plugin)
     platform = pm.select_platform(getattr(args, "device", None) or "auto")
@@ -251,7 +253,8 @@ def serve(args: argparse.Namespace, prog: str = "ironlm serve") -> int:
                             format="%(levelname)s %(asctime)s %(name)s: %(message)s")
     try:
         run_server(args)
-    except (ValueError, OSError, PluginClashError) as exc:  # StartupError, selection errors
+    except (ValueError, OSError, PluginClashError, PluginContractError) as exc:
+        # StartupError, selection errors, plugins written for another contract
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -15,7 +15,7 @@ import typing
 from dataclasses import MISSING, fields
 from typing import Any
 
-from ironlm.engine.config import LOAD_FORMATS, EngineConfig
+from ironlm.config import LOAD_FORMATS, EngineConfig
 
 # Help per engine argument (fields missing here still get a flag, with a generic help).
 _ENGINE_HELP: dict[str, str] = {

@@ -79,7 +79,7 @@ class ServerMetrics:
         self.waiting.labels(m).set(stats.get("num_waiting", 0))
         self.kv_usage.labels(m).set(stats.get("kv_usage", 0.0))
         self.kv_used.labels(m).set(stats.get("num_used_blocks", 0))
-        self.kv_total.labels(m).set(stats.get("num_blocks", 0))
+        self.kv_total.labels(m).set(stats.get("num_kv_blocks", 0))
         queries, hits = stats.get("prefix_cache_queries", 0), stats.get("prefix_cache_hits", 0)
         self.prefix_queries.labels(m).set(queries)
         self.prefix_hits.labels(m).set(hits)

@@ -11,7 +11,7 @@ import argparse
 import importlib.util
 from pathlib import Path
 
-from ironlm.engine.config import EngineConfig
+from ironlm.config import EngineConfig
 from ironlm.interfaces.platform import Platform
 from ironlm.plugin_manager import PluginManager
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ironlm.engine.model_input import SampledToken
+from ironlm.interfaces.step import SampledToken
 from ironlm.sampling_params import SamplingParams
 
 _NEG_INF = float("-inf")

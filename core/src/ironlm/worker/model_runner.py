@@ -1,4 +1,5 @@
-"""ModelRunner (worker side): owns the model, the KV cache and the sampler.
+"""ModelRunner: one step of a loaded model (the worker owns the model, the KV cache and the
+runner; the runner holds the sampler and the per-request sampling state).
 
 Each step flattens all scheduled tokens into one batch, builds the attention backend's
 metadata once, runs the model, computes logits only at positions that sample (or whose prompt
@@ -12,118 +13,35 @@ from typing import Any
 import torch
 
 from ironlm.attention.batch import build_attention_batch
-from ironlm.engine.config import EngineConfig
-from ironlm.engine.decode_graphs import DecodeGraphs
-from ironlm.engine.model_input import ModelInput, ModelOutput, ScheduledSeq
-from ironlm.engine.sampler import Sampler, SamplingState, top_logprobs
-from ironlm.interfaces.model import ModelArchitecture, ModelContext
-from ironlm.interfaces.quantization import UnquantizedMethod
-from ironlm.model_loader import ModelSource, load_model, resolve_model
-from ironlm.plugin_manager import PluginManager
-
-_CPU_DEFAULT_KV_BYTES = 4 * 1024**3  # like vLLM's VLLM_CPU_KVCACHE_SPACE default
+from ironlm.config import EngineConfig
+from ironlm.interfaces.attention import AttentionBackend
+from ironlm.interfaces.model import ModelArchitecture
+from ironlm.interfaces.step import ModelInput, ModelOutput, ScheduledSeq
+from ironlm.worker.decode_graphs import DecodeGraphs
+from ironlm.worker.sampler import Sampler, SamplingState, top_logprobs
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, pm: PluginManager, rank: int = 0) -> None:
+    """Runs one step of a loaded model over its KV cache (set by the worker once allocated)."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        model: ModelArchitecture,
+        attention: AttentionBackend,
+        device: torch.device,
+        vocab_size: int,
+    ) -> None:
         self.config = config
-        self.pm = pm
-        self.rank = rank
-        self.platform = pm.select_platform(config.device)
-        self.platform.check_block_size(config.block_size)
-        self.platform.configure_process()
-        self.device = self.platform.device(rank)
-        self.source: ModelSource = resolve_model(config.model, config.trust_remote_code)
-        self.dtype = config.torch_dtype(
-            self.source.checkpoint_dtype, self.platform.default_dtype(self.source.checkpoint_dtype)
-        )
-        if self.dtype not in self.platform.supported_dtypes:
-            raise ValueError(
-                f"dtype {self.dtype} is not supported on device {self.platform.name!r}; "
-                f"supported: {[str(d) for d in self.platform.supported_dtypes]}"
-            )
-        backend_cls = pm.select_attention_backend(config.attention_backend, self.platform)
-        options = dict(config.attention_backend_options)
-        if config.kv_cache_dtype != "auto":  # only backends with a quantized cache accept it
-            options["kv_cache_dtype"] = config.kv_cache_dtype
-        self.attention = backend_cls(**options)
-        quant = UnquantizedMethod()
-        if config.quantization:
-            qcls = pm.select_quantization(config.quantization, self.platform)
-            quant = qcls.from_config(self.source.quantization_config)
-        model_cls = pm.select_model(self.source.architectures)
-        ctx = ModelContext(
-            attention=self.attention,
-            layer_ops=self.platform.layer_ops(),
-            quantization=quant,
-            dtype=self.dtype,
-            device=self.device,
-            tp_rank=rank,
-            tp_size=config.tensor_parallel_size,
-        )
-        self.model: ModelArchitecture = load_model(
-            self.source, model_cls, ctx, config.load_format, config.seed
-        )
-        self.ctx = ctx
+        self.model = model
+        self.attention = attention
+        self.device = device
+        self.vocab_size = vocab_size
+        self.kv_caches: list[torch.Tensor] = []  # one per attention layer
         self.graphs: DecodeGraphs | None = None  # set with the KV cache unless enforce_eager
-        self.vocab_size = int(self.source.hf_config.vocab_size)
-        self.layers = self.model.attention_layers()
-        self.kv_caches: list[torch.Tensor] = []
         self.sampler = Sampler()
         self.states: dict[str, SamplingState] = {}
         self.embed_sums: dict[str, torch.Tensor] = {}  # pooling requests: running hidden sums
-
-    # -- KV cache --------------------------------------------------------------------------
-    def kv_bytes_per_block(self) -> int:
-        elem = torch.empty((), dtype=self.attention.cache_dtype(self.dtype)).element_size()
-        return sum(
-            2 * self.config.block_size * spec.num_kv_heads * spec.head_dim * elem
-            for spec in self.layers
-        )
-
-    def determine_num_blocks(self) -> int:
-        cfg = self.config
-        if cfg.num_kv_blocks is not None:
-            return cfg.num_kv_blocks
-        if cfg.kv_cache_memory is not None:
-            budget = cfg.kv_cache_memory
-        elif self.platform.device_type == "cpu":
-            _, total = self.platform.memory_info()
-            budget = min(_CPU_DEFAULT_KV_BYTES, total // 4)
-        else:
-            self.platform.synchronize()
-            free, total = self.platform.memory_info(self.rank)
-            budget = int(total * cfg.gpu_memory_utilization) - (total - free)
-        num = budget // self.kv_bytes_per_block()
-        if num < 1:
-            raise ValueError(
-                f"no memory left for the KV cache (budget {budget} bytes); lower the model "
-                "size or raise kv_cache_memory / gpu_memory_utilization"
-            )
-        return int(num)
-
-    def allocate_kv_cache(self, num_blocks: int) -> None:
-        """Allocate every layer's cache once, at the size asked for."""
-        self.kv_caches = [
-            torch.zeros(
-                self.attention.kv_cache_shape(
-                    num_blocks, self.config.block_size, spec.num_kv_heads, spec.head_dim
-                ),
-                dtype=self.attention.cache_dtype(self.dtype),
-                device=self.device,
-            )
-            for spec in self.layers
-        ]
-        capture = None if self.config.enforce_eager else self.platform.graph_capture(self.ctx)
-        if capture is not None:
-            # the longest context a sequence can reach: the model's limit, or the whole cache
-            longest = self.config.max_model_len or self.source.max_position_embeddings
-            longest = min(longest or num_blocks * self.config.block_size,
-                          num_blocks * self.config.block_size)  # fmt: skip
-            self.graphs = DecodeGraphs(
-                capture, self.model, self.attention, self.kv_caches, self.config.block_size,
-                longest, self.device,
-            )  # fmt: skip
 
     # -- one step --------------------------------------------------------------------------
     @torch.inference_mode()

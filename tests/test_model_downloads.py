@@ -1,4 +1,4 @@
-"""ironlm.test_models and ``ironlm download-test-model``: the cached HF folders of the real test
+"""ironlm.model_loader.downloads and ``ironlm download-test-model``: the cached HF folders of the real test
 models, their tokenizers and chat templates, the CLI, and concurrent first use."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from safetensors import safe_open
 from transformers import AutoTokenizer
 
 from ironlm.cli import main as cli_main
-from ironlm.test_models import cache_root, ensure_test_gguf, ensure_test_model
+from ironlm.model_loader.downloads import cache_root, ensure_test_gguf, ensure_test_model
 
 pytestmark = pytest.mark.real_model
 
@@ -100,7 +100,7 @@ def test_concurrent_first_use_builds_once(tmp_path: Path) -> None:
     except OSError:
         shutil.copy(source, target)
     code = (
-        "import sys; from pathlib import Path; from ironlm.test_models import ensure_test_model; "
+        "import sys; from pathlib import Path; from ironlm.model_loader.downloads import ensure_test_model; "
         "print(ensure_test_model('smollm2', Path(sys.argv[1])))"
     )
     procs = [

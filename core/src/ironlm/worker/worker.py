@@ -1,0 +1,140 @@
+"""Worker: one rank's device, model, KV cache and model runner (``WorkerBase``'s core
+implementation, the class every executor builds, in whatever process it runs)."""
+
+from __future__ import annotations
+
+from ironlm.config import EngineConfig
+from ironlm.interfaces.attention import AttentionBackend
+from ironlm.interfaces.model import ModelArchitecture, ModelContext
+from ironlm.interfaces.platform import Platform
+from ironlm.interfaces.quantization import QuantizationMethod, UnquantizedMethod
+from ironlm.interfaces.step import ModelInput, ModelOutput
+from ironlm.interfaces.worker import WorkerBase, WorkerRank
+from ironlm.model_loader import ModelSource, load_model, resolve_model
+from ironlm.plugin_manager import PluginManager
+from ironlm.worker.decode_graphs import DecodeGraphs
+from ironlm.worker.kv_cache import KVCache
+from ironlm.worker.model_runner import ModelRunner
+
+
+class Worker(WorkerBase):
+    def __init__(
+        self, config: EngineConfig, rank: WorkerRank, plugins: PluginManager | None = None
+    ) -> None:
+        super().__init__(config, rank, plugins)
+        self.plugins = plugins if plugins is not None else PluginManager()
+        self.source: ModelSource = resolve_model(config.model, config.trust_remote_code)
+        self._platform: Platform | None = None
+        self._runner: ModelRunner | None = None
+        self._kv: KVCache | None = None
+
+    # -- set-up, in call order ---------------------------------------------------------------
+    def init_device(self) -> None:
+        if self.rank.world_size > 1:
+            raise ValueError(
+                f"this worker runs one rank; world size {self.rank.world_size} "
+                "(tensor_parallel_size > 1) is not supported"
+            )
+        platform = self.plugins.select_platform(self.config.device)
+        platform.check_block_size(self.config.block_size)
+        platform.configure_process()
+        platform.set_device(self.rank.local_rank)
+        self._platform = platform
+        self.device = platform.device(self.rank.local_rank)
+        self.dtype = self.config.torch_dtype(
+            self.source.checkpoint_dtype, platform.default_dtype(self.source.checkpoint_dtype)
+        )
+        if self.dtype not in platform.supported_dtypes:
+            raise ValueError(
+                f"dtype {self.dtype} is not supported on device {platform.name!r}; "
+                f"supported: {[str(d) for d in platform.supported_dtypes]}"
+            )
+
+    def load_model(self) -> None:
+        platform = self.platform
+        attention = self._attention_backend(platform)
+        ctx = ModelContext(
+            attention=attention,
+            layer_ops=platform.layer_ops(),
+            quantization=self._quantization(platform),
+            dtype=self.dtype,
+            device=self.device,
+            tp_rank=0,
+            tp_size=self.config.tensor_parallel_size,
+        )
+        model_cls = self.plugins.select_model(self.source.architectures)
+        model: ModelArchitecture = load_model(
+            self.source, model_cls, ctx, self.config.load_format, self.config.seed
+        )
+        self.ctx = ctx
+        self._kv = KVCache(
+            self.config, platform, attention, model.attention_layers(), self.dtype,
+            self.device, self.rank.local_rank,
+        )  # fmt: skip
+        self._runner = ModelRunner(
+            self.config, model, attention, self.device, int(self.source.hf_config.vocab_size)
+        )
+
+    def determine_num_kv_blocks(self) -> int:
+        return self.kv_cache.num_blocks_that_fit()
+
+    def kv_cache_bytes_per_block(self) -> int:
+        """Bytes one KV block takes on this rank, over all its attention layers."""
+        return self.kv_cache.bytes_per_block()
+
+    def initialize_kv_cache(self, num_kv_blocks: int) -> None:
+        kv_caches = self.kv_cache.allocate(num_kv_blocks)
+        runner = self.runner
+        runner.kv_caches = kv_caches
+        capture = None if self.config.enforce_eager else self.platform.graph_capture(self.ctx)
+        if capture is not None:
+            # the longest context a sequence can reach: the model's limit, or the whole cache
+            cache_tokens = num_kv_blocks * self.config.block_size
+            longest = self.config.max_model_len or self.source.max_position_embeddings
+            runner.graphs = DecodeGraphs(
+                capture, runner.model, runner.attention, kv_caches, self.config.block_size,
+                min(longest or cache_tokens, cache_tokens), self.device,
+            )  # fmt: skip
+
+    # -- steps -------------------------------------------------------------------------------
+    def execute_model(self, model_input: ModelInput) -> ModelOutput | None:
+        return self.runner.execute(model_input)
+
+    def check_health(self) -> None:
+        self.runner  # raises when not loaded or shut down
+
+    def shutdown(self) -> None:
+        self._runner = None
+        self._kv = None
+
+    # -- parts ---------------------------------------------------------------------------------
+    @property
+    def platform(self) -> Platform:
+        if self._platform is None:
+            raise RuntimeError("worker: init_device() has not run")
+        return self._platform
+
+    @property
+    def runner(self) -> ModelRunner:
+        if self._runner is None:
+            raise RuntimeError("worker: the model is not loaded (or the worker was shut down)")
+        return self._runner
+
+    @property
+    def kv_cache(self) -> KVCache:
+        if self._kv is None:
+            raise RuntimeError("worker: the model is not loaded (or the worker was shut down)")
+        return self._kv
+
+    def _attention_backend(self, platform: Platform) -> AttentionBackend:
+        backend_cls = self.plugins.select_attention_backend(self.config.attention_backend, platform)
+        options = dict(self.config.attention_backend_options)
+        if self.config.kv_cache_dtype != "auto":  # only backends with a quantized cache take it
+            options["kv_cache_dtype"] = self.config.kv_cache_dtype
+        return backend_cls(**options)
+
+    def _quantization(self, platform: Platform) -> QuantizationMethod:
+        if not self.config.quantization:
+            return UnquantizedMethod()
+        method_cls = self.plugins.select_quantization(self.config.quantization, platform)
+        return method_cls.from_config(self.source.quantization_config)
