@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
+from ironlm.interfaces.quant import QuantLayout, reference_embedding, reference_linear
+
 if TYPE_CHECKING:  # the model context names this module's LayerOps
     from ironlm.interfaces.graphs import GraphCapture
     from ironlm.interfaces.model import ModelContext
@@ -53,6 +55,36 @@ class LayerOps:
     def embedding(self, ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """(T,) ids -> (T, hidden): rows of a (vocab, hidden) weight, packed or not."""
         return torch.nn.functional.embedding(ids, weight)
+
+    # -- quantized weights (layouts: ironlm.interfaces.quant) ---------------------------------
+    def quantized_support(self, layout: QuantLayout) -> Availability:
+        """Whether ``quantized_linear`` / ``quantized_embedding`` can run ``layout`` here, with
+        the reason when not (a method whose layout is unsupported is refused at start-up).
+        The core's ops run every layout through the pure-torch reference."""
+        return Availability.yes("pure-torch reference")
+
+    def pack_quantized(
+        self, layout: QuantLayout, tensors: dict[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        """The canonical tensors of ``layout`` -> whatever ``quantized_linear`` reads (called
+        once after loading; the reference keeps them as they are)."""
+        return tensors
+
+    def quantized_linear(
+        self,
+        layout: QuantLayout,
+        x: torch.Tensor,  # (T, K)
+        packed: dict[str, torch.Tensor],  # what pack_quantized returned
+        bias: torch.Tensor | None,  # (N,)
+    ) -> torch.Tensor:  # (T, N) in x.dtype
+        """x @ W^T + bias for a quantized weight."""
+        return reference_linear(layout, x, packed, bias)
+
+    def quantized_embedding(
+        self, layout: QuantLayout, ids: torch.Tensor, packed: dict[str, torch.Tensor]
+    ) -> torch.Tensor:
+        """(T,) ids -> (T, hidden) float32 rows of a quantized (vocab, hidden) table."""
+        return reference_embedding(layout, ids, packed)
 
     def rms_norm(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None

@@ -7,6 +7,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from ironlm.interfaces.quant import QuantLayout
+
 
 class QuantizationMethod(ABC):
     """Registered through ``register_quantization_methods``. Created with ``from_config`` from
@@ -19,6 +21,12 @@ class QuantizationMethod(ABC):
     @classmethod
     def from_config(cls, quant_config: dict[str, Any] | None) -> QuantizationMethod:
         return cls()
+
+    def layout(self) -> QuantLayout | None:
+        """The canonical layout this method's weights take (``ironlm.interfaces.quant``), which
+        the platform's layer ops must support (checked at start-up); None: the method runs its
+        own kernels (e.g. a vendor library) and ``supported_platforms`` alone decides."""
+        return None
 
     @abstractmethod
     def create_weights(

@@ -6,12 +6,13 @@ from __future__ import annotations
 from ironlm.config import EngineConfig
 from ironlm.interfaces.attention import AttentionBackend
 from ironlm.interfaces.model import ModelArchitecture, ModelContext
-from ironlm.interfaces.platform import Platform
+from ironlm.interfaces.platform import LayerOps, Platform
 from ironlm.interfaces.quantization import QuantizationMethod, UnquantizedMethod
 from ironlm.interfaces.step import ModelInput, ModelOutput
 from ironlm.interfaces.worker import WorkerBase, WorkerRank
 from ironlm.model_loader import ModelSource, load_model, resolve_model
 from ironlm.plugin_manager import PluginManager
+from ironlm.registry import UnavailableError
 from ironlm.worker.decode_graphs import DecodeGraphs
 from ironlm.worker.kv_cache import KVCache
 from ironlm.worker.model_runner import ModelRunner
@@ -53,10 +54,11 @@ class Worker(WorkerBase):
     def load_model(self) -> None:
         platform = self.platform
         attention = self._attention_backend(platform)
+        layer_ops = platform.layer_ops()
         ctx = ModelContext(
             attention=attention,
-            layer_ops=platform.layer_ops(),
-            quantization=self._quantization(platform),
+            layer_ops=layer_ops,
+            quantization=self._quantization(platform, layer_ops),
             dtype=self.dtype,
             device=self.device,
             tp_rank=0,
@@ -133,8 +135,19 @@ class Worker(WorkerBase):
             options["kv_cache_dtype"] = self.config.kv_cache_dtype
         return backend_cls(**options)
 
-    def _quantization(self, platform: Platform) -> QuantizationMethod:
-        if not self.config.quantization:
+    def _quantization(self, platform: Platform, layer_ops: LayerOps) -> QuantizationMethod:
+        name = self.config.quantization
+        if not name:
             return UnquantizedMethod()
-        method_cls = self.plugins.select_quantization(self.config.quantization, platform)
-        return method_cls.from_config(self.source.quantization_config)
+        method = self.plugins.select_quantization(name, platform).from_config(
+            self.source.quantization_config
+        )
+        layout = method.layout()
+        if layout is not None:
+            status = layer_ops.quantized_support(layout)
+            if not status.available:
+                raise UnavailableError(
+                    f"quantization {name!r} ({layout.describe()} weights) cannot run on device "
+                    f"{platform.name!r}: {status.reason}"
+                )
+        return method
