@@ -1,0 +1,297 @@
+/* GGUF block formats kept quantized: Q4_0, Q4_1, Q8_0 (32-element blocks) and Q4_K, Q6_K
+   (256-element super-blocks), dotted with int8-quantized activations.
+
+   Block formats (GGML's, as the gguf package's dequantize reads them), repacked at load by
+   ironlm_cpu.quant_packing into per-row arrays (same bytes, the half-float scales of a row
+   contiguous so that F16C converts 8 at once):
+     Q4_0  w0 qs (n, nb * 16): byte j of a block = element j (low nibble), j + 16 (high);
+           w1 d (n, nb) half.                      W = d * (q - 8)
+     Q4_1  w0 qs, w1 d as Q4_0; w2 m (n, nb) half. W = d * q + m
+     Q8_0  w0 qs (n, nb * 32) int8; w1 d.          W = d * q
+     Q4_K  w0 qs (n, nbk * 128): 32 bytes per 64 elements, low nibbles the first 32, high the
+           next; w1 d, w2 dmin (n, nbk) half; w3 (n, nbk, 16) uint8: the 8 six-bit sub-block
+           scales then the 8 mins, unpacked.     W = d * sc[e / 32] * q - dmin * mn[e / 32]
+     Q6_K  w0 ql (n, nbk * 128), w2 qh (n, nbk * 64), w3 scales (n, nbk * 16) int8, w1 d half:
+           element e = 128 h + r of a super-block: low 4 bits from ql[64 h + r % 64] (low
+           nibble for r < 64), high 2 bits from qh[32 h + r % 32] >> 2 (r / 32).
+                                                   W = d * scales[e / 16] * (q - 32)
+   Activations (prepare_gguf): per row, int8 blocks of 32 with a float scale d and s = d * sum q
+   (32-element formats; s carries the Q4_1 min and the Q4_0 "- 8" term), or one float scale per
+   256 with int16 sums of q per 16 (K-quants: the Q4_K mins and the Q6_K "- 32" term). */
+
+static inline int q4_at(const uint8_t *block, int j) { /* element j < 32 of a 16-byte block */
+    return j < 16 ? (block[j] & 0x0F) : (block[j - 16] >> 4);
+}
+
+/* ---- Q4_0 / Q4_1 ---------------------------------------------------------------------------- */
+ALWAYS_INLINE void row_q4_mr(const qweight *w, const qact *a, int64_t n, int t0, const int mr,
+                             float *out) {
+    const int nb = w->k / QK;
+    const uint8_t *qs = (const uint8_t *)w->w0 + n * (int64_t)nb * 16;
+    const uint16_t *dw = (const uint16_t *)w->w1 + n * (int64_t)nb;
+    const uint16_t *mw = w->w2 != NULL ? (const uint16_t *)w->w2 + n * (int64_t)nb : NULL;
+    float r[MR] = {0.0f, 0.0f, 0.0f, 0.0f};
+    int b = 0;
+#ifdef __AVX2__
+    __m256 acc[MR][2], mins[MR];
+    for (int i = 0; i < mr; i++) acc[i][0] = acc[i][1] = mins[i] = _mm256_setzero_ps();
+    for (; b + 8 <= nb; b += 8) {
+        const __m256 dv = load_halves(dw + b);
+        const __m256 mv = mw != NULL ? load_halves(mw + b) : _mm256_mul_ps(dv, _mm256_set1_ps(-8.0f));
+        float dd[MR][8]; /* weight scale * activation scale, per row and block */
+        for (int i = 0; i < mr; i++) {
+            const int64_t at = (int64_t)(t0 + i) * a->ldd + b;
+            _mm256_storeu_ps(dd[i], _mm256_mul_ps(dv, _mm256_loadu_ps(a->d + at)));
+            mins[i] = _mm256_fmadd_ps(mv, _mm256_loadu_ps(a->s + at), mins[i]);
+        }
+        for (int j = 0; j < 8; j++) {
+            const __m256i u = unpack_nibbles(qs + (b + j) * 16);
+            for (int i = 0; i < mr; i++) {
+                const int8_t *x = a->q + (int64_t)(t0 + i) * a->ldq + (b + j) * QK;
+                const __m256i dot = DPBUSD(_mm256_setzero_si256(), u,
+                                           _mm256_loadu_si256((const __m256i *)x));
+                acc[i][j & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
+                                                _mm256_broadcast_ss(&dd[i][j]), acc[i][j & 1]);
+            }
+        }
+    }
+    for (int i = 0; i < mr; i++) r[i] = hsum8(_mm256_add_ps(_mm256_add_ps(acc[i][0], acc[i][1]), mins[i]));
+#endif
+    for (; b < nb; b++) {
+        const float d = half_to_float(dw[b]), m = mw != NULL ? half_to_float(mw[b]) : -8.0f * d;
+        for (int i = 0; i < mr; i++) {
+            const int8_t *x = a->q + (int64_t)(t0 + i) * a->ldq + b * QK;
+            int sum = 0;
+            for (int j = 0; j < QK; j++) sum += q4_at(qs + b * 16, j) * x[j];
+            const int64_t at = (int64_t)(t0 + i) * a->ldd + b;
+            r[i] += d * a->d[at] * (float)sum + m * a->s[at];
+        }
+    }
+    for (int i = 0; i < mr; i++) out[i] = r[i];
+}
+ROW_KERNEL(row_q4)
+
+/* ---- Q8_0 ----------------------------------------------------------------------------------- */
+ALWAYS_INLINE void row_q8_0_mr(const qweight *w, const qact *a, int64_t n, int t0, const int mr,
+                               float *out) {
+    const int nb = w->k / QK;
+    const int8_t *qs = (const int8_t *)w->w0 + n * (int64_t)nb * QK;
+    const uint16_t *dw = (const uint16_t *)w->w1 + n * (int64_t)nb;
+    float r[MR] = {0.0f, 0.0f, 0.0f, 0.0f};
+    int b = 0;
+#ifdef __AVX2__
+    __m256 acc[MR][2];
+    for (int i = 0; i < mr; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    for (; b + 8 <= nb; b += 8) {
+        const __m256 dv = load_halves(dw + b);
+        float dd[MR][8];
+        for (int i = 0; i < mr; i++)
+            _mm256_storeu_ps(dd[i], _mm256_mul_ps(dv, _mm256_loadu_ps(a->d + (int64_t)(t0 + i) * a->ldd + b)));
+        for (int j = 0; j < 8; j++) {
+            /* s8 x s8 as |w| (u8) x (x with w's sign) (s8): |w| <= 128, so no pair saturates */
+            const __m256i wv = _mm256_loadu_si256((const __m256i *)(qs + (b + j) * QK));
+            const __m256i aw = _mm256_abs_epi8(wv);
+            for (int i = 0; i < mr; i++) {
+                const int8_t *x = a->q + (int64_t)(t0 + i) * a->ldq + (b + j) * QK;
+                const __m256i sx = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)x), wv);
+                const __m256i dot = DPBUSD(_mm256_setzero_si256(), aw, sx);
+                acc[i][j & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
+                                                _mm256_broadcast_ss(&dd[i][j]), acc[i][j & 1]);
+            }
+        }
+    }
+    for (int i = 0; i < mr; i++) r[i] = hsum8(_mm256_add_ps(acc[i][0], acc[i][1]));
+#endif
+    for (; b < nb; b++) {
+        const float d = half_to_float(dw[b]);
+        for (int i = 0; i < mr; i++) {
+            const int8_t *x = a->q + (int64_t)(t0 + i) * a->ldq + b * QK;
+            int sum = 0;
+            for (int j = 0; j < QK; j++) sum += qs[b * QK + j] * x[j];
+            r[i] += d * a->d[(int64_t)(t0 + i) * a->ldd + b] * (float)sum;
+        }
+    }
+    for (int i = 0; i < mr; i++) out[i] = r[i];
+}
+ROW_KERNEL(row_q8_0)
+
+/* ---- Q4_K ----------------------------------------------------------------------------------- */
+ALWAYS_INLINE void row_q4_k_mr(const qweight *w, const qact *a, int64_t n, int t0, const int mr,
+                               float *out) {
+    const int nbk = w->k / QKK;
+    const uint8_t *qs = (const uint8_t *)w->w0 + n * (int64_t)nbk * 128;
+    const uint16_t *dw = (const uint16_t *)w->w1 + n * (int64_t)nbk;
+    const uint16_t *dmw = (const uint16_t *)w->w2 + n * (int64_t)nbk;
+    const uint8_t *scmn = (const uint8_t *)w->w3 + n * (int64_t)nbk * 16;
+    float r[MR] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int b = 0; b < nbk; b++) {
+        const uint8_t *qb = qs + b * 128, *sc = scmn + b * 16, *mn = sc + 8;
+        int32_t dot[MR], msum[MR];
+#ifdef __AVX2__
+        __m256i isum[MR];
+        for (int i = 0; i < mr; i++) isum[i] = _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) { /* 64 elements: sub-blocks 2c (low nibbles), 2c + 1 */
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(qb + 32 * c));
+            const __m256i lo = _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F));
+            const __m256i s0 = _mm256_set1_epi16(sc[2 * c]), s1 = _mm256_set1_epi16(sc[2 * c + 1]);
+            for (int i = 0; i < mr; i++) {
+                const int8_t *x = a->q + (int64_t)(t0 + i) * a->ldq + b * QKK + 64 * c;
+                const __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)x));
+                const __m256i p1 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 32)));
+                isum[i] = _mm256_add_epi32(isum[i], _mm256_add_epi32(_mm256_madd_epi16(p0, s0),
+                                                                     _mm256_madd_epi16(p1, s1)));
+            }
+        }
+        /* mins: each of the 8 repeated for the two 16-sums of its sub-block */
+        const __m128i m8 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn));
+        const __m256i m16 = _mm256_set_m128i(_mm_unpackhi_epi16(m8, m8), _mm_unpacklo_epi16(m8, m8));
+        for (int i = 0; i < mr; i++) {
+            const int16_t *bs = a->bs + (int64_t)(t0 + i) * a->ldb + b * 16;
+            dot[i] = hsum8i(isum[i]);
+            msum[i] = hsum8i(_mm256_madd_epi16(m16, _mm256_loadu_si256((const __m256i *)bs)));
+        }
+#else
+        for (int i = 0; i < mr; i++) {
+            const int8_t *x = a->q + (int64_t)(t0 + i) * a->ldq + b * QKK;
+            const int16_t *bs = a->bs + (int64_t)(t0 + i) * a->ldb + b * 16;
+            dot[i] = msum[i] = 0;
+            for (int j = 0; j < 8; j++) {
+                int sub = 0;
+                for (int l = 0; l < 32; l++) {
+                    const uint8_t byte = qb[(j / 2) * 32 + l];
+                    sub += ((j & 1) ? (byte >> 4) : (byte & 0x0F)) * x[32 * j + l];
+                }
+                dot[i] += sc[j] * sub;
+                msum[i] += mn[j] * (bs[2 * j] + bs[2 * j + 1]);
+            }
+        }
+#endif
+        const float d = half_to_float(dw[b]), dmin = half_to_float(dmw[b]);
+        for (int i = 0; i < mr; i++) {
+            const float dx = a->d[(int64_t)(t0 + i) * a->ldd + b];
+            r[i] += d * dx * (float)dot[i] - dmin * dx * (float)msum[i];
+        }
+    }
+    for (int i = 0; i < mr; i++) out[i] = r[i];
+}
+ROW_KERNEL(row_q4_k)
+
+/* ---- Q6_K ----------------------------------------------------------------------------------- */
+static inline int q6_at(const uint8_t *ql, const uint8_t *qh, int e) { /* 0..63 */
+    const int h = e / 128, r = e % 128;
+    const uint8_t lo = ql[64 * h + r % 64], hi = qh[32 * h + r % 32];
+    return ((r < 64 ? lo & 0x0F : lo >> 4)) | (((hi >> (2 * (r / 32))) & 3) << 4);
+}
+
+ALWAYS_INLINE void row_q6_k_mr(const qweight *w, const qact *a, int64_t n, int t0, const int mr,
+                               float *out) {
+    const int nbk = w->k / QKK;
+    const uint8_t *ql = (const uint8_t *)w->w0 + n * (int64_t)nbk * 128;
+    const uint16_t *dw = (const uint16_t *)w->w1 + n * (int64_t)nbk;
+    const uint8_t *qh = (const uint8_t *)w->w2 + n * (int64_t)nbk * 64;
+    const int8_t *scales = (const int8_t *)w->w3 + n * (int64_t)nbk * 16;
+    float r[MR] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int b = 0; b < nbk; b++) {
+        const uint8_t *lb = ql + b * 128, *hb = qh + b * 64;
+        const int8_t *sc = scales + b * 16;
+        int32_t dot[MR], comp[MR];
+#ifdef __AVX2__
+        __m256i isum[MR];
+        for (int i = 0; i < mr; i++) isum[i] = _mm256_setzero_si256();
+        const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
+        for (int h = 0; h < 2; h++) { /* 128 elements: four groups of 32 */
+            const __m256i la = _mm256_loadu_si256((const __m256i *)(lb + 64 * h));
+            const __m256i lb2 = _mm256_loadu_si256((const __m256i *)(lb + 64 * h + 32));
+            const __m256i hv = _mm256_loadu_si256((const __m256i *)(hb + 32 * h));
+            __m256i q6[4];
+            q6[0] = _mm256_or_si256(_mm256_and_si256(la, m4),
+                                    _mm256_slli_epi16(_mm256_and_si256(hv, m2), 4));
+            q6[1] = _mm256_or_si256(_mm256_and_si256(lb2, m4),
+                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hv, 2), m2), 4));
+            q6[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(la, 4), m4),
+                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hv, 4), m2), 4));
+            q6[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lb2, 4), m4),
+                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hv, 6), m2), 4));
+            for (int j = 0; j < 4; j++) {
+                /* the group's two 16-element scales: low half of the int16 pairs, high half */
+                const int s = 8 * h + 2 * j;
+                const __m256i sv = _mm256_set_m128i(_mm_set1_epi16(sc[s + 1]), _mm_set1_epi16(sc[s]));
+                for (int i = 0; i < mr; i++) {
+                    const int8_t *x = a->q + (int64_t)(t0 + i) * a->ldq + b * QKK + 128 * h + 32 * j;
+                    const __m256i p = _mm256_maddubs_epi16(q6[j], _mm256_loadu_si256((const __m256i *)x));
+                    isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(p, sv));
+                }
+            }
+        }
+        const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+        for (int i = 0; i < mr; i++) {
+            const int16_t *bs = a->bs + (int64_t)(t0 + i) * a->ldb + b * 16;
+            dot[i] = hsum8i(isum[i]);
+            comp[i] = hsum8i(_mm256_madd_epi16(s16, _mm256_loadu_si256((const __m256i *)bs)));
+        }
+#else
+        for (int i = 0; i < mr; i++) {
+            const int8_t *x = a->q + (int64_t)(t0 + i) * a->ldq + b * QKK;
+            const int16_t *bs = a->bs + (int64_t)(t0 + i) * a->ldb + b * 16;
+            dot[i] = comp[i] = 0;
+            for (int e = 0; e < QKK; e++) dot[i] += sc[e / 16] * q6_at(lb, hb, e) * x[e];
+            for (int g = 0; g < 16; g++) comp[i] += sc[g] * bs[g];
+        }
+#endif
+        const float d = half_to_float(dw[b]);
+        for (int i = 0; i < mr; i++)
+            r[i] += d * a->d[(int64_t)(t0 + i) * a->ldd + b] * (float)(dot[i] - 32 * comp[i]);
+    }
+    for (int i = 0; i < mr; i++) out[i] = r[i];
+}
+ROW_KERNEL(row_q6_k)
+
+/* ---- rows as floats (quantized embeddings), as gguf's dequantize computes them ------------- */
+static void dequant_row_gguf(const qweight *w, int64_t n, float *out) {
+    const int k = w->k;
+    if (w->fmt == FMT_Q4_0 || w->fmt == FMT_Q4_1) {
+        const int nb = k / QK;
+        const uint8_t *qs = (const uint8_t *)w->w0 + n * (int64_t)nb * 16;
+        for (int b = 0; b < nb; b++) {
+            const float d = half_to_float(((const uint16_t *)w->w1)[n * nb + b]);
+            const float m = w->fmt == FMT_Q4_1 ? half_to_float(((const uint16_t *)w->w2)[n * nb + b]) : 0.0f;
+            for (int j = 0; j < QK; j++) {
+                const int q = q4_at(qs + b * 16, j);
+                out[b * QK + j] = w->fmt == FMT_Q4_1 ? d * (float)q + m : d * (float)(q - 8);
+            }
+        }
+    } else if (w->fmt == FMT_Q8_0) {
+        const int nb = k / QK;
+        const int8_t *qs = (const int8_t *)w->w0 + n * (int64_t)nb * QK;
+        for (int b = 0; b < nb; b++) {
+            const float d = half_to_float(((const uint16_t *)w->w1)[n * nb + b]);
+            for (int j = 0; j < QK; j++) out[b * QK + j] = d * (float)qs[b * QK + j];
+        }
+    } else if (w->fmt == FMT_Q4_K) {
+        const int nbk = k / QKK;
+        for (int b = 0; b < nbk; b++) {
+            const uint8_t *qb = (const uint8_t *)w->w0 + (n * nbk + b) * 128;
+            const uint8_t *sc = (const uint8_t *)w->w3 + (n * nbk + b) * 16;
+            const float d = half_to_float(((const uint16_t *)w->w1)[n * nbk + b]);
+            const float dmin = half_to_float(((const uint16_t *)w->w2)[n * nbk + b]);
+            for (int j = 0; j < 8; j++) {
+                const float ds = d * (float)sc[j], dm = dmin * (float)sc[8 + j];
+                for (int l = 0; l < 32; l++) {
+                    const uint8_t byte = qb[(j / 2) * 32 + l];
+                    out[b * QKK + 32 * j + l] = ds * (float)((j & 1) ? (byte >> 4) : (byte & 0x0F)) - dm;
+                }
+            }
+        }
+    } else { /* Q6_K */
+        const int nbk = k / QKK;
+        for (int b = 0; b < nbk; b++) {
+            const uint8_t *lb = (const uint8_t *)w->w0 + (n * nbk + b) * 128;
+            const uint8_t *hb = (const uint8_t *)w->w2 + (n * nbk + b) * 64;
+            const int8_t *sc = (const int8_t *)w->w3 + (n * nbk + b) * 16;
+            const float d = half_to_float(((const uint16_t *)w->w1)[n * nbk + b]);
+            for (int e = 0; e < QKK; e++)
+                out[b * QKK + e] = d * (float)sc[e / 16] * (float)(q6_at(lb, hb, e) - 32);
+        }
+    }
+}
