@@ -27,12 +27,22 @@ from importlib import resources
 
 import torch
 
-from ironlm_cpu.cbuild import KernelLibrary
+from ironlm_cpu.cbuild import KernelLibrary, Signature
 from ironlm_cpu.quant_packing import Format, features
 
 # C sources, concatenated in this order into one translation unit
 SOURCES = ("quant_common.h", "quant_int8.c", "quant_int4.c", "quant_gguf.c", "quant_entry.c")
 WEIGHT_TENSORS = ("w0", "w1", "w2", "w3")
+
+
+_P, _I32, _I64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+SIGNATURES: dict[str, Signature] = {
+    # (fmt, x, ldx, m, n, k, group, w0, w1, w2, w3, bias, y, threads) -> 0 / error code
+    "ironlm_quant_linear": ([_I32, _P, _I64, _I32, _I32, _I32, _I32] + [_P] * 6 + [_I32], _I32),
+    # (fmt, ids, t, n, k, group, w0, w1, w2, w3, out) -> ids out of range
+    "ironlm_quant_rows": ([_I32, _P, _I32, _I32, _I32, _I32] + [_P] * 5, _I32),
+    "ironlm_quant_isa": ([], ctypes.c_char_p),
+}
 
 
 def quant_source() -> str:
@@ -45,18 +55,7 @@ class QuantKernels(KernelLibrary):
     they run here, ``isa`` which instruction-set path the build compiled."""
 
     def __init__(self) -> None:
-        ptr, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
-        super().__init__(
-            "cpu_quant", quant_source(),
-            {
-                "ironlm_quant_linear": (
-                    [i32, ptr, i64, i32, i32, i32, i32, ptr, ptr, ptr, ptr, ptr, ptr, i32], i32
-                ),
-                "ironlm_quant_rows": ([i32, ptr, i32, i32, i32, i32, ptr, ptr, ptr, ptr, ptr], i32),
-                "ironlm_quant_isa": ([], ctypes.c_char_p),
-            },
-            "quantized linear kernels",
-        )  # fmt: skip
+        super().__init__("cpu_quant", quant_source(), SIGNATURES, "quantized linear kernels")
         self.isa = "" if self.lib is None else self.lib.ironlm_quant_isa().decode()
 
     def linear(

@@ -44,6 +44,10 @@
 #endif
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
+/* unroll the next loop fully (small constant trip counts: rows, vectors of a block), so that
+   accumulator arrays become registers */
+#define PRAGMA(x) _Pragma(#x)
+#define UNROLL(n) PRAGMA(GCC unroll n)
 
 /* weight formats (ironlm_cpu.quant_kernels.Format mirrors these numbers) */
 enum { FMT_INT8, FMT_W8A8, FMT_INT4, FMT_FP8, FMT_Q4_0, FMT_Q4_1, FMT_Q8_0, FMT_Q4_K, FMT_Q6_K };
@@ -116,6 +120,9 @@ static inline int32_t hsum8i(__m256i v) {
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
     return _mm_cvtsi128_si32(s);
 }
+
+/* lane j of v in every lane */
+static inline __m256 lane(__m256 v, int j) { return _mm256_permutevar8x32_ps(v, _mm256_set1_epi32(j)); }
 
 /* 8 half floats -> 8 floats */
 static inline __m256 load_halves(const uint16_t *h) {

@@ -30,43 +30,57 @@ ALWAYS_INLINE void row_q4_mr(const qweight *w, const qact *a, int64_t n, int t0,
     const uint8_t *qs = (const uint8_t *)w->w0 + n * (int64_t)nb * 16;
     const uint16_t *dw = (const uint16_t *)w->w1 + n * (int64_t)nb;
     const uint16_t *mw = w->w2 != NULL ? (const uint16_t *)w->w2 + n * (int64_t)nb : NULL;
+    /* locals, not a->...: the vector stores below may alias anything, so fields would be
+       reloaded from memory on every use */
+    const int64_t ldq = a->ldq, ldd = a->ldd;
+    const int8_t *xq = a->q + (int64_t)t0 * ldq;
+    const float *xd = a->d + (int64_t)t0 * ldd, *xs = a->s + (int64_t)t0 * ldd;
     float r[MR] = {0.0f, 0.0f, 0.0f, 0.0f};
     int b = 0;
 #ifdef __AVX2__
     __m256 acc[MR][2], mins[MR];
-    for (int i = 0; i < mr; i++) acc[i][0] = acc[i][1] = mins[i] = _mm256_setzero_ps();
+    UNROLL(4) for (int i = 0; i < mr; i++) acc[i][0] = acc[i][1] = mins[i] = _mm256_setzero_ps();
     for (; b + 8 <= nb; b += 8) {
         const __m256 dv = load_halves(dw + b);
         const __m256 mv = mw != NULL ? load_halves(mw + b) : _mm256_mul_ps(dv, _mm256_set1_ps(-8.0f));
-        float dd[MR][8]; /* weight scale * activation scale, per row and block */
-        for (int i = 0; i < mr; i++) {
-            const int64_t at = (int64_t)(t0 + i) * a->ldd + b;
-            _mm256_storeu_ps(dd[i], _mm256_mul_ps(dv, _mm256_loadu_ps(a->d + at)));
-            mins[i] = _mm256_fmadd_ps(mv, _mm256_loadu_ps(a->s + at), mins[i]);
+        __m256 dd[MR]; /* weight scale * activation scale, per row, for the 8 blocks */
+        UNROLL(4) for (int i = 0; i < mr; i++) {
+            dd[i] = _mm256_mul_ps(dv, _mm256_loadu_ps(xd + i * ldd + b));
+            mins[i] = _mm256_fmadd_ps(mv, _mm256_loadu_ps(xs + i * ldd + b), mins[i]);
         }
-        for (int j = 0; j < 8; j++) {
+        UNROLL(8) for (int j = 0; j < 8; j++) {
             const __m256i u = unpack_nibbles(qs + (b + j) * 16);
-            for (int i = 0; i < mr; i++) {
-                const int8_t *x = a->q + (int64_t)(t0 + i) * a->ldq + (b + j) * QK;
-                const __m256i dot = DPBUSD(_mm256_setzero_si256(), u,
-                                           _mm256_loadu_si256((const __m256i *)x));
-                acc[i][j & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
-                                                _mm256_broadcast_ss(&dd[i][j]), acc[i][j & 1]);
+            UNROLL(4) for (int i = 0; i < mr; i++) {
+                const __m256i x = _mm256_loadu_si256((const __m256i *)(xq + i * ldq + (b + j) * QK));
+                const __m256i dot = DPBUSD(_mm256_setzero_si256(), u, x);
+                acc[i][j & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), lane(dd[i], j), acc[i][j & 1]);
             }
         }
     }
-    for (int i = 0; i < mr; i++) r[i] = hsum8(_mm256_add_ps(_mm256_add_ps(acc[i][0], acc[i][1]), mins[i]));
-#endif
+    for (; b < nb; b++) { /* the last nb % 8 blocks, one at a time */
+        const float d = half_to_float(dw[b]), m = mw != NULL ? half_to_float(mw[b]) : -8.0f * d;
+        const __m256i u = unpack_nibbles(qs + b * 16);
+        UNROLL(4) for (int i = 0; i < mr; i++) {
+            const __m256i x = _mm256_loadu_si256((const __m256i *)(xq + i * ldq + b * QK));
+            const __m256i dot = DPBUSD(_mm256_setzero_si256(), u, x);
+            acc[i][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * xd[i * ldd + b]),
+                                        acc[i][0]);
+            r[i] += m * xs[i * ldd + b];
+        }
+    }
+    UNROLL(4) for (int i = 0; i < mr; i++)
+        r[i] += hsum8(_mm256_add_ps(_mm256_add_ps(acc[i][0], acc[i][1]), mins[i]));
+#else
     for (; b < nb; b++) {
         const float d = half_to_float(dw[b]), m = mw != NULL ? half_to_float(mw[b]) : -8.0f * d;
         for (int i = 0; i < mr; i++) {
-            const int8_t *x = a->q + (int64_t)(t0 + i) * a->ldq + b * QK;
+            const int8_t *x = xq + i * ldq + b * QK;
             int sum = 0;
             for (int j = 0; j < QK; j++) sum += q4_at(qs + b * 16, j) * x[j];
-            const int64_t at = (int64_t)(t0 + i) * a->ldd + b;
-            r[i] += d * a->d[at] * (float)sum + m * a->s[at];
+            r[i] += d * xd[i * ldd + b] * (float)sum + m * xs[i * ldd + b];
         }
     }
+#endif
     for (int i = 0; i < mr; i++) out[i] = r[i];
 }
 ROW_KERNEL(row_q4)
@@ -77,40 +91,52 @@ ALWAYS_INLINE void row_q8_0_mr(const qweight *w, const qact *a, int64_t n, int t
     const int nb = w->k / QK;
     const int8_t *qs = (const int8_t *)w->w0 + n * (int64_t)nb * QK;
     const uint16_t *dw = (const uint16_t *)w->w1 + n * (int64_t)nb;
+    const int64_t ldq = a->ldq, ldd = a->ldd;
+    const int8_t *xq = a->q + (int64_t)t0 * ldq;
+    const float *xd = a->d + (int64_t)t0 * ldd;
     float r[MR] = {0.0f, 0.0f, 0.0f, 0.0f};
     int b = 0;
 #ifdef __AVX2__
     __m256 acc[MR][2];
-    for (int i = 0; i < mr; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    UNROLL(4) for (int i = 0; i < mr; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
     for (; b + 8 <= nb; b += 8) {
         const __m256 dv = load_halves(dw + b);
-        float dd[MR][8];
-        for (int i = 0; i < mr; i++)
-            _mm256_storeu_ps(dd[i], _mm256_mul_ps(dv, _mm256_loadu_ps(a->d + (int64_t)(t0 + i) * a->ldd + b)));
-        for (int j = 0; j < 8; j++) {
+        __m256 dd[MR];
+        UNROLL(4) for (int i = 0; i < mr; i++) dd[i] = _mm256_mul_ps(dv, _mm256_loadu_ps(xd + i * ldd + b));
+        UNROLL(8) for (int j = 0; j < 8; j++) {
             /* s8 x s8 as |w| (u8) x (x with w's sign) (s8): |w| <= 128, so no pair saturates */
             const __m256i wv = _mm256_loadu_si256((const __m256i *)(qs + (b + j) * QK));
             const __m256i aw = _mm256_abs_epi8(wv);
-            for (int i = 0; i < mr; i++) {
-                const int8_t *x = a->q + (int64_t)(t0 + i) * a->ldq + (b + j) * QK;
-                const __m256i sx = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)x), wv);
-                const __m256i dot = DPBUSD(_mm256_setzero_si256(), aw, sx);
-                acc[i][j & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
-                                                _mm256_broadcast_ss(&dd[i][j]), acc[i][j & 1]);
+            UNROLL(4) for (int i = 0; i < mr; i++) {
+                const __m256i x = _mm256_loadu_si256((const __m256i *)(xq + i * ldq + (b + j) * QK));
+                const __m256i dot = DPBUSD(_mm256_setzero_si256(), aw, _mm256_sign_epi8(x, wv));
+                acc[i][j & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), lane(dd[i], j), acc[i][j & 1]);
             }
         }
     }
-    for (int i = 0; i < mr; i++) r[i] = hsum8(_mm256_add_ps(acc[i][0], acc[i][1]));
-#endif
+    for (; b < nb; b++) { /* the last nb % 8 blocks, one at a time */
+        const float d = half_to_float(dw[b]);
+        const __m256i wv = _mm256_loadu_si256((const __m256i *)(qs + b * QK));
+        const __m256i aw = _mm256_abs_epi8(wv);
+        UNROLL(4) for (int i = 0; i < mr; i++) {
+            const __m256i x = _mm256_loadu_si256((const __m256i *)(xq + i * ldq + b * QK));
+            const __m256i dot = DPBUSD(_mm256_setzero_si256(), aw, _mm256_sign_epi8(x, wv));
+            acc[i][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * xd[i * ldd + b]),
+                                        acc[i][0]);
+        }
+    }
+    UNROLL(4) for (int i = 0; i < mr; i++) r[i] = hsum8(_mm256_add_ps(acc[i][0], acc[i][1]));
+#else
     for (; b < nb; b++) {
         const float d = half_to_float(dw[b]);
         for (int i = 0; i < mr; i++) {
-            const int8_t *x = a->q + (int64_t)(t0 + i) * a->ldq + b * QK;
+            const int8_t *x = xq + i * ldq + b * QK;
             int sum = 0;
             for (int j = 0; j < QK; j++) sum += qs[b * QK + j] * x[j];
-            r[i] += d * a->d[(int64_t)(t0 + i) * a->ldd + b] * (float)sum;
+            r[i] += d * xd[i * ldd + b] * (float)sum;
         }
     }
+#endif
     for (int i = 0; i < mr; i++) out[i] = r[i];
 }
 ROW_KERNEL(row_q8_0)

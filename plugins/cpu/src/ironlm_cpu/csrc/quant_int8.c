@@ -29,12 +29,12 @@ static inline __m256 int8x8(const int8_t *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
 
-/* 8 fp8 e4m3fn bytes -> 8 floats, each 1/256 of the byte's value */
+/* 8 fp8 e4m3fn bytes -> 8 floats, each 1/256 of the byte's value: sign-extended to 16 bits
+   and shifted left by 7, a byte s eeee mmm lands as s (bit 15, from the extension), eeee mmm
+   (bits 13..7): the half float s 0eeee mmm0000000 */
 static inline __m256 fp8x8(const uint8_t *p) {
-    const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
-    const __m128i mag = _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7F)), 7);
-    const __m128i sign = _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8);
-    return _mm256_cvtph_ps(_mm_or_si128(mag, sign));
+    const __m128i b = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)p));
+    return _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(b, 7), _mm_set1_epi16((short)0xBF80)));
 }
 #endif
 
