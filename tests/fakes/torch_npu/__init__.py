@@ -13,6 +13,8 @@ Operators and the documents they follow:
       docs/context/torch_npu-npu_fused_infer_attention_score.md
   npu_quantize, npu_quant_matmul                -- op-plugin docs/context/torch_npu-npu_quantize.md,
       torch_npu-npu_quant_matmul.md
+  npu_dynamic_quant                             -- torch_npu API reference (ptaoplist
+      torch_npu.npu_dynamic_quant) and CANN's aclnnDynamicQuant formula
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from torch_npu._attention import (
     _npu_reshape_and_cache,
     npu_fused_infer_attention_score,
 )
-from torch_npu._quant import npu_quant_matmul, npu_quantize
+from torch_npu._quant import npu_dynamic_quant, npu_quant_matmul, npu_quantize
 
 __version__ = "0.0.0+ironlm.testfake"
 IS_IRONLM_TEST_FAKE = True
@@ -30,6 +32,7 @@ IS_IRONLM_TEST_FAKE = True
 __all__ = [
     "_npu_paged_attention",
     "_npu_reshape_and_cache",
+    "npu_dynamic_quant",
     "npu_fused_infer_attention_score",
     "npu_quant_matmul",
     "npu_quantize",

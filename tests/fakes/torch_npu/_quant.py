@@ -60,6 +60,40 @@ def npu_quantize(
     return torch.round(value + zero).clamp(low, high).to(out_dtype)
 
 
+def npu_dynamic_quant(
+    x: torch.Tensor,
+    *,
+    smooth_scales: torch.Tensor | None = None,
+    group_index: torch.Tensor | None = None,
+    dst_type: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Documented: npu_dynamic_quant(Tensor x, *, Tensor? smooth_scales=None,
+    Tensor? group_index=None, ScalarType? dst_type=None) -> (Tensor, Tensor).
+
+    Per-token symmetric dynamic quantization: input = x (* smooth_scales),
+    scale = row_max(abs(input)) / 127, y = round(input / scale); y int8 of x's shape, scale
+    float32 of x's shape without the last dim. x float16/bfloat16 with more than one dim;
+    smooth_scales 1-D over the last dim in x's dtype. Modelled: int8 output without group_index
+    (MoE groups and quint4x2 output are not). All-zero rows are not covered by the documents:
+    the fake returns scale 0 and zeros."""
+    _require(x.dtype in (torch.float16, torch.bfloat16), "x dtype must be float16/bfloat16")
+    _require(x.dim() > 1, "x must have more than one dim")
+    if group_index is not None:
+        raise NotImplementedError("[torch_npu test fake] npu_dynamic_quant group_index")
+    if dst_type not in (None, torch.int8):
+        raise NotImplementedError(f"[torch_npu test fake] npu_dynamic_quant dst_type {dst_type}")
+    value = x.float()
+    if smooth_scales is not None:
+        _require(smooth_scales.dim() == 1 and smooth_scales.shape[0] == x.shape[-1],
+                 "smooth_scales must be (x.shape[-1],)")
+        _require(smooth_scales.dtype == x.dtype, "smooth_scales dtype must equal x's")
+        value = value * smooth_scales.float()
+    scale = value.abs().amax(dim=-1) / 127.0
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale)).unsqueeze(-1)
+    y = torch.round(value / safe).clamp(-128, 127).to(torch.int8)
+    return y, scale
+
+
 def npu_quant_matmul(
     x1: torch.Tensor,
     x2: torch.Tensor,
@@ -99,6 +133,8 @@ def npu_quant_matmul(
         _require(offset.dtype == torch.float32, "offset dtype float32")
     if out_dtype == torch.float16 and pertoken_scale is None:
         _require(scale.dtype == torch.float32 and not float_bias, "fp16 output combination")
+    if out_dtype == torch.float16 and pertoken_scale is not None:
+        _require(scale.dtype == torch.float32, "fp16 output with pertoken_scale needs a float32 scale")
     if pertoken_scale is not None:
         _require(pertoken_scale.dtype == torch.float32, "pertoken_scale dtype float32")
         _require(pertoken_scale.shape == (x1.shape[-2],), "pertoken_scale must be (m,)")

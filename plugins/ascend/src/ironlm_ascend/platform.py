@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import torch
 
-from ironlm.interfaces.platform import Availability, Platform
+from ironlm.interfaces.platform import Availability, LayerOps, Platform
 
 
 class AscendPlatform(Platform):
@@ -51,3 +51,10 @@ class AscendPlatform(Platform):
 
     def synchronize(self) -> None:
         torch.npu.synchronize()  # type: ignore[attr-defined]
+
+    def layer_ops(self) -> LayerOps:
+        """The core's ops, with the w8a8 layout on torch_npu's int8 operators
+        (``AscendLayerOps``)."""
+        from ironlm_ascend.layer_ops import AscendLayerOps
+
+        return AscendLayerOps()
