@@ -1,7 +1,8 @@
 """The core's own plugin: registered through the same hooks as every third-party plugin.
 
 Registers the pure-torch reference attention backend (runs on any platform; the oracle plugin
-kernels are tested against), the in-process executor, and the model architectures.
+kernels are tested against), the in-process executor, the model architectures and the
+quantization methods (each produces a canonical layout the platform's layer ops run).
 Imports happen inside the hooks so that loading this module costs nothing.
 """
 
@@ -26,6 +27,27 @@ def register_executors(register: Callable[[type], None]) -> None:
     from ironlm.executor.uniproc import UniProcExecutor
 
     register(UniProcExecutor)
+
+
+@hookimpl
+def register_quantization_methods(register: Callable[[type], None]) -> None:
+    from ironlm.quantization.awq import AWQMethod
+    from ironlm.quantization.fp8 import Fp8Method
+    from ironlm.quantization.gguf import GGUFMethod
+    from ironlm.quantization.gptq import GPTQMethod
+    from ironlm.quantization.int4 import WeightOnlyInt4Method
+    from ironlm.quantization.int8 import SmoothQuantMethod, WeightOnlyInt8Method
+
+    for method in (
+        WeightOnlyInt8Method,
+        SmoothQuantMethod,
+        WeightOnlyInt4Method,
+        AWQMethod,
+        GPTQMethod,
+        Fp8Method,
+        GGUFMethod,
+    ):
+        register(method)
 
 
 @hookimpl

@@ -252,6 +252,36 @@ class PluginManager:
             )
         return cls
 
+    def resolve_quantization(
+        self, name: str | None, quant_config: dict[str, Any] | None
+    ) -> str | None:
+        """The quantization method to run: ``name`` (the flag) when given, else the method
+        that reads the checkpoint's ``quantization_config`` (vLLM's rule: a quantized
+        checkpoint needs no flag); None for a plain checkpoint and no flag. A flag whose method
+        cannot read the checkpoint's format is an error naming both; an unknown name lists the
+        registered methods."""
+        reg = self.registries.quantization_methods
+        quant_method = (quant_config or {}).get("quant_method")
+        if name:
+            cls = reg.get(name)  # UnknownNameError lists the registered methods
+            if quant_method and not cls.reads_checkpoint(str(quant_method)):
+                raise ValueError(
+                    f"quantization {name!r} was requested, but the checkpoint's "
+                    f"quantization_config says quant_method={quant_method!r}; drop the flag "
+                    "(the checkpoint selects its own method) or give a matching one"
+                )
+            return name
+        if not quant_method:
+            return None
+        for entry in reg:
+            if entry.obj.reads_checkpoint(str(quant_method)):
+                return entry.name
+        raise UnknownNameError(
+            f"the checkpoint is quantized with quant_method={quant_method!r}, which no "
+            f"installed quantization method reads; installed quantization methods: "
+            f"{', '.join(reg.names()) or 'none'}"
+        )
+
     def select_guided_backend(self, name: str) -> type[GuidedBackend]:
         reg = self.registries.guided_backends
         if name == "auto":

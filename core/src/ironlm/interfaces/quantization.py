@@ -17,6 +17,10 @@ class QuantizationMethod(ABC):
 
     name: ClassVar[str]
     supported_platforms: ClassVar[tuple[str, ...]]
+    # other HF ``quantization_config["quant_method"]`` values whose checkpoints this method
+    # reads (``name`` itself always counts); a checkpoint is served without a flag by the
+    # method it names
+    config_names: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def from_config(cls, quant_config: dict[str, Any] | None) -> QuantizationMethod:
@@ -28,12 +32,42 @@ class QuantizationMethod(ABC):
         own kernels (e.g. a vendor library) and ``supported_platforms`` alone decides."""
         return None
 
+    def layouts(self) -> tuple[QuantLayout, ...]:
+        """Every canonical layout this method's weights may take (all are checked at start-up).
+        Default: ``layout()``. A method whose layers differ (GGUF files mix block types per
+        tensor) lists them all."""
+        layout = self.layout()
+        return () if layout is None else (layout,)
+
+    @classmethod
+    def reads_checkpoint(cls, quant_method: str) -> bool:
+        """Whether a checkpoint whose quantization_config names ``quant_method`` is this
+        method's format."""
+        return quant_method == cls.name or quant_method in cls.config_names
+
     @abstractmethod
     def create_weights(
         self, layer: torch.nn.Module, in_features: int, out_features: int, dtype: torch.dtype
     ) -> None:
         """Register the layer's parameters / buffers (names as in the checkpoint, e.g.
         ``weight``, ``weight_scale``). Shapes are those of this rank's shard."""
+
+    def checkpoint_tensor(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """A checkpoint tensor (full, unsharded) in the layer's convention, before the layer
+        slices this rank's share: output features along dim 0, input features along the last
+        dim (``ironlm.layers.linear``). Formats stored the other way round (AutoAWQ's and
+        GPTQ's int32-packed tensors) unpack or transpose here. Default: as stored."""
+        return tensor
+
+    def load_part(
+        self, layer: torch.nn.Module, name: str, share: torch.Tensor, shard_id: str | int | None
+    ) -> bool:
+        """Take this rank's share of one checkpoint tensor of part ``shard_id`` of a (merged)
+        layer and keep it the method's own way; True when taken. For formats whose merged parts
+        cannot share one parameter (a GGUF file may store q, k and v in different block types).
+        Default False: the layer copies it into the parameter ``name`` registered by
+        ``create_weights``."""
+        return False
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         """Repack loaded weights for the kernels (transpose, pre-scale, ...). Default: nothing."""

@@ -10,7 +10,13 @@ Sharding rule for every tensor the method registers: per-row tensors are split p
 (column parallel: along dim 0; row parallel: along the last dim when it has more than one
 column), which keeps packed or grouped quantized layouts correct (4 bits per byte, one scale per
 group). Per-tensor quantities (0-dim, or a single row) are never split; in a merged layer the
-parts share them and must agree on their value.
+parts share them and must agree on their value, except where the method registered the
+parameter per output row ((output_size,) or (output_size, 1)): a per-tensor checkpoint value then
+fills the rows of its part (fp8 q/k/v with three different per-tensor scales).
+
+Loading one checkpoint tensor: the method rewrites it into this convention
+(``checkpoint_tensor``), the layer takes this rank's share (``_rank_share``), the method may keep
+it its own way (``load_part``), else it is copied into the parameter's rows of its part.
 
 Tensor parallelism: ColumnParallelLinear splits the output features over ranks (no
 communication; QKV and gate/up are column parallel); RowParallelLinear splits the input features
@@ -63,6 +69,8 @@ class LinearBase(torch.nn.Module):
         self.output_size = output_size
         self.quant_method = ctx.quantization
         self.layer_ops = ctx.layer_ops  # the platform's matmul for float weights
+        self.device = ctx.device
+        self.dtype = ctx.dtype  # activations' dtype
         self.tp_rank = ctx.tp_rank
         self.tp_size = ctx.tp_size
         self.tp_group = ctx.tp_group
@@ -82,11 +90,61 @@ class LinearBase(torch.nn.Module):
     def load_weight(
         self, name: str, loaded: torch.Tensor, shard_id: str | int | None = None
     ) -> None:
-        """Copy one checkpoint tensor (full, unsharded shape) into parameter ``name``."""
+        """Copy one checkpoint tensor (full, unsharded shape) into parameter ``name`` (the rows
+        of part ``shard_id`` in a merged layer)."""
+        self._check_shard_id(shard_id)
+        loaded = self.quant_method.checkpoint_tensor(name, loaded)
+        share = self._rank_share(loaded, shard_id)
+        if self.quant_method.load_part(self, name, share, shard_id):
+            return
+        param = self._param(name)
+        rows = self._part_rows(shard_id)
+        label = name if shard_id is None else f"{name}[{shard_id}]"
+        if _is_per_tensor(share) and self._is_per_row(param):
+            target = param if rows is None else _slice_rows(param, *rows, self.output_size)
+            _fill(target, share, label)
+        elif rows is None:
+            _copy_checked(param, share, label)
+        elif _is_per_tensor(share):
+            self._copy_shared(name, param, share)
+        else:
+            _copy_checked(_slice_rows(param, *rows, self.output_size), share, label)
+
+    # -- sharding, per layer kind ----------------------------------------------------------
+    def _check_shard_id(self, shard_id: str | int | None) -> None:
         if shard_id is not None:
             raise ValueError(f"{type(self).__name__} has no shard {shard_id!r}")
-        param = self._param(name)
+
+    def _rank_share(self, loaded: torch.Tensor, shard_id: str | int | None) -> torch.Tensor:
+        """This rank's share of a full checkpoint tensor (layer convention)."""
+        return loaded
+
+    def _part_rows(self, shard_id: str | int | None) -> tuple[int, int] | None:
+        """(offset, size) in output features of the rows part ``shard_id`` fills; None: all."""
+        return None
+
+    def _is_per_row(self, param: torch.Tensor) -> bool:
+        """A parameter holding one value per output feature: (output_size,) or
+        (output_size, 1)."""
+        return (
+            self.output_size > 1
+            and param.dim() in (1, 2)
+            and param.shape[0] == self.output_size
+            and param[0].numel() == 1
+        )
+
+    def _copy_shared(self, name: str, param: torch.Tensor, loaded: torch.Tensor) -> None:
+        """A per-tensor quantity of one part of a merged layer: the first part sets it, the
+        others must carry the same value."""
+        if name in self.shared_loaded:
+            if not torch.equal(param, loaded.to(param.device, param.dtype)):
+                raise ValueError(
+                    f"{type(self).__name__}: per-tensor {name!r} differs between the merged "
+                    "checkpoint tensors; this quantization cannot be merged"
+                )
+            return
         _copy_checked(param, loaded, name)
+        self.shared_loaded.add(name)
 
     def _param(self, name: str) -> torch.Tensor:
         tensor = getattr(self, name, None)
@@ -120,28 +178,10 @@ class ColumnParallelLinear(LinearBase):
             in_features, out_features, ctx, bias, in_features, divide(out_features, ctx.tp_size)
         )
 
-    def load_weight(
-        self, name: str, loaded: torch.Tensor, shard_id: str | int | None = None
-    ) -> None:
-        if shard_id is not None:
-            raise ValueError(f"{type(self).__name__} has no shard {shard_id!r}")
-        param = self._param(name)
+    def _rank_share(self, loaded: torch.Tensor, shard_id: str | int | None) -> torch.Tensor:
         if self.tp_size > 1 and not _is_per_tensor(loaded):
-            loaded = _slice_rows(loaded, self.tp_rank, 1, self.tp_size)
-        _copy_checked(param, loaded, name)
-
-    def _copy_shared(self, name: str, param: torch.Tensor, loaded: torch.Tensor) -> None:
-        """A per-tensor quantity of one part of a merged layer: the first part sets it, the
-        others must carry the same value."""
-        if name in self.shared_loaded:
-            if not torch.equal(param, loaded.to(param.device, param.dtype)):
-                raise ValueError(
-                    f"{type(self).__name__}: per-tensor {name!r} differs between the merged "
-                    "checkpoint tensors; this quantization cannot be merged"
-                )
-            return
-        _copy_checked(param, loaded, name)
-        self.shared_loaded.add(name)
+            return _slice_rows(loaded, self.tp_rank, 1, self.tp_size)
+        return loaded
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -156,23 +196,17 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         self.shard_ids = tuple(range(len(output_sizes)))
         super().__init__(in_features, sum(output_sizes), ctx, bias)
 
-    def load_weight(
-        self, name: str, loaded: torch.Tensor, shard_id: str | int | None = None
-    ) -> None:
+    def _check_shard_id(self, shard_id: str | int | None) -> None:
         if not isinstance(shard_id, int) or not 0 <= shard_id < len(self.output_sizes):
             raise ValueError(
                 f"{type(self).__name__}: shard id must be a part index, got {shard_id!r}"
             )
-        param = self._param(name)
-        if _is_per_tensor(loaded):
-            self._copy_shared(name, param, loaded)
-            return
+
+    def _part_rows(self, shard_id: str | int | None) -> tuple[int, int]:
         # this rank's rows of part ``shard_id`` inside the stacked weight
+        assert isinstance(shard_id, int)
         offset = sum(self.output_sizes[:shard_id]) // self.tp_size
-        size = self.output_sizes[shard_id] // self.tp_size
-        part = _slice_rows(loaded, self.tp_rank, 1, self.tp_size) if self.tp_size > 1 else loaded
-        target = _slice_rows(param, offset, size, self.output_size)
-        _copy_checked(target, part, f"{name}[{shard_id}]")
+        return offset, self.output_sizes[shard_id] // self.tp_size
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -209,28 +243,25 @@ class QKVParallelLinear(ColumnParallelLinear):
         self.q_size = self.num_heads * head_dim
         self.kv_size = self.num_kv_heads * head_dim
 
-    def load_weight(
-        self, name: str, loaded: torch.Tensor, shard_id: str | int | None = None
-    ) -> None:
+    def _check_shard_id(self, shard_id: str | int | None) -> None:
         if shard_id not in self.shard_ids:
             raise ValueError(
                 f"QKVParallelLinear: shard id must be 'q', 'k' or 'v', got {shard_id!r}"
             )
-        param = self._param(name)
+
+    def _rank_share(self, loaded: torch.Tensor, shard_id: str | int | None) -> torch.Tensor:
         if _is_per_tensor(loaded):
-            self._copy_shared(name, param, loaded)
-            return
+            return loaded
         if shard_id == "q":
-            offset, size = 0, self.q_size
-            part = _slice_rows(loaded, self.tp_rank, 1, self.tp_size)
-        elif shard_id in ("k", "v"):
-            offset = self.q_size + (0 if shard_id == "k" else self.kv_size)
-            size = self.kv_size
-            # ranks sharing one KV head (kv_replicas > 1) load the same slice
-            kv_rank = self.tp_rank // self.kv_replicas
-            part = _slice_rows(loaded, kv_rank, 1, self.total_num_kv_heads // self.num_kv_heads)
-        target = _slice_rows(param, offset, size, self.output_size)
-        _copy_checked(target, part, f"{name}[{shard_id}]")
+            return _slice_rows(loaded, self.tp_rank, 1, self.tp_size)
+        # ranks sharing one KV head (kv_replicas > 1) load the same slice
+        kv_rank = self.tp_rank // self.kv_replicas
+        return _slice_rows(loaded, kv_rank, 1, self.total_num_kv_heads // self.num_kv_heads)
+
+    def _part_rows(self, shard_id: str | int | None) -> tuple[int, int]:
+        if shard_id == "q":
+            return 0, self.q_size
+        return self.q_size + (0 if shard_id == "k" else self.kv_size), self.kv_size
 
 
 class RowParallelLinear(LinearBase):
@@ -252,16 +283,11 @@ class RowParallelLinear(LinearBase):
         dist.all_reduce(out, group=self.tp_group)
         return out if self.bias is None else out + self.bias
 
-    def load_weight(
-        self, name: str, loaded: torch.Tensor, shard_id: str | int | None = None
-    ) -> None:
-        if shard_id is not None:
-            raise ValueError(f"{type(self).__name__} has no shard {shard_id!r}")
-        param = self._param(name)
+    def _rank_share(self, loaded: torch.Tensor, shard_id: str | int | None) -> torch.Tensor:
         if self.tp_size > 1 and loaded.dim() > 1 and loaded.shape[-1] > 1:
             cols = loaded.shape[-1]
-            loaded = loaded.narrow(-1, cols * self.tp_rank // self.tp_size, cols // self.tp_size)
-        _copy_checked(param, loaded, name)
+            return loaded.narrow(-1, cols * self.tp_rank // self.tp_size, cols // self.tp_size)
+        return loaded
 
 
 def _is_per_tensor(tensor: torch.Tensor) -> bool:
@@ -275,5 +301,29 @@ def _copy_checked(target: torch.Tensor, loaded: torch.Tensor, name: str) -> None
             f"weight {name!r}: checkpoint shape {tuple(loaded.shape)} does not fit "
             f"parameter shape {tuple(target.shape)}"
         )
+    if _exact_dtype(target.dtype) and loaded.dtype != target.dtype or (
+        target.dtype.is_floating_point and not loaded.dtype.is_floating_point
+    ):
+        raise ValueError(
+            f"weight {name!r}: checkpoint dtype {loaded.dtype} where {target.dtype} is "
+            "expected (a corrupt checkpoint, or one of another quantization format)"
+        )
     with torch.no_grad():
         target.copy_(loaded)
+
+
+def _exact_dtype(dtype: torch.dtype) -> bool:
+    """Quantized storage (integer codes, float8) is copied only from its own dtype; plain
+    float weights cast from any float dtype."""
+    return not dtype.is_floating_point or dtype.itemsize == 1
+
+
+def _fill(target: torch.Tensor, value: torch.Tensor, name: str) -> None:
+    """A per-row parameter's rows set from one per-tensor checkpoint value."""
+    if value.numel() != 1:
+        raise ValueError(
+            f"weight {name!r}: checkpoint shape {tuple(value.shape)} does not fit the per-row "
+            f"parameter shape {tuple(target.shape)}"
+        )
+    with torch.no_grad():
+        target.fill_(value.reshape(()).item())

@@ -4,6 +4,12 @@ Each rank holds a contiguous slice of the vocabulary rows. The embedding looks u
 slice (zeros elsewhere) and all-reduces; the LM head computes its slice of the logits and
 all-gathers them. With tp_size 1 both are the plain operations. Tied embeddings share one
 parameter between the two.
+
+Quantized tables (a GGUF file's token embedding, and its tied or separate output matrix, in a
+kept block type): the checkpoint announces ``qweight_type`` (0-dim GGMLQuantizationType), then
+``weight`` arrives as uint8 block rows (vocab, row bytes), which replace the float storage of the
+same parameter (so a tied head shares them). Lookups then go through the platform's
+``quantized_embedding`` and the head through ``quantized_linear`` on one packed copy.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from ironlm.interfaces.model import ModelContext
+from ironlm.interfaces.quant import GGUF, QuantLayout
 from ironlm.layers.linear import divide
 
 
@@ -27,10 +34,14 @@ class VocabParallelEmbedding(torch.nn.Module):
         self.tp_size = ctx.tp_size
         self.tp_group = ctx.tp_group
         self.layer_ops = ctx.layer_ops
+        self.dtype = ctx.dtype
         # pad the vocabulary up to a multiple of the tp size; padded rows are never looked up
         self.padded_vocab_size = -(-vocab_size // ctx.tp_size) * ctx.tp_size
         self.rows_per_rank = divide(self.padded_vocab_size, ctx.tp_size)
         self.vocab_start = ctx.tp_rank * self.rows_per_rank
+        self.quant_layout: QuantLayout | None = None  # set when the table arrives quantized
+        self.quant_packed: dict[str, torch.Tensor] | None = None  # pack_quantized's result
+        self._pending_type: int | None = None  # qweight_type announced for the next weight
         if allocate:
             self.weight = torch.nn.Parameter(
                 torch.empty(self.rows_per_rank, hidden_size, dtype=ctx.dtype), requires_grad=False
@@ -38,28 +49,62 @@ class VocabParallelEmbedding(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return self.layer_ops.embedding(input_ids, self.weight)
+            return self._lookup(input_ids)
         local = input_ids - self.vocab_start
         in_range = (local >= 0) & (local < self.rows_per_rank)
-        out = self.layer_ops.embedding(local.clamp(0, self.rows_per_rank - 1), self.weight)
+        out = self._lookup(local.clamp(0, self.rows_per_rank - 1))
         out = out * in_range.unsqueeze(-1).to(out.dtype)  # (num_tokens, hidden) zeros off-slice
         dist.all_reduce(out, group=self.tp_group)
         return out
 
+    def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.quant_layout is None:
+            return self.layer_ops.embedding(ids, self.weight)
+        assert self.quant_packed is not None
+        rows = self.layer_ops.quantized_embedding(self.quant_layout, ids, self.quant_packed)
+        return rows.to(self.dtype)
+
     def load_weight(
         self, name: str, loaded: torch.Tensor, shard_id: str | int | None = None
     ) -> None:
-        if name != "weight" or shard_id is not None:
+        if shard_id is not None or name not in ("weight", "qweight_type"):
             raise ValueError(f"{type(self).__name__} has only 'weight'; got {name!r}")
-        if loaded.shape != (self.vocab_size, self.hidden_size):
+        if name == "qweight_type":
+            self._pending_type = int(loaded.reshape(()).item())
+            return
+        quantized = loaded.dtype == torch.uint8
+        if quantized and self._pending_type is None:
+            raise ValueError(f"{type(self).__name__}: uint8 rows came without a qweight_type")
+        if loaded.shape[0] != self.vocab_size or (
+            not quantized and loaded.shape != (self.vocab_size, self.hidden_size)
+        ):
             raise ValueError(
                 f"embedding: checkpoint shape {tuple(loaded.shape)} != "
                 f"({self.vocab_size}, {self.hidden_size})"
             )
         rows = loaded[self.vocab_start : self.vocab_start + self.rows_per_rank]
         with torch.no_grad():
+            if quantized:
+                table = torch.zeros(
+                    self.rows_per_rank, loaded.shape[1], dtype=torch.uint8,
+                    device=self.weight.device,
+                )  # fmt: skip
+                table[: rows.shape[0]].copy_(rows)
+                self.weight.data = table  # the same parameter, now block rows
+                self.quant_layout = QuantLayout(GGUF, ggml_type=self._pending_type)
+                self._pending_type = None
+                return
             self.weight[: rows.shape[0]].copy_(rows)
             self.weight[rows.shape[0] :].zero_()
+
+    def process_weights_after_loading(self) -> None:
+        """Pack a quantized table once for the platform's kernels (a float table is looked
+        up as loaded)."""
+        if self.quant_layout is not None:
+            rows = self.weight.data
+            self.quant_packed = self.layer_ops.pack_quantized(self.quant_layout, {"qweight": rows})
+            # the packed copy is the table now (the parameter stays, empty, for tying)
+            self.weight.data = rows.new_empty(0)
 
     def extra_repr(self) -> str:
         return f"{self.vocab_size}, {self.hidden_size}, tp_size={self.tp_size}"
@@ -84,7 +129,14 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def process_weights_after_loading(self) -> None:
         """Lay the weight out for the platform's matmul; a tied embedding shares the result
-        (its lookups go through ``layer_ops.embedding``, which reads that layout)."""
+        (its lookups go through ``layer_ops.embedding``, which reads that layout). A quantized
+        table is packed once and shared the same way."""
+        source = self.tied_to if self.tied_to is not None else self
+        if source.quant_layout is not None:
+            if source.quant_packed is None:  # the embedding packs first when it comes first
+                VocabParallelEmbedding.process_weights_after_loading(source)
+            self.quant_layout, self.quant_packed = source.quant_layout, source.quant_packed
+            return
         packed = torch.nn.Parameter(
             self.layer_ops.pack_linear_weight(self.weight.data), requires_grad=False
         )
@@ -94,7 +146,13 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         # (num_rows, hidden) -> (num_rows, vocab_size) float32
-        logits = self.layer_ops.linear(hidden, self.weight, None)  # (num_rows, rows_per_rank)
+        if self.quant_layout is None:
+            logits = self.layer_ops.linear(hidden, self.weight, None)  # (rows, rows_per_rank)
+        else:
+            assert self.quant_packed is not None
+            logits = self.layer_ops.quantized_linear(
+                self.quant_layout, hidden, self.quant_packed, None
+            )
         if self.tp_size > 1:
             parts = [torch.empty_like(logits) for _ in range(self.tp_size)]
             dist.all_gather(parts, logits, group=self.tp_group)

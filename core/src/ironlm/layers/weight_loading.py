@@ -35,7 +35,10 @@ def load_named_weights(
         loader = getattr(target, "load_weight", None)
         if loader is None:
             raise ValueError(f"unexpected weight {name!r}: {target_path} loads no weights")
-        loader(param_name, tensor, shard_id)
+        try:
+            loader(param_name, tensor, shard_id)
+        except ValueError as exc:  # shapes, dtypes, formats: name the checkpoint tensor
+            raise ValueError(f"checkpoint tensor {name!r}: {exc}") from exc
         loaded.setdefault(f"{target_path}.{param_name}" if target_path else param_name, set()).add(
             shard_id
         )

@@ -101,6 +101,12 @@ class GGUFFile:
                 GGUFTensorInfo(name, ggml_type, shape, data_start + offset, n_bytes)
             )
 
+    def type_names(self) -> list[str]:
+        """The GGMLQuantizationType names of the file's tensors, sorted (e.g. ["F32", "Q4_1"])."""
+        from gguf import GGMLQuantizationType
+
+        return sorted({GGMLQuantizationType(t.ggml_type).name for t in self.tensors})
+
     def raw(self, info: GGUFTensorInfo) -> np.ndarray:
         """The tensor's stored data as gguf.dequantize expects it: plain float/int types in
         their numpy dtype and shape; quantized types as uint8 rows of packed blocks."""

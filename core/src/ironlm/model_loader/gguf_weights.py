@@ -3,11 +3,20 @@
 transformers owns the GGUF metadata -> HF config key table and the per-architecture tensor
 fix-ups (Llama's q/k row permutation for llama.cpp's rotary layout, Gemma's ``1 + w``
 norm weights); this module streams the tensors through those fix-ups so that only one
-dequantised tensor is alive at a time.
+tensor is alive at a time.
+
+Tensors of the GGML types the quantization method keeps (``keep_types``: the gguf method's
+Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) are not dequantised: they are yielded as two entries,
+``<module>.qweight_type`` (0-dim int64, the GGMLQuantizationType) then ``<module>.weight``
+(uint8 (rows, row bytes), the file's blocks). Row fix-ups reach them as row permutations (a
+fix-up applied to the row indices); a fix-up that is not one dequantises that tensor. Every
+other quantized type is dequantised, with one log line naming the types.
 """
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -23,7 +32,12 @@ from transformers.modeling_gguf_pytorch_utils import (
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-from ironlm.model_loader.gguf_file import GGUFFile
+from ironlm.model_loader.gguf_file import GGUFFile, GGUFTensorInfo
+
+log = logging.getLogger(__name__)
+
+# GGML types that hold plain (unquantized) numbers: dequantising them is a cast
+_PLAIN_TYPES = ("F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64")
 
 # GGUF architectures whose HF config is rebuilt here from the metadata (one fast pass over the
 # file) with transformers' key table; others go through transformers' own GGUF config reader,
@@ -78,12 +92,13 @@ def gguf_config_dict(gguf: GGUFFile) -> dict[str, Any]:
 
 
 def iter_gguf_weights(
-    gguf_path: Path, hf_config: PretrainedConfig
+    gguf_path: Path, hf_config: PretrainedConfig, keep_types: frozenset[int] = frozenset()
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (HF name, float32 tensor) for every tensor of the GGUF file, dequantised one at a
-    time. Tensors with no HF counterpart (e.g. llama.cpp's precomputed rope factors) are skipped.
-    """
-    from gguf import GGMLQuantizationType, dequantize
+    """Yield (HF name, tensor) for every tensor of the GGUF file, one at a time: float32
+    (dequantised), or for 2-D tensors of a type in ``keep_types`` the (type, block rows) pair
+    described in the module docstring. Tensors with no HF counterpart (e.g. llama.cpp's
+    precomputed rope factors) are skipped."""
+    from gguf import GGMLQuantizationType
 
     gguf = GGUFFile(gguf_path)
     architecture = gguf.metadata["general.architecture"]
@@ -95,12 +110,63 @@ def iter_gguf_weights(
         hf_model = AutoModelForCausalLM.from_config(hf_config)
     name_map = get_gguf_hf_weights_map(hf_model, processor)
     del hf_model
+    dequantised: Counter[str] = Counter()
     for tensor in gguf.tensors:
-        weights = dequantize(gguf.raw(tensor), GGMLQuantizationType(tensor.ggml_type))
-        result = processor.process(
-            weights=weights, name=tensor.name, tensor_key_mapping=name_map, parsed_parameters={}
-        )
-        if result.name not in name_map:
+        qtype = GGMLQuantizationType(tensor.ggml_type)
+        if tensor.ggml_type in keep_types and len(tensor.shape) == 2:
+            kept = _kept_rows(gguf, tensor, processor, name_map)
+            if kept is not None:
+                hf_name, rows = kept
+                module = hf_name.rpartition(".")[0]
+                yield f"{module}.qweight_type", torch.tensor(int(qtype), dtype=torch.int64)
+                yield hf_name, rows
+                continue
+        named = _dequantised(gguf, tensor, processor, name_map)
+        if named is None:
             continue
-        # a copy: the reader's arrays are read-only views of the memory-mapped file
-        yield name_map[result.name], torch.from_numpy(np.array(result.weights, dtype=np.float32))
+        if qtype.name not in _PLAIN_TYPES:
+            dequantised[qtype.name] += 1
+        yield named
+    if dequantised and keep_types:
+        kept_names = ", ".join(GGMLQuantizationType(t).name for t in sorted(keep_types))
+        log.info(
+            "%s: dequantised at load (not kept quantized): %s; kept quantized: %s",
+            gguf_path.name,
+            ", ".join(f"{count} {name} tensors" for name, count in sorted(dequantised.items())),
+            kept_names,
+        )
+
+
+def _dequantised(
+    gguf: GGUFFile, tensor: GGUFTensorInfo, processor: TensorProcessor, name_map: dict[str, str]
+) -> tuple[str, torch.Tensor] | None:
+    from gguf import GGMLQuantizationType, dequantize
+
+    weights = dequantize(gguf.raw(tensor), GGMLQuantizationType(tensor.ggml_type))
+    result = processor.process(
+        weights=weights, name=tensor.name, tensor_key_mapping=name_map, parsed_parameters={}
+    )
+    if result.name not in name_map:
+        return None
+    # a copy: the reader's arrays are read-only views of the memory-mapped file
+    return name_map[result.name], torch.from_numpy(np.array(result.weights, dtype=np.float32))
+
+
+def _kept_rows(
+    gguf: GGUFFile, tensor: GGUFTensorInfo, processor: TensorProcessor, name_map: dict[str, str]
+) -> tuple[str, torch.Tensor] | None:
+    """(HF name, uint8 block rows) of a quantized 2-D tensor with the processor's row fix-up
+    applied; None when the tensor has no HF counterpart or its fix-up is not a row
+    permutation (it is then dequantised)."""
+    rows = tensor.shape[0]
+    index = np.arange(rows, dtype=np.float64).reshape(rows, 1)
+    result = processor.process(
+        weights=index, name=tensor.name, tensor_key_mapping=name_map, parsed_parameters={}
+    )
+    if result.name not in name_map:
+        return None
+    order = np.asarray(result.weights)
+    if order.shape != (rows, 1) or not np.array_equal(np.sort(order[:, 0]), index[:, 0]):
+        return None
+    raw = gguf.raw(tensor)  # (rows, row bytes) uint8 view of the file
+    return name_map[result.name], torch.from_numpy(raw[order[:, 0].astype(np.int64)])

@@ -4,7 +4,8 @@ Formats (``load_format``, vLLM's meanings):
   auto         GGUF for a .gguf model; else safetensors when the folder has them, else pt
   safetensors  *.safetensors (the index's files when the folder has an index), one tensor at a time
   pt           PyTorch pickles (*.bin / *.pt), memory-mapped, weights only
-  gguf         the .gguf file, dequantised one tensor at a time
+  gguf         the .gguf file, one tensor at a time: the GGML types the quantization
+               method keeps (the gguf method's layouts) stay quantized, the rest dequantised
   dummy        random weights of the right shapes (benchmarks); deterministic from ``seed``
 """
 
@@ -17,8 +18,9 @@ from typing import Iterator
 import torch
 
 from ironlm.interfaces.model import ModelArchitecture, ModelContext
+from ironlm.interfaces.quant import GGUF
 from ironlm.layers.linear import LinearBase
-from ironlm.layers.vocab_embedding import ParallelLMHead
+from ironlm.layers.vocab_embedding import VocabParallelEmbedding
 from ironlm.model_loader.safetensors_file import iter_safetensors_file
 from ironlm.model_loader.source import ModelSource
 
@@ -39,6 +41,17 @@ def load_model(
     weights per ``load_format``, then let the quantization method repack every linear (and the
     platform lay out the LM head)."""
     fmt = resolve_load_format(source, load_format)
+    # GGML types the method keeps quantized (its gguf layouts); every other one is dequantised
+    keep = frozenset(
+        int(layout.ggml_type)
+        for layout in ctx.quantization.layouts()
+        if layout.kind == GGUF and layout.ggml_type is not None
+    )
+    if fmt == "dummy" and keep:
+        raise ValueError(
+            "load_format 'dummy' cannot fill GGUF-quantized layers (their block types come "
+            "from the file); load the .gguf file itself"
+        )
     with torch.device(ctx.device):
         model = model_cls(source.hf_config, ctx)
     model.eval()
@@ -46,11 +59,11 @@ def load_model(
         if fmt == "dummy":
             fill_dummy_weights(model, seed)
         else:
-            model.load_weights(iter_checkpoint(source, fmt))
+            model.load_weights(iter_checkpoint(source, fmt, keep))
         for module in model.modules():
             if isinstance(module, LinearBase):
                 module.quant_method.process_weights_after_loading(module)
-            elif isinstance(module, ParallelLMHead):
+            elif isinstance(module, VocabParallelEmbedding):  # and the LM head
                 module.process_weights_after_loading()
     return model
 
@@ -75,13 +88,16 @@ def resolve_load_format(source: ModelSource, load_format: str) -> str:
     return load_format
 
 
-def iter_checkpoint(source: ModelSource, fmt: str) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, CPU tensor) pairs of the checkpoint, one tensor alive at a time."""
+def iter_checkpoint(
+    source: ModelSource, fmt: str, keep_ggml_types: frozenset[int] = frozenset()
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, CPU tensor) pairs of the checkpoint, one tensor alive at a time
+    (``keep_ggml_types``: GGUF tensor types to yield quantized, see ``iter_gguf_weights``)."""
     if fmt == "gguf":
         from ironlm.model_loader.gguf_weights import iter_gguf_weights
 
         assert source.gguf_file is not None
-        yield from iter_gguf_weights(source.gguf_file, source.hf_config)
+        yield from iter_gguf_weights(source.gguf_file, source.hf_config, keep_ggml_types)
     elif fmt == "safetensors":
         yield from _iter_safetensors(_require(_safetensors_files(source.path), source.path, fmt))
     elif fmt == "pt":

@@ -34,9 +34,12 @@ class ModelSource:
     @property
     def quantization_config(self) -> dict[str, Any] | None:
         """The checkpoint's HF ``quantization_config`` (for QuantizationMethod.from_config), or
-        None for plain weights. GGUF weights are dequantised on load, so None for GGUF too."""
+        None for plain weights. A GGUF file's is ``{"quant_method": "gguf", "ggml_types":
+        [...]}``: the GGML type names its tensors use (read from the tensor directory)."""
         if self.gguf_file is not None:
-            return None
+            from ironlm.model_loader.gguf_file import GGUFFile
+
+            return {"quant_method": "gguf", "ggml_types": GGUFFile(self.gguf_file).type_names()}
         config = getattr(self.hf_config, "quantization_config", None)
         if config is None or isinstance(config, dict):
             return config

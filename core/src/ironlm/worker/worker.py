@@ -136,14 +136,12 @@ class Worker(WorkerBase):
         return backend_cls(**options)
 
     def _quantization(self, platform: Platform, layer_ops: LayerOps) -> QuantizationMethod:
-        name = self.config.quantization
+        quant_config = self.source.quantization_config
+        name = self.plugins.resolve_quantization(self.config.quantization, quant_config)
         if not name:
             return UnquantizedMethod()
-        method = self.plugins.select_quantization(name, platform).from_config(
-            self.source.quantization_config
-        )
-        layout = method.layout()
-        if layout is not None:
+        method = self.plugins.select_quantization(name, platform).from_config(quant_config)
+        for layout in method.layouts():
             status = layer_ops.quantized_support(layout)
             if not status.available:
                 raise UnavailableError(
