@@ -6,7 +6,8 @@ SmolLM2-135M's linear shapes (per layer: qkv 960x576, o 576x576, gate_up 3072x57
 activation row count it prints the time of one forward's worth of linears (ms), the weight
 bytes that forward reads (MB) and the rate it reads them at (GB/s), and the speed-up over
 float32. The K-quants (256-element super-blocks) only fit the down projection (K=1536); their
-row shows that shape alone, against float32 on the same shape.
+row shows its 30 copies alone, against float32 on the same. Every layer has its own weights,
+so a pass reads them from memory as a decode step does.
 
     python benchmarks/quant_linear_cpu.py [--rows 1 4 16 64] [--repeats N] [--threads N]
         [--formats fp32 int8 w8a8 int4-g128 int4-g32-sym fp8 q4_0 q4_1 q8_0 q4_k q6_k]
@@ -69,17 +70,30 @@ def canonical(fmt: str, n: int, k: int, rng: np.random.Generator) -> tuple[Quant
     return layout, {"qweight": torch.from_numpy(raw.reshape(n, -1))}
 
 
-def forward_fn(ops: CpuLayerOps, fmt: str, n: int, k: int, rows: int,
-               rng: np.random.Generator) -> tuple[Callable[[], Any], int]:
-    """A call of one (n, k) linear on ``rows`` activation rows, and the weight bytes it reads."""
-    x = torch.randn(rows, k)
-    if fmt == "fp32":
-        w = ops.pack_linear_weight(torch.randn(n, k))
-        return (lambda: ops.linear(x, w, None)), w.numel() * 4
-    layout, tensors = canonical(fmt, n, k, rng)
-    packed = ops.pack_quantized(layout, tensors)
-    nbytes = sum(t.numel() * t.element_size() for t in packed.values())
-    return (lambda: ops.quantized_linear(layout, x, packed, None)), nbytes
+def model_fn(ops: CpuLayerOps, fmt: str, shapes: list[tuple[int, int]], rows: int,
+             rng: np.random.Generator) -> tuple[Callable[[], Any], int]:
+    """One pass over distinct weights of ``shapes`` (as a forward reads every layer's own
+    weights from memory), and the bytes of weight that pass reads."""
+    calls, nbytes = [], 0
+    inputs = {k: torch.randn(rows, k) for k in {k for _, k in shapes}}
+    for n, k in shapes:
+        x = inputs[k]
+        if fmt == "fp32":
+            w = ops.pack_linear_weight(torch.randn(n, k))
+            calls.append(lambda x=x, w=w: ops.linear(x, w, None))
+            nbytes += w.numel() * 4
+            continue
+        layout, tensors = canonical(fmt, n, k, rng)
+        packed = ops.pack_quantized(layout, tensors)
+        nbytes += sum(t.numel() * t.element_size() for t in packed.values())
+        calls.append(lambda x=x, layout=layout, packed=packed:
+                     ops.quantized_linear(layout, x, packed, None))
+
+    def run() -> None:
+        for call in calls:
+            call()
+
+    return run, nbytes
 
 
 def fits(fmt: str, k: int) -> bool:
@@ -100,24 +114,22 @@ def main() -> None:
     print(f"threads {torch.get_num_threads()}, quant kernels: {ops.quant.isa or ops.quant.reason}")
     for rows in args.rows:
         print(f"\n{rows} activation row(s): one forward's linears (30 layers + LM head)")
-        print(f"{'format':>14} {'ms':>9} {'MB read':>9} {'GB/s':>7} {'vs fp32':>8}")
+        print(f"{'format':>16} {'ms':>9} {'MB read':>9} {'GB/s':>7} {'vs fp32':>8}")
         base: dict[bool, float] = {}
         for fmt in ["fp32"] + [f for f in args.formats if f != "fp32"]:
             full = all(fits(fmt, k) for _, k in LAYER_SHAPES + [HEAD_SHAPE])
-            shapes = ([(s, LAYERS) for s in LAYER_SHAPES] + [(HEAD_SHAPE, 1)] if full
-                      else [((576, 1536), 1)])
-            ms = nbytes = 0.0
-            for (n, k), count in shapes:
-                fn, size = forward_fn(ops, fmt, n, k, rows, rng)
-                ms += best_ms(fn, args.repeats) * count
-                nbytes += size * count
-            base.setdefault(full, ms) if fmt == "fp32" else None
-            if not full and False not in base:
-                fn, _ = forward_fn(ops, "fp32", 576, 1536, rows, rng)
-                base[False] = best_ms(fn, args.repeats)
-            label = fmt if full else f"{fmt} (down only)"
-            print(f"{label:>14} {ms:9.2f} {nbytes / 1e6:9.1f} {nbytes / ms / 1e6:7.1f} "
-                  f"{base[full] / ms:7.2f}x")
+            shapes = LAYER_SHAPES * LAYERS + [HEAD_SHAPE] if full else [(576, 1536)] * LAYERS
+            run, nbytes = model_fn(ops, fmt, shapes, rows, rng)
+            ms = best_ms(run, args.repeats)
+            del run
+            if fmt == "fp32":
+                base[True] = ms
+                run, _ = model_fn(ops, "fp32", [(576, 1536)] * LAYERS, rows, rng)
+                base[False] = best_ms(run, args.repeats)
+                del run
+            label = fmt if full else f"{fmt} (down x30)"
+            print(f"{label:>16} {ms:9.2f} {nbytes / 1e6:9.1f} {nbytes / ms / 1e6:7.1f} "
+                  f"{base[full] / ms:7.2f}x", flush=True)
 
 
 if __name__ == "__main__":

@@ -148,6 +148,30 @@ def test_bench_latency(tiny_llama_dir: Path, tmp_path: Path,
     assert fig["decode_tok_s"] > 0
 
 
+def test_bench_latency_unquantized_baseline_and_weight_bytes(
+        tiny_llama_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--baseline unquantized runs IronLM again without --quantization; both report the bytes
+    of weights they hold."""
+    args = ["bench", "latency", "--model", str(tiny_llama_dir), "--batch-size", "1",
+            "--input-len", "8", "--output-len", "4", "--num-iters", "2", "--num-iters-warmup",
+            "1", "--skip-machine-limits", "--result-dir", str(tmp_path), *ENGINE]  # fmt: skip
+    assert ironlm_main([*args, "--baseline", "unquantized"]) == 2
+    assert "--baseline unquantized" in capsys.readouterr().err
+    rc = ironlm_main([*args, "--baseline", "unquantized", "--quantization", "weight_only_int8"])
+    assert rc == 0
+    assert "ironlm/unquantized" in capsys.readouterr().out
+    data = _only_json(tmp_path)
+    ours, base = data["engines"]["ironlm"], data["engines"]["unquantized"]
+    assert ours["info"]["quantization"] == "weight_only_int8"
+    assert base["info"]["quantization"] is None
+    # tiny Llama's linears: 2 layers x (128x64 qkv, 64x64 o, 256x64 gate_up, 64x128 down) =
+    # 73728 weights, float32 -> int8 plus a float32 scale per output row (1024 rows); the
+    # float embedding and norms are the same in both
+    saved = (base["weight_mib"] - ours["weight_mib"]) * 2**20
+    assert saved == pytest.approx(73728 * 4 - 73728 - 1024 * 4)
+    assert data["ratios"]["unquantized"]["decode_tok_s"] > 0
+
+
 def test_bench_llama_cpp_baseline_missing_is_explained(
         tiny_llama_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     if importlib.util.find_spec("llama_cpp") is not None:

@@ -6,6 +6,8 @@
 - ``llama-cpp``: the GGUF file through llama-cpp-python's ``Llama.generate`` (greedy, state reset
   per prompt so no prefix is reused), prompts one after another as its server serves them.
   It is an optional extra: it compiles llama.cpp at install time (about 16 minutes here).
+- ``unquantized``: IronLM itself with the same engine flags but no ``--quantization``, on
+  ``--baseline-model`` (default ``--model``): what a quantization method buys.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch
 
 from ironlm.bench.runners import BatchTiming
 
-BASELINES = ("hf", "llama-cpp")
+BASELINES = ("hf", "llama-cpp", "unquantized")
 LLAMA_CPP_INSTALL = 'pip install "llama-cpp-python>=0.3"'
 
 

@@ -31,6 +31,9 @@ def add_offline_args(parser: argparse.ArgumentParser) -> None:
                    "ours / baseline (repeatable)")
     g.add_argument("--gguf", default=None,
                    help="GGUF file for --baseline llama-cpp (default: --model when it is one)")
+    g.add_argument("--baseline-model", default=None,
+                   help="float model for --baseline unquantized (default: --model; needed when "
+                   "--model is a quantized checkpoint or a GGUF file)")
     g.add_argument("--baseline-batch-size", type=int, default=None,
                    help="prompts per HF generate call (default: all prompts in one call)")
     g.add_argument("--llama-cpp-flash-attn", action="store_true",
@@ -58,6 +61,11 @@ def baseline_problem(args: argparse.Namespace) -> str | None:
             return f"--baseline llama-cpp: {reason}"
         if gguf_path(args) is None:
             return "--baseline llama-cpp needs a GGUF file: pass --gguf PATH"
+    if "unquantized" in args.baseline and not args.quantization and not args.baseline_model:
+        return ("--baseline unquantized compares against IronLM without --quantization: pass "
+                "--quantization, or a quantized --model with --baseline-model FLOAT_MODEL")
+    if "unquantized" in args.baseline and not args.baseline_model and args.model.endswith(".gguf"):
+        return "--baseline unquantized on a GGUF file needs --baseline-model FLOAT_MODEL"
     if "hf" in args.baseline and args.model.endswith(".gguf"):
         return "--baseline hf needs an HF folder as --model (the GGUF goes to --gguf)"
     return None
@@ -76,7 +84,12 @@ def runner_specs(args: argparse.Namespace, n_ctx: int) -> list[dict[str, Any]]:
         "detokenize": not args.disable_detokenize,
     }]
     for name in dict.fromkeys(args.baseline):
-        if name == "hf":
+        if name == "unquantized":
+            kwargs = dict(engine_kwargs(args), quantization=None)
+            specs.append({"kind": "ironlm", "label": "unquantized",
+                          "model": args.baseline_model or args.model, "engine_kwargs": kwargs,
+                          "detokenize": not args.disable_detokenize})
+        elif name == "hf":
             specs.append({"kind": "hf", "model": args.model, "seed": args.seed,
                           "dummy_weights": args.load_format == "dummy",
                           "batch_size": args.baseline_batch_size})
@@ -158,3 +171,12 @@ def fraction(value: float | None, bound: float | None) -> float | None:
     if value is None or not bound:
         return None
     return value / bound
+
+
+def decode_bound(ctx: MachineContext, result: dict[str, Any]) -> float | None:
+    """Single-stream decode bound (tok/s) of one engine: read bandwidth over the weight bytes
+    it holds (quantized weights read fewer), else over the model's float weight bytes."""
+    held = result["info"].get("weight_bytes")
+    if held and ctx.limits is not None:
+        return ctx.limits.read_bandwidth_gbs * 1e9 / held
+    return ctx.bounds.get("decode_bandwidth_bound_tok_s")

@@ -21,6 +21,7 @@ from ironlm.bench.common import (
     MachineContext,
     add_offline_args,
     baseline_problem,
+    decode_bound,
     fraction,
     machine_context,
     run_engine,
@@ -47,6 +48,7 @@ METRICS: list[tuple[str, str, bool | None]] = [
     ("decode_tok_s", "decode tok/s per request", True),
     ("output_tok_s", "output tok/s", True),
     ("peak_rss_mib", "peak RSS (MiB)", False),
+    ("weight_mib", "resident weights (MiB)", False),
     ("bandwidth_bound_fraction", "decode / bandwidth bound", True),
     ("compute_bound_fraction", "batch / compute bound", True),
     ("foreign_cpu_share", "other processes' CPU share", None),
@@ -78,11 +80,12 @@ def engine_figures(result: dict[str, Any], ctx: MachineContext, batch_size: int)
     fig["latencies_s"] = lat["latencies_s"]
     fig["iterations"] = lat["iterations"]
     fig["peak_rss_mib"] = mib(result["peak_rss_bytes"])
+    fig["weight_mib"] = mib(result["info"].get("weight_bytes"))
     fig["load_s"] = result["load_seconds"]
     if result["runner"] != "llama-cpp":  # its bounds differ: it reads 4-5 bit weights
         if batch_size == 1:
             fig["bandwidth_bound_fraction"] = fraction(
-                fig["decode_tok_s"], ctx.bounds.get("decode_bandwidth_bound_tok_s"))
+                fig["decode_tok_s"], decode_bound(ctx, result))
         total_tok = sum(sum(t.prompt_tokens) + sum(t.output_tokens) for t in timings)
         fig["compute_bound_fraction"] = fraction(
             total_tok / sum(lat["latencies_s"]), ctx.bounds.get("batch_compute_bound_tok_s"))

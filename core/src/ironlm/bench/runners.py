@@ -78,6 +78,8 @@ class IronlmRunner:
             "max_num_seqs": self.engine.config.max_num_seqs,
             "dtype": self.engine.config.dtype,
             "detokenize": self.detokenize,
+            "quantization": self.engine.config.quantization,
+            "weight_bytes": int(self.engine.executor.collective_rpc("weight_bytes")[0]),
         }
 
     def run(self, prompts: list[list[int]], output_len: int) -> BatchTiming:

@@ -20,6 +20,7 @@ from ironlm.bench.common import (
     MachineContext,
     add_offline_args,
     baseline_problem,
+    decode_bound,
     fraction,
     machine_context,
     run_engine,
@@ -50,6 +51,7 @@ METRICS: list[tuple[str, str, bool | None]] = [
     ("single_ttft_s", "1-stream TTFT (s)", False),
     ("peak_rss_mib", "peak RSS (MiB)", False),
     ("kv_cache_mib", "KV cache (MiB)", False),
+    ("weight_mib", "resident weights (MiB)", False),
     ("compute_bound_fraction", "batch / compute bound", True),
     ("bandwidth_bound_fraction", "decode / bandwidth bound", True),
     ("foreign_cpu_share", "other processes' CPU share", None),
@@ -85,6 +87,7 @@ def engine_figures(result: dict[str, Any], ctx: MachineContext) -> dict[str, Any
         fig["single_decode_tok_s"] = single["decode_tok_s"]
         fig["single_ttft_s"] = single["ttft_s"]
     fig["peak_rss_mib"] = mib(result["peak_rss_bytes"])
+    fig["weight_mib"] = mib(result["info"].get("weight_bytes"))
     fig["rss_after_load_mib"] = mib(result["rss_after_load_bytes"])
     fig["load_s"] = result["load_seconds"]
     kv = result["info"].get("kv_cache_bytes")
@@ -95,7 +98,7 @@ def engine_figures(result: dict[str, Any], ctx: MachineContext) -> dict[str, Any
         fig["compute_bound_fraction"] = fraction(
             fig["total_tok_s"], ctx.bounds.get("batch_compute_bound_tok_s"))
         fig["bandwidth_bound_fraction"] = fraction(
-            fig.get("single_decode_tok_s"), ctx.bounds.get("decode_bandwidth_bound_tok_s"))
+            fig.get("single_decode_tok_s"), decode_bound(ctx, result))
     fig["foreign_cpu_share"] = result["foreign_cpu_share"]
     fig["info"] = result["info"]
     return fig

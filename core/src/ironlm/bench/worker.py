@@ -5,7 +5,8 @@ Parent side: ``run_in_subprocess(spec)`` writes the spec as JSON, runs
 the result back. Child side: builds the runner the spec names, runs each job's batches in
 order and writes timings, load time and peak RSS (VmHWM) as JSON.
 
-spec = {"runner": {"kind": "ironlm" | "hf" | "llama-cpp", "model": ..., ...runner options},
+spec = {"runner": {"kind": "ironlm" | "hf" | "llama-cpp", "model": ..., "label": name in the
+                   results (default: the runner's), ...runner options},
         "threads": 2,
         "jobs": [{"label": "warmup", "output_len": 4, "batches": [[[1, 2, 3]]]}, ...]}
 """
@@ -110,7 +111,7 @@ def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
         for batch in job["batches"]:
             timings.append(runner.run(batch, int(job["output_len"])).to_dict())
     return {
-        "runner": runner.name,
+        "runner": spec["runner"].get("label") or runner.name,
         "info": runner.info(),
         "threads": torch.get_num_threads(),
         "load_seconds": load_seconds,

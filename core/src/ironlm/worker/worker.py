@@ -3,6 +3,8 @@ implementation, the class every executor builds, in whatever process it runs).""
 
 from __future__ import annotations
 
+import torch
+
 from ironlm.config import EngineConfig
 from ironlm.interfaces.attention import AttentionBackend
 from ironlm.interfaces.model import ModelArchitecture, ModelContext
@@ -79,6 +81,28 @@ class Worker(WorkerBase):
 
     def determine_num_kv_blocks(self) -> int:
         return self.kv_cache.num_blocks_that_fit()
+
+    def weight_bytes(self) -> int:
+        """Bytes of the model's weights as this rank holds them: parameters, buffers and the
+        tensors a quantization method keeps in module attributes (packed dicts, segments),
+        each storage counted once."""
+        seen: dict[int, int] = {}
+
+        def visit(obj: object) -> None:
+            if isinstance(obj, torch.Tensor):
+                storage = obj.untyped_storage()
+                seen[storage.data_ptr()] = storage.nbytes()
+            elif isinstance(obj, (list, tuple)):
+                for item in obj:
+                    visit(item)
+            elif isinstance(obj, dict):
+                for item in obj.values():
+                    visit(item)
+
+        for module in self.runner.model.modules():
+            visit(list(module.parameters(recurse=False)) + list(module.buffers(recurse=False)))
+            visit([v for k, v in vars(module).items() if not k.startswith("_")])
+        return sum(seen.values())
 
     def kv_cache_bytes_per_block(self) -> int:
         """Bytes one KV block takes on this rank, over all its attention layers."""
