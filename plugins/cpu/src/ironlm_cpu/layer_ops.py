@@ -19,7 +19,7 @@ from ironlm_cpu.cbuild import KernelLibrary
 from ironlm_cpu.fused_kernels import FusedKernels
 from ironlm_cpu.linear_kernel import PANEL, PackedLinearKernel
 from ironlm_cpu.quant_kernels import QuantKernels
-from ironlm_cpu.quant_packing import is_packed, kernel_format, pack
+from ironlm_cpu.quant_packing import fits, is_packed, kernel_format, pack
 
 
 class CpuLayerOps(LayerOps):
@@ -48,7 +48,7 @@ class CpuLayerOps(LayerOps):
         self, layout: QuantLayout, tensors: dict[str, torch.Tensor]
     ) -> dict[str, torch.Tensor]:
         fmt, _ = kernel_format(layout)
-        if fmt is None or not self.quant.available:
+        if fmt is None or not self.quant.available or not fits(fmt, tensors):
             return tensors  # the reference reads the canonical tensors
         return pack(fmt, layout, tensors)
 

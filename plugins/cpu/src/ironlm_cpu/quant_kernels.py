@@ -28,10 +28,13 @@ from importlib import resources
 import torch
 
 from ironlm_cpu.cbuild import KernelLibrary, Signature
-from ironlm_cpu.quant_packing import Format, features
+from ironlm_cpu.quant_packing import Format, features, packed_format
 
 # C sources, concatenated in this order into one translation unit
-SOURCES = ("quant_common.h", "quant_int8.c", "quant_int4.c", "quant_gguf.c", "quant_entry.c")
+SOURCES = (
+    "quant_common.h", "quant_int8.c", "quant_w8a8.c", "quant_panel.c", "quant_int4.c",
+    "quant_gguf.c", "quant_entry.c",
+)
 WEIGHT_TENSORS = ("w0", "w1", "w2", "w3")
 
 
@@ -67,6 +70,7 @@ class QuantKernels(KernelLibrary):
         bias: torch.Tensor | None,  # (N,)
     ) -> torch.Tensor:  # (T, N) in x.dtype
         assert self.lib is not None, self.reason
+        fmt = packed_format(fmt, packed)
         n, k = features(fmt, packed)
         xf = x if x.dtype == torch.float32 else x.float()
         if xf.dim() != 2 or xf.shape[1] != k:
@@ -91,6 +95,7 @@ class QuantKernels(KernelLibrary):
     ) -> torch.Tensor:  # (T, K) float32
         """Rows ``ids`` of the packed (N, K) weight as float32 (quantized embeddings)."""
         assert self.lib is not None, self.reason
+        fmt = packed_format(fmt, packed)
         n, k = features(fmt, packed)
         flat = ids.reshape(-1)
         if flat.dtype != torch.int64 or not flat.is_contiguous():

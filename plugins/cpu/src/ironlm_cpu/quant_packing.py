@@ -3,15 +3,21 @@ kernels (``csrc/quant_*.c``), once at load.
 
 A packed weight is a dict of the tensors the C code reads, ``w0`` .. ``w3`` (their meaning per
 format is in the C sources' headers). What changes against the canonical layout, and why:
-  int8, w8a8, fp8  nothing but dtype/contiguity (scales float32 per row; a per-tensor fp8 scale
-                   repeated per row); w8a8 adds the int32 row sums of q (the VNNI path's offset)
+  int8, fp8        nothing but dtype/contiguity (scales float32 per row; a per-tensor fp8 scale
+                   repeated per row)
+  w8a8             panels of 8 rows with the weights of every 4 inputs side by side (one
+                   broadcast activation quad advances 8 rows), plus the int32 row sums of q (the
+                   VNNI path's offset); k must be a multiple of 4
   int4             the nibbles of every 32 elements reordered so that low nibbles are elements
                    0..15 and high nibbles 16..31 (two masks and a shift unpack them in order)
+  int8, fp8, int4  with n a multiple of 16: 16-row panels instead, (n / 16, k, 16) (int4: per
+                   input pair, and per group each row's scale and scale * zero), for the
+                   register-tiled kernels of quant_panel.c
   gguf             each row's blocks split into per-row arrays (the half-float scales of a row
                    contiguous, for 8-at-once conversion; Q4_K's 6-bit scales unpacked to bytes):
                    the same bytes as the file, plus 4 per Q4_K super-block
 Layouts the kernels do not take (int4 groups that are not a multiple of 32, other GGML types)
-stay canonical and run on the core's pure-torch reference.
+and w8a8 weights with k % 4 != 0 stay canonical and run on the core's pure-torch reference.
 """
 
 from __future__ import annotations
@@ -35,6 +41,9 @@ class Format(IntEnum):
     Q8_0 = 6
     Q4_K = 7
     Q6_K = 8
+    INT8P = 9  # INT8 / FP8 / INT4 on 16-row panels (output features a multiple of 16)
+    FP8P = 10
+    INT4P = 11
 
 
 # GGMLQuantizationType value -> (format, elements per block, bytes per block)
@@ -46,7 +55,9 @@ GGML_FORMATS: dict[int, tuple[Format, int, int]] = {
     14: (Format.Q6_K, 256, 210),
 }
 # formats whose w0 holds two elements per byte
-_NIBBLE_FORMATS = (Format.INT4, Format.Q4_0, Format.Q4_1, Format.Q4_K, Format.Q6_K)
+_NIBBLE_FORMATS = (Format.INT4, Format.Q4_0, Format.Q4_1, Format.Q4_K, Format.Q6_K, Format.INT4P)
+# row formats with a 16-row panel variant
+_PANELS = {Format.INT8: Format.INT8P, Format.FP8: Format.FP8P, Format.INT4: Format.INT4P}
 
 
 def kernel_format(layout: QuantLayout) -> tuple[Format | None, str]:
@@ -73,25 +84,58 @@ def is_packed(tensors: dict[str, torch.Tensor]) -> bool:
     return "w0" in tensors
 
 
+def packed_format(layout_format: Format, packed: dict[str, torch.Tensor]) -> Format:
+    """The format a ``pack`` result is in: the layout's, or its 16-row panel variant."""
+    if layout_format in _PANELS and packed["w0"].dim() == 3:
+        return _PANELS[layout_format]
+    return layout_format
+
+
 def features(fmt: Format, packed: dict[str, torch.Tensor]) -> tuple[int, int]:
-    """(output features n, input features k) of a packed weight."""
+    """(output features n, input features k) of a packed weight (``fmt``: packed_format's)."""
     w0 = packed["w0"]
+    if fmt == Format.W8A8:  # panels of 8 rows, n padded
+        return packed["w1"].shape[0], w0.shape[1] // 8
+    if fmt in (Format.INT8P, Format.FP8P, Format.INT4P):  # (n / 16, k or k / 2, 16)
+        return w0.shape[0] * 16, w0.shape[1] * (2 if fmt == Format.INT4P else 1)
     return w0.shape[0], w0.shape[1] * (2 if fmt in _NIBBLE_FORMATS else 1)
+
+
+def fits(fmt: Format, tensors: dict[str, torch.Tensor]) -> bool:
+    """Whether the kernels take this weight's shape: w8a8 panels need k % 4 == 0 (others run
+    the reference)."""
+    return fmt != Format.W8A8 or tensors["qweight"].shape[1] % 4 == 0
 
 
 def pack(fmt: Format, layout: QuantLayout, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Canonical tensors of ``layout`` -> the dict of ``w0`` .. ``w3`` the C kernels read."""
     q = tensors["qweight"]
-    if fmt in (Format.INT8, Format.W8A8):
-        packed = {"w0": q.to(torch.int8).contiguous(), "w1": _row_scale(tensors["scale"], q.shape[0])}
-        if fmt == Format.W8A8:
-            packed["w2"] = q.sum(dim=1, dtype=torch.int32)  # (n,) the VNNI path's offset term
-        return packed
-    if fmt == Format.FP8:
-        return {"w0": q.contiguous().view(torch.uint8), "w1": _row_scale(tensors["scale"], q.shape[0])}
+    panel = q.shape[0] % 16 == 0
+    if fmt in (Format.INT8, Format.FP8):
+        data = q.contiguous().view(torch.int8 if fmt == Format.INT8 else torch.uint8)
+        if panel:  # (n / 16, k, 16): per input, the panel's 16 rows
+            n, k = data.shape
+            data = data.reshape(n // 16, 16, k).transpose(1, 2).contiguous()
+        return {"w0": data, "w1": _row_scale(tensors["scale"], q.shape[0])}
+    if fmt == Format.W8A8:
+        return _pack_w8a8(q.to(torch.int8), _row_scale(tensors["scale"], q.shape[0]))
     if fmt == Format.INT4:
-        return _pack_int4(layout, tensors)
+        return _pack_int4_panels(layout, tensors) if panel else _pack_int4(layout, tensors)
     return _pack_gguf(fmt, layout, q)
+
+
+def _pack_w8a8(q: torch.Tensor, scale: torch.Tensor) -> dict[str, torch.Tensor]:
+    """(n, k) int8 -> panels of 8 rows, (n8 / 8, k / 4, 8, 4) flattened to (n8 / 8, k * 8):
+    per panel and quad of inputs, the 8 rows' 4 weights (n padded with zero rows)."""
+    n, k = q.shape
+    n8 = -(-n // 8) * 8
+    padded = torch.zeros(n8, k, dtype=torch.int8)
+    padded[:n] = q
+    panels = padded.reshape(n8 // 8, 8, k // 4, 4).permute(0, 2, 1, 3).reshape(n8 // 8, k * 8)
+    return {
+        "w0": panels.contiguous(), "w1": scale,
+        "w2": q.sum(dim=1, dtype=torch.int32),  # (n,) the VNNI path's offset term
+    }  # fmt: skip
 
 
 def _row_scale(scale: torch.Tensor, n: int) -> torch.Tensor:
@@ -111,6 +155,22 @@ def _pack_int4(layout: QuantLayout, tensors: dict[str, torch.Tensor]) -> dict[st
     if layout.zero_points:
         packed["w2"] = tensors["zero"].to(torch.uint8).contiguous()  # (n, k / group)
     return packed
+
+
+def _pack_int4_panels(layout: QuantLayout, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """(n / 16, k / 2, 16) bytes (per input pair, the panel's 16 rows: low nibble the even
+    input), and per group the rows' scale and scale * zero, (n / 16, k / g, 16) float32."""
+    values = unpack_int4(tensors["qweight"])  # (n, k) 0..15
+    n, k = values.shape
+    pairs = values.reshape(n, k // 2, 2)
+    rows = (pairs[..., 0] | (pairs[..., 1] << 4)).to(torch.uint8)  # (n, k / 2)
+    scale = tensors["scale"].to(torch.float32)  # (n, k / g)
+    zero = tensors["zero"].to(torch.float32) if layout.zero_points else torch.full_like(scale, 8.0)
+
+    def panels(t: torch.Tensor) -> torch.Tensor:  # (n, c) -> (n / 16, c, 16)
+        return t.reshape(n // 16, 16, t.shape[1]).transpose(1, 2).contiguous()
+
+    return {"w0": panels(rows), "w1": panels(scale), "w2": panels(scale * zero)}
 
 
 def _halves(field: torch.Tensor) -> torch.Tensor:

@@ -4,13 +4,17 @@
    Work split (drive): activation rows in chunks whose prepared form stays in L2, output rows
    in runs. With a few activation rows (decode), each thread takes one contiguous run of weight
    rows and streams it once: every weight row is read from memory once and dotted with all the
-   activation rows (MR at a time, the rest from L1). With many (prefill), runs of 16 rows over
-   each chunk, so a weight row is reused by the whole chunk. */
+   activation rows (MR at a time, the rest from L1). With many (prefill), runs of 16 weight
+   rows: for every MR activation rows of the chunk, the run's 16 rows, so both sides of the
+   dot products come from L1 (a weight run is read from memory once per chunk). */
 
 static row_kernel kernel_for(int fmt) {
     switch (fmt) {
     case FMT_INT8: return row_int8;
-    case FMT_W8A8: return row_w8a8;
+    case FMT_W8A8: /* panels: drive_w8a8 */
+    case FMT_INT8P:
+    case FMT_FP8P:
+    case FMT_INT4P: return NULL; /* panels: drive_panels */
     case FMT_INT4: return row_int4;
     case FMT_FP8: return row_fp8;
     case FMT_Q4_0:
@@ -35,7 +39,7 @@ static int64_t prepare(const qweight *w, const float *x, int64_t ldx, int m, int
     a->xf = x;
     a->ldx = ldx;
     *scratch = NULL;
-    if (w->fmt == FMT_INT8 || w->fmt == FMT_FP8) return 4 * (int64_t)k;
+    if (w->fmt == FMT_INT8 || w->fmt == FMT_FP8 || w->fmt >= FMT_INT8P) return 4 * (int64_t)k;
     if (w->fmt == FMT_INT4) {
         const int ng = k / w->group;
         float *gs = malloc(align64(sizeof(float) * (size_t)m * ng));
@@ -124,11 +128,23 @@ static void drive(const qweight *w, const qact *a, int m, const float *bias, flo
             const int m0 = c * mc, m1 = m0 + mc < m ? m0 + mc : m;
             const int n0 = g * run, n1 = n0 + run < n ? n0 + run : n;
             float out[MR];
-            for (int row = n0; row < n1; row++) {
-                const float b = bias != NULL ? bias[row] : 0.0f;
-                for (int t = m0; t < m1; t += MR) {
-                    const int rows = m1 - t < MR ? m1 - t : MR;
+            if (m <= 2 * MR) { /* decode: each weight row once, from memory */
+                for (int row = n0; row < n1; row++) {
+                    const float b = bias != NULL ? bias[row] : 0.0f;
+                    for (int t = m0; t < m1; t += MR) {
+                        const int rows = m1 - t < MR ? m1 - t : MR;
+                        fn(w, a, row, t, rows, out);
+                        for (int i = 0; i < rows; i++) y[(int64_t)(t + i) * n + row] = out[i] + b;
+                    }
+                }
+                continue;
+            }
+            /* prefill: MR activation rows and the run's 16 weight rows both stay in L1 */
+            for (int t = m0; t < m1; t += MR) {
+                const int rows = m1 - t < MR ? m1 - t : MR;
+                for (int row = n0; row < n1; row++) {
                     fn(w, a, row, t, rows, out);
+                    const float b = bias != NULL ? bias[row] : 0.0f;
                     for (int i = 0; i < rows; i++) y[(int64_t)(t + i) * n + row] = out[i] + b;
                 }
             }
@@ -143,12 +159,15 @@ int ironlm_quant_linear(int fmt, const float *x, int64_t ldx, int m, int n, int 
                         const float *bias, float *y, int threads) {
     const qweight w = {fmt, n, k, group, w0, w1, w2, w3};
     const row_kernel fn = kernel_for(fmt);
-    if (fn == NULL) return -2;
+    const int panel = fmt == FMT_INT8P || fmt == FMT_FP8P || fmt == FMT_INT4P;
+    if (fn == NULL && fmt != FMT_W8A8 && !panel) return -2;
     qact a;
     void *scratch;
     const int64_t row_bytes = prepare(&w, x, ldx, m, threads, &a, &scratch);
     if (row_bytes < 0) return -1;
-    drive(&w, &a, m, bias, y, threads, fn, row_bytes);
+    if (fmt == FMT_W8A8) drive_w8a8(&w, &a, m, bias, y, threads);
+    else if (panel) drive_panels(&w, x, ldx, m, bias, y, threads);
+    else drive(&w, &a, m, bias, y, threads, fn, row_bytes);
     free(scratch);
     return 0;
 }
@@ -158,7 +177,8 @@ int ironlm_quant_linear(int fmt, const float *x, int64_t ldx, int m, int n, int 
 int ironlm_quant_rows(int fmt, const int64_t *ids, int t, int n, int k, int group, const void *w0,
                       const void *w1, const void *w2, const void *w3, float *out) {
     const qweight w = {fmt, n, k, group, w0, w1, w2, w3};
-    if (kernel_for(fmt) == NULL) return -2;
+    if (kernel_for(fmt) == NULL && fmt != FMT_W8A8 && fmt < FMT_INT8P) return -2;
+    if (fmt > FMT_INT4P) return -2;
     int bad = 0;
     for (int r = 0; r < t; r++) {
         const int64_t v = ids[r];
@@ -167,7 +187,9 @@ int ironlm_quant_rows(int fmt, const int64_t *ids, int t, int n, int k, int grou
             bad++;
             continue;
         }
-        if (fmt == FMT_INT8 || fmt == FMT_W8A8) dequant_row_int8(&w, v, o);
+        if (fmt == FMT_INT8) dequant_row_int8(&w, v, o);
+        else if (fmt == FMT_W8A8) dequant_row_w8a8(&w, v, o);
+        else if (fmt >= FMT_INT8P) dequant_row_panel(&w, v, o);
         else if (fmt == FMT_FP8) dequant_row_fp8(&w, v, o);
         else if (fmt == FMT_INT4) dequant_row_int4(&w, v, o);
         else dequant_row_gguf(&w, v, o);

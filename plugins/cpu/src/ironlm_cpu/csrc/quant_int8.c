@@ -1,12 +1,7 @@
-/* int8 weight-only, w8a8 and fp8 row kernels.
+/* int8 weight-only and fp8 row kernels (float activations; w8a8 is quant_w8a8.c).
 
    int8  w0 (n, k) int8, w1 (n,) float scale: float activations, W[n, k] = q * scale[n]; the
          int8 -> float conversion happens in registers and the scale multiplies the dot.
-   w8a8  w0, w1 as int8, w2 (n,) int32 row sums of q; activations quantized per token by
-         prepare_w8a8 (the reference's rounding: q = round(x / sx), sx = max |x| / 127); exact
-         int32 dot products, y = (double)dot * sx * scale as the reference computes it.
-         AVX2: q widened to int16, _mm256_madd_epi16. VNNI: u8 (q + 128) x s8 weights with
-         vpdpbusd, minus 128 * (row sum of q) afterwards.
    fp8   w0 (n, k) float8 e4m3fn bytes, w1 (n,) float scale. An e4m3 byte becomes a half float
          by moving its exponent and mantissa bits into place (the half is the value / 256, for
          normal and subnormal values alike); F16C converts 8 halves at once.
@@ -102,73 +97,6 @@ ALWAYS_INLINE void row_fp8_mr(const qweight *w, const qact *a, int64_t n, int t0
     for (int i = 0; i < mr; i++) out[i] = r[i] * scale;
 }
 ROW_KERNEL(row_fp8)
-
-ALWAYS_INLINE void row_w8a8_mr(const qweight *w, const qact *a, int64_t n, int t0, const int mr,
-                               float *out) {
-    const int k = w->k;
-    const int8_t *q = (const int8_t *)w->w0 + n * (int64_t)k;
-    const int64_t ld = a->ldq;
-    int64_t r[MR] = {0, 0, 0, 0};
-    int kk = 0;
-#if HAVE_VNNI
-    {
-        const uint8_t *xu = a->xu + (int64_t)t0 * ld;
-        __m256i acc[MR];
-        for (int i = 0; i < mr; i++) acc[i] = _mm256_setzero_si256();
-        for (; kk + 32 <= k; kk += 32) {
-            const __m256i wv = _mm256_loadu_si256((const __m256i *)(q + kk));
-            for (int i = 0; i < mr; i++)
-                acc[i] = DPBUSD(acc[i], _mm256_loadu_si256((const __m256i *)(xu + i * ld + kk)), wv);
-        }
-        /* (q + 128) . w = q . w + 128 * sum(w over the vector part) */
-        int64_t wsum = ((const int32_t *)w->w2)[n];
-        for (int j = kk; j < k; j++) wsum -= q[j];
-        for (int i = 0; i < mr; i++) r[i] = (int64_t)hsum8i(acc[i]) - 128 * wsum;
-    }
-#elif defined(__AVX2__)
-    {
-        const int16_t *x16 = a->x16 + (int64_t)t0 * ld;
-        __m256i acc[MR][2];
-        for (int i = 0; i < mr; i++) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
-        for (; kk + 32 <= k; kk += 32) {
-            const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + kk)));
-            const __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + kk + 16)));
-            for (int i = 0; i < mr; i++) {
-                const int16_t *xi = x16 + i * ld + kk;
-                acc[i][0] = _mm256_add_epi32(acc[i][0], _mm256_madd_epi16(
-                    w0, _mm256_loadu_si256((const __m256i *)xi)));
-                acc[i][1] = _mm256_add_epi32(acc[i][1], _mm256_madd_epi16(
-                    w1, _mm256_loadu_si256((const __m256i *)(xi + 16))));
-            }
-        }
-        for (int i = 0; i < mr; i++) r[i] = hsum8i(_mm256_add_epi32(acc[i][0], acc[i][1]));
-    }
-#endif
-    const int8_t *xq = a->q + (int64_t)t0 * ld;
-    for (; kk < k; kk++)
-        for (int i = 0; i < mr; i++) r[i] += (int32_t)q[kk] * xq[i * ld + kk];
-    const double scale = ((const float *)w->w1)[n];
-    for (int i = 0; i < mr; i++) out[i] = (float)((double)r[i] * (double)a->sx[t0 + i] * scale);
-}
-ROW_KERNEL(row_w8a8)
-
-/* per-token activation quantization, as ironlm.interfaces.quant.quantize_per_token rounds:
-   sx = max(max |x|, 1e-8) / 127, q = clamp(round(x / sx), -127, 127); plus the copy the ISA's
-   dot product reads (int16 for AVX2's madd, q + 128 for VNNI) */
-static void quantize_row_w8a8(const float *x, int k, int8_t *q, float *sx, int16_t *x16,
-                              uint8_t *xu) {
-    float amax = 0.0f;
-    for (int j = 0; j < k; j++) amax = fmaxf(amax, fabsf(x[j]));
-    const float s = fmaxf(amax, 1e-8f) / 127.0f;
-    *sx = s;
-    for (int j = 0; j < k; j++) {
-        float v = nearbyintf(x[j] / s);
-        v = v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v);
-        q[j] = (int8_t)v;
-        if (x16 != NULL) x16[j] = (int16_t)v;
-        if (xu != NULL) xu[j] = (uint8_t)((int)v + 128);
-    }
-}
 
 /* rows of the (n, k) weight as floats (quantized embeddings) */
 static void dequant_row_int8(const qweight *w, int64_t n, float *out) {

@@ -1,0 +1,171 @@
+/* w8a8: int8 weights x per-token int8 activations, exact int32 dot products.
+
+   Packed by ironlm_cpu.quant_packing: w0 panels of 8 output rows, (n8 / 8, k / 4, 8, 4) int8:
+   for every 4 consecutive inputs (a "quad"), the 8 rows' 4 weights, 32 bytes. One quad of an
+   activation row broadcast against those 32 bytes advances all 8 rows at once (no horizontal
+   sums), for one activation row (decode) as for many (prefill: a tile of up to MRP rows reuses
+   each weight vector). n is padded to a multiple of 8 with zero rows; k % 4 == 0.
+   w1 (n,) float scales, w2 (n,) int32 row sums of q.
+
+   AVX2: weights widened to int16 (rows 0-3 and 4-7 of a quad: two vectors), activations as
+   int16, _mm256_madd_epi16 sums each row's pairs; the two pair sums of a row are added at the
+   end. VNNI: activations as u8 (q + 128), vpdpbusd sums a row's quad into its int32 lane;
+   minus 128 * (row sum of q) at the end.
+   Activations are quantized as the reference does (quantize_row_w8a8): y = (double)dot * sx *
+   scale, the reference's arithmetic, so results equal the reference's. */
+
+/* activation rows per tile: as many as the 16 vector registers hold accumulators for (AVX2:
+   two per row, plus two weight vectors and a broadcast; VNNI: one per row) */
+#if HAVE_VNNI
+#define MRP 8
+#else
+#define MRP 3
+#endif
+
+static void quantize_row_w8a8(const float *x, int k, int8_t *q, float *sx, int16_t *x16,
+                              uint8_t *xu) {
+    float amax = 0.0f;
+    for (int j = 0; j < k; j++) amax = fmaxf(amax, fabsf(x[j]));
+    const float s = fmaxf(amax, 1e-8f) / 127.0f;
+    *sx = s;
+    for (int j = 0; j < k; j++) {
+        float v = nearbyintf(x[j] / s);
+        v = v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v);
+        q[j] = (int8_t)v;
+        if (x16 != NULL) x16[j] = (int16_t)v;
+        if (xu != NULL) xu[j] = (uint8_t)((int)v + 128);
+    }
+}
+
+/* out[i][r] = dot of panel p's row r (r < 8) with activation row t0 + i (i < rows <= MRP) */
+ALWAYS_INLINE void panel_w8a8_mr(const qweight *w, const qact *a, int64_t p, int t0,
+                                 const int mr, int64_t out[MRP][8]) {
+    const int k = w->k, quads = k / 4;
+    const int8_t *wp = (const int8_t *)w->w0 + p * (int64_t)k * 8;
+    const int64_t ld = a->ldq;
+#if HAVE_VNNI
+    const uint8_t *xu = a->xu + (int64_t)t0 * ld;
+    __m256i acc[MRP];
+    UNROLL(8) for (int i = 0; i < mr; i++) acc[i] = _mm256_setzero_si256();
+    for (int g = 0; g < quads; g++) {
+        const __m256i wv = _mm256_loadu_si256((const __m256i *)(wp + 32 * g));
+        UNROLL(8) for (int i = 0; i < mr; i++) {
+            int32_t quad;
+            memcpy(&quad, xu + i * ld + 4 * g, 4);
+            acc[i] = DPBUSD(acc[i], _mm256_set1_epi32(quad), wv);
+        }
+    }
+    const int32_t *wsum = (const int32_t *)w->w2 + 8 * p;
+    UNROLL(8) for (int i = 0; i < mr; i++) {
+        int32_t lanes[8];
+        _mm256_storeu_si256((__m256i *)lanes, acc[i]);
+        for (int r = 0; r < 8; r++)
+            out[i][r] = (int64_t)lanes[r] - 128 * (int64_t)(8 * p + r < w->n ? wsum[r] : 0);
+    }
+#elif defined(__AVX2__)
+    /* named accumulators (rows 0-3 / 4-7 of the panel for each activation row): gcc keeps them
+       in registers without the copies an array costs */
+    const int16_t *x16 = a->x16 + (int64_t)t0 * ld;
+    __m256i l0 = _mm256_setzero_si256(), h0 = l0, l1 = l0, h1 = l0, l2 = l0, h2 = l0, l3 = l0, h3 = l0;
+#define W8A8_ROW(I, L, H)                                                                      \
+    if (mr > I) {                                                                              \
+        int64_t quad;                                                                          \
+        memcpy(&quad, x16 + I * ld + 4 * g, 8);                                                \
+        const __m256i xv = _mm256_set1_epi64x(quad);                                           \
+        L = _mm256_add_epi32(_mm256_madd_epi16(w03, xv), L);                                   \
+        H = _mm256_add_epi32(_mm256_madd_epi16(w47, xv), H);                                   \
+    }
+    for (int g = 0; g < quads; g++) {
+        const __m128i *wq = (const __m128i *)(wp + 32 * g);
+        const __m256i w03 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wq));
+        const __m256i w47 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wq + 1));
+        W8A8_ROW(0, l0, h0) W8A8_ROW(1, l1, h1) W8A8_ROW(2, l2, h2) W8A8_ROW(3, l3, h3)
+    }
+#undef W8A8_ROW
+    /* hadd: [r0 r1 r4 r5 | r2 r3 r6 r7]; the permute restores row order */
+#define W8A8_OUT(I, L, H)                                                                      \
+    if (mr > I) {                                                                              \
+        int32_t lanes[8];                                                                      \
+        _mm256_storeu_si256((__m256i *)lanes,                                                  \
+                            _mm256_permute4x64_epi64(_mm256_hadd_epi32(L, H), 0xD8));          \
+        for (int r = 0; r < 8; r++) out[I][r] = lanes[r];                                      \
+    }
+    W8A8_OUT(0, l0, h0) W8A8_OUT(1, l1, h1) W8A8_OUT(2, l2, h2) W8A8_OUT(3, l3, h3)
+#undef W8A8_OUT
+#else
+    const int8_t *xq = a->q + (int64_t)t0 * ld;
+    for (int i = 0; i < mr; i++)
+        for (int r = 0; r < 8; r++) out[i][r] = 0;
+    for (int g = 0; g < quads; g++)
+        for (int i = 0; i < mr; i++)
+            for (int r = 0; r < 8; r++)
+                for (int j = 0; j < 4; j++)
+                    out[i][r] += (int32_t)wp[32 * g + 4 * r + j] * xq[i * ld + 4 * g + j];
+#endif
+}
+
+static void panel_w8a8(const qweight *w, const qact *a, int64_t p, int t0, int rows,
+                       int64_t out[MRP][8]) {
+    switch (rows) {
+    case 1: panel_w8a8_mr(w, a, p, t0, 1, out); break;
+    case 2: panel_w8a8_mr(w, a, p, t0, 2, out); break;
+    case 3: panel_w8a8_mr(w, a, p, t0, 3, out); break;
+#if MRP > 4
+    case 4: panel_w8a8_mr(w, a, p, t0, 4, out); break;
+    case 5: panel_w8a8_mr(w, a, p, t0, 5, out); break;
+    case 6: panel_w8a8_mr(w, a, p, t0, 6, out); break;
+    case 7: panel_w8a8_mr(w, a, p, t0, 7, out); break;
+#endif
+    default: panel_w8a8_mr(w, a, p, t0, MRP, out); break;
+    }
+}
+
+/* y rows t.. (at most MRP, before m1) x panel p's 8 outputs: the reference's rescale */
+static void w8a8_tile(const qweight *w, const qact *a, int64_t p, int t, int m1, const float *bias,
+                      float *y) {
+    const int n = w->n, rows = m1 - t < MRP ? m1 - t : MRP;
+    const float *scale = (const float *)w->w1;
+    int64_t out[MRP][8];
+    panel_w8a8(w, a, p, t, rows, out);
+    for (int i = 0; i < rows; i++) {
+        const double sx = a->sx[t + i];
+        for (int r = 0; r < 8 && 8 * p + r < n; r++) {
+            const int row = 8 * p + r;
+            const float v = (float)((double)out[i][r] * sx * (double)scale[row]);
+            y[(int64_t)(t + i) * n + row] = bias != NULL ? v + bias[row] : v;
+        }
+    }
+}
+
+/* y (m, n) over (activation chunk, run of panels) work items, as drive() splits rows */
+static void drive_w8a8(const qweight *w, const qact *a, int m, const float *bias, float *y,
+                       int threads) {
+    const int n = w->n, panels = (n + 7) / 8;
+    int mc = (int)((192 * 1024) / (3 * (int64_t)w->k)) / MRP * MRP;
+    if (mc < MRP) mc = MRP;
+    if (mc > m) mc = m;
+    const int chunks = (m + mc - 1) / mc;
+    const int run = m <= 2 * MRP ? (panels + threads - 1) / threads : 4;
+    const int runs = (panels + run - 1) / run;
+    #pragma omp parallel for collapse(2) schedule(static) num_threads(threads) if (threads > 1)
+    for (int c = 0; c < chunks; c++) {
+        for (int g = 0; g < runs; g++) {
+            const int m0 = c * mc, m1 = m0 + mc < m ? m0 + mc : m;
+            const int p1 = (g + 1) * run < panels ? (g + 1) * run : panels;
+            const int p0 = g * run;
+            if (m <= 2 * MRP) { /* decode: each panel streamed once, for all activation rows */
+                for (int p = p0; p < p1; p++)
+                    for (int t = m0; t < m1; t += MRP) w8a8_tile(w, a, p, t, m1, bias, y);
+            } else { /* prefill: for every block of activation rows, the run's panels (in L1) */
+                for (int t = m0; t < m1; t += MRP)
+                    for (int p = p0; p < p1; p++) w8a8_tile(w, a, p, t, m1, bias, y);
+            }
+        }
+    }
+}
+
+static void dequant_row_w8a8(const qweight *w, int64_t n, float *out) {
+    const int8_t *panel = (const int8_t *)w->w0 + (n / 8) * (int64_t)w->k * 8;
+    const float scale = ((const float *)w->w1)[n];
+    for (int j = 0; j < w->k; j++) out[j] = (float)panel[32 * (j / 4) + 4 * (n % 8) + j % 4] * scale;
+}
