@@ -117,10 +117,14 @@ def test_float_activation_and_w8a8_kernels_match_reference(
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
 
 
-@pytest.mark.parametrize("name, n, k", [("Q4_0", 37, 96), ("Q4_1", 37, 576), ("Q8_0", 21, 320),
-                                        ("Q4_K", 37, 512), ("Q6_K", 21, 768)])  # fmt: skip
+@pytest.mark.parametrize("name, n, k", [("Q4_0", 37, 96), ("Q4_1", 37, 576), ("Q4_1", 48, 576),
+                                        ("Q8_0", 21, 320), ("Q8_0", 32, 320), ("Q4_K", 37, 512),
+                                        ("Q4_K", 16, 512), ("Q6_K", 21, 768), ("Q6_K", 32, 256)])  # fmt: skip
 @pytest.mark.parametrize("rows", ROWS)
 def test_gguf_kernels_match_reference(ops: CpuLayerOps, name: str, n: int, k: int, rows: int) -> None:
+    """Decode (up to 8 rows, or output sizes that are not whole 16-row panels): activations in
+    int8 blocks, checked against that rounding emulated in torch. Prefill with whole panels:
+    the blocks dequantized to float panels, checked against the float reference."""
     from gguf import GGMLQuantizationType, dequantize
 
     layout, tensors = gguf_layout(name, n, k, seed=rows)
@@ -129,12 +133,15 @@ def test_gguf_kernels_match_reference(ops: CpuLayerOps, name: str, n: int, k: in
     x = torch.randn(rows, k, generator=g)
     bias = torch.randn(n, generator=g)
     got = ops.quantized_linear(layout, x, packed, bias)
+    want = reference_linear(layout, x, tensors, bias)
+    if rows > 8 and n % 16 == 0:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+        return
     raw = tensors["qweight"].numpy()
     w = torch.from_numpy(dequantize(raw, GGMLQuantizationType(GGML[name])).copy()).double()
     block = 256 if name.endswith("_K") else 32
     emulated = (emulate_q8(x, block).double() @ w.t() + bias.double()).float()
     torch.testing.assert_close(got, emulated, rtol=1e-5, atol=1e-5 * emulated.abs().max().item())
-    want = reference_linear(layout, x, tensors, bias)
     assert ((got - want).norm() / want.norm()).item() < 0.02  # the activations' rounding
 
 

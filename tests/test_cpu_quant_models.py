@@ -54,11 +54,16 @@ def gguf_tensors(path: Path, names: list[str]) -> dict[str, tuple[QuantLayout, d
 
 def check_gguf_linear(ops: CpuLayerOps, layout: QuantLayout, tensors: dict[str, torch.Tensor],
                       x: torch.Tensor) -> torch.Tensor:  # fmt: skip
-    """Kernel vs the activation-rounding emulation (tight) and the float reference (loose)."""
+    """Decode-sized x: kernel vs the activation-rounding emulation (tight) and the float
+    reference (loose); prefill-sized x (float panels): vs the float reference (tight)."""
     from ironlm.interfaces.quant import dequantize
 
     packed = ops.pack_quantized(layout, tensors)
     got = ops.quantized_linear(layout, x, packed, None)
+    if x.shape[0] > 8:
+        want = reference_linear(layout, x, tensors, None)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5 * want.abs().max().item())
+        return got
     block = 256 if layout.ggml_type in (12, 14) else 32
     w = dequantize(layout, tensors).double()
     emulated = (emulate_q8(x, block).double() @ w.t()).float()
@@ -84,7 +89,9 @@ def test_smollm2_gguf_tensors(ops: CpuLayerOps) -> None:
         check_gguf_linear(ops, layout, t, x)
         check_gguf_linear(ops, layout, t, x[:1])
     layout, t = tensors["blk.7.ffn_down.weight"]  # K = 1536
-    check_gguf_linear(ops, layout, t, torch.randn(3, 1536, generator=torch.Generator().manual_seed(0)))
+    g = torch.Generator().manual_seed(0)
+    check_gguf_linear(ops, layout, t, torch.randn(3, 1536, generator=g))
+    check_gguf_linear(ops, layout, t, torch.randn(40, 1536, generator=g))  # prefill: float panels
     # the tied LM head: a (49152, 576) Q8_0 matmul picks the reference's top token
     logits = check_gguf_linear(ops, emb_layout, emb, x)
     want = reference_linear(emb_layout, x, emb, None)
@@ -99,7 +106,7 @@ def test_gemma3_k_quant_tensors(ops: CpuLayerOps) -> None:
         layout, t = tensors[name]
         assert layout.describe() == f"gguf ({kind})"
         k = 1024 if kind == "Q4_K" else 2048
-        for rows in (1, 5):
+        for rows in (1, 5, 20):
             check_gguf_linear(ops, layout, t, torch.randn(rows, k, generator=g))
         ids = torch.tensor([0, 639, 100])
         packed = ops.pack_quantized(layout, t)

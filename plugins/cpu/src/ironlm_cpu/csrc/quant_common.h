@@ -79,6 +79,10 @@ typedef struct {
 /* out[i] = (row n of the weight) . (activation row t0 + i), i < rows (rows <= MR), no bias */
 typedef void (*row_kernel)(const qweight *w, const qact *a, int64_t n, int t0, int rows, float *out);
 
+static int is_gguf(int fmt) { return fmt >= FMT_Q4_0 && fmt <= FMT_Q6_K; }
+/* gguf rows 16p .. 16p + 15 as a float panel (k, 16) (quant_gguf.c; rows: (16, k) scratch) */
+static void dequant_panel_gguf(const qweight *w, int64_t p, float *buf, float *rows);
+
 /* a row kernel from one written for a constant row count (inlined, so its loops specialise) */
 #define ROW_KERNEL(name)                                                                         \
     static void name(const qweight *w, const qact *a, int64_t n, int t0, int rows, float *out) { \

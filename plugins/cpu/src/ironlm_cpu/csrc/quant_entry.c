@@ -161,12 +161,15 @@ int ironlm_quant_linear(int fmt, const float *x, int64_t ldx, int m, int n, int 
     const row_kernel fn = kernel_for(fmt);
     const int panel = fmt == FMT_INT8P || fmt == FMT_FP8P || fmt == FMT_INT4P;
     if (fn == NULL && fmt != FMT_W8A8 && !panel) return -2;
+    if (panel) return drive_panels(&w, x, ldx, m, bias, y, threads);
+    /* gguf prefill: float panels from the blocks (exact float activations), where the output
+       rows make whole panels; decode: int8 activation blocks */
+    if (is_gguf(fmt) && m > 2 * MR && n % 16 == 0) return drive_panels(&w, x, ldx, m, bias, y, threads);
     qact a;
     void *scratch;
     const int64_t row_bytes = prepare(&w, x, ldx, m, threads, &a, &scratch);
     if (row_bytes < 0) return -1;
     if (fmt == FMT_W8A8) drive_w8a8(&w, &a, m, bias, y, threads);
-    else if (panel) drive_panels(&w, x, ldx, m, bias, y, threads);
     else drive(&w, &a, m, bias, y, threads, fn, row_bytes);
     free(scratch);
     return 0;

@@ -321,3 +321,74 @@ static void dequant_row_gguf(const qweight *w, int64_t n, float *out) {
         }
     }
 }
+
+/* ---- prefill: 16 rows as a float panel (k, 16), for the float32 tile (quant_panel.c) ------- */
+#ifdef __AVX2__
+/* one row of a 32-block format as floats, 8 blocks' worth of scales converted at once */
+static void dequant_row_q4q8_avx2(const qweight *w, int64_t n, float *out) {
+    const int nb = w->k / QK;
+    const uint16_t *dw = (const uint16_t *)w->w1 + n * (int64_t)nb;
+    for (int b = 0; b < nb; b++) {
+        const __m256 d = _mm256_set1_ps(half_to_float(dw[b]));
+        float *o = out + b * QK;
+        if (w->fmt == FMT_Q8_0) {
+            const int8_t *q = (const int8_t *)w->w0 + (n * (int64_t)nb + b) * QK;
+            for (int j = 0; j < 4; j++)
+                _mm256_storeu_ps(o + 8 * j, _mm256_mul_ps(d, int8x8(q + 8 * j)));
+            continue;
+        }
+        const __m256 m = w->fmt == FMT_Q4_1
+            ? _mm256_set1_ps(half_to_float(((const uint16_t *)w->w2)[n * nb + b]))
+            : _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
+        const __m256i u = unpack_nibbles((const uint8_t *)w->w0 + (n * (int64_t)nb + b) * 16);
+        const __m128i lo = _mm256_castsi256_si128(u), hi = _mm256_extracti128_si256(u, 1);
+        const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+        for (int j = 0; j < 4; j++)
+            _mm256_storeu_ps(o + 8 * j, _mm256_fmadd_ps(
+                d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[j])), m));
+    }
+}
+
+/* rows (8, ld) x 8 columns at c -> 8 vectors of one column's 8 rows, stored to dst + 16 * j */
+static inline void transpose8(const float *rows, int64_t ld, int c, float *dst) {
+    __m256 r[8], t[8];
+    for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(rows + i * ld + c);
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+        r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+    }
+    for (int j = 0; j < 4; j++) {
+        _mm256_storeu_ps(dst + 16 * j, _mm256_permute2f128_ps(r[j], r[j + 4], 0x20));
+        _mm256_storeu_ps(dst + 16 * (j + 4), _mm256_permute2f128_ps(r[j], r[j + 4], 0x31));
+    }
+}
+#endif
+
+/* rows 16p .. 16p + 15 as a float panel: buf (k, 16); rows: scratch for (16, k) floats */
+static void dequant_panel_gguf(const qweight *w, int64_t p, float *buf, float *rows) {
+    const int k = w->k;
+    for (int r = 0; r < 16; r++) {
+#ifdef __AVX2__
+        if (w->fmt == FMT_Q4_0 || w->fmt == FMT_Q4_1 || w->fmt == FMT_Q8_0) {
+            dequant_row_q4q8_avx2(w, 16 * p + r, rows + (int64_t)r * k);
+            continue;
+        }
+#endif
+        dequant_row_gguf(w, 16 * p + r, rows + (int64_t)r * k);
+    }
+#ifdef __AVX2__
+    for (int c = 0; c < k; c += 8) {
+        transpose8(rows, k, c, buf + 16 * c);
+        transpose8(rows + 8 * (int64_t)k, k, c, buf + 16 * c + 8);
+    }
+#else
+    for (int c = 0; c < k; c++)
+        for (int r = 0; r < 16; r++) buf[16 * c + r] = rows[(int64_t)r * k + c];
+#endif
+}

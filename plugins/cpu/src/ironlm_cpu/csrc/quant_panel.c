@@ -279,31 +279,44 @@ static void float_tile(const float *panel, int k, const float *x, int64_t ldx, i
 #endif
 }
 
-static void drive_panels(const qweight *w, const float *x, int64_t ldx, int m, const float *bias,
-                         float *y, int threads) {
+/* y (m, n), n % 16 == 0. Decode (a few rows; panel formats only): panels converted in
+   registers. Prefill: each work item's panels as floats once (gguf: from its rows), then plain
+   float tiles. */
+static int drive_panels(const qweight *w, const float *x, int64_t ldx, int m, const float *bias,
+                        float *y, int threads) {
     const int panels = w->n / 16, k = w->k;
     int mc = (int)((192 * 1024) / (4 * (int64_t)k)) / PMR * PMR;
     if (mc < PMR) mc = PMR;
     if (mc > m) mc = m;
     const int chunks = (m + mc - 1) / mc;
-    const int decode = m <= 2 * PMR;
+    const int decode = m <= 2 * PMR && !is_gguf(w->fmt);
     const int run = decode ? (panels + threads - 1) / threads : 2;
     const int runs = (panels + run - 1) / run;
+    int failed = 0;
     #pragma omp parallel num_threads(threads) if (threads > 1)
     {
-        /* prefill: the work item's panels as floats, once, then plain float tiles */
         float *buf = decode ? NULL : malloc(sizeof(float) * (size_t)run * k * 16);
+        float *rows = decode || !is_gguf(w->fmt) ? NULL : malloc(sizeof(float) * (size_t)k * 16);
+        if (!decode && (buf == NULL || (is_gguf(w->fmt) && rows == NULL))) {
+            #pragma omp atomic write
+            failed = 1;
+        }
         #pragma omp for collapse(2) schedule(static)
         for (int c = 0; c < chunks; c++) {
             for (int g = 0; g < runs; g++) {
                 const int m0 = c * mc, m1 = m0 + mc < m ? m0 + mc : m;
                 const int p0 = g * run, p1 = (g + 1) * run < panels ? (g + 1) * run : panels;
-                if (decode || buf == NULL) { /* each panel streamed once, converted in registers */
+                if (decode) { /* each panel streamed once, converted in registers */
                     for (int p = p0; p < p1; p++)
                         for (int t = m0; t < m1; t += PMR) panel_tile(w, x, ldx, p, t, m1, bias, y);
                     continue;
                 }
-                for (int p = p0; p < p1; p++) dequant_panel(w, p, buf + (int64_t)(p - p0) * k * 16);
+                if (buf == NULL || (is_gguf(w->fmt) && rows == NULL)) continue; /* failed */
+                for (int p = p0; p < p1; p++) {
+                    float *panel = buf + (int64_t)(p - p0) * k * 16;
+                    if (is_gguf(w->fmt)) dequant_panel_gguf(w, p, panel, rows);
+                    else dequant_panel(w, p, panel);
+                }
                 for (int t = m0; t < m1; t += PMR)
                     for (int p = p0; p < p1; p++)
                         float_tile(buf + (int64_t)(p - p0) * k * 16, k, x, ldx, t, m1,
@@ -311,7 +324,9 @@ static void drive_panels(const qweight *w, const float *x, int64_t ldx, int m, c
             }
         }
         free(buf);
+        free(rows);
     }
+    return failed ? -1 : 0;
 }
 
 /* a row of the (n, k) weight as floats (quantized embeddings) */
