@@ -104,30 +104,44 @@ static void ptile_one(const qweight *w, const float *x, int64_t p, float *out) {
     __m256 l[4], h[4];
     for (int j = 0; j < 4; j++) l[j] = h[j] = _mm256_setzero_ps();
     if (w->fmt == FMT_INT4P) {
+        /* per group: raw sums of x * q in the chains, then total += s * sums - (s * z) * sum(x) */
         const uint8_t *q = (const uint8_t *)w->w0 + p * (int64_t)k * 8;
         const int g = w->group, ng = k / g;
         const float *s = (const float *)w->w1 + p * (int64_t)ng * 16;
         const float *sz = (const float *)w->w2 + p * (int64_t)ng * 16;
-        for (int kk = 0; kk < k; kk += 4) {
-            const float *sg = s + (kk / g) * 16, *zg = sz + (kk / g) * 16;
-            UNROLL(2) for (int j = 0; j < 2; j++) {
-                const __m128i v = _mm_loadu_si128((const __m128i *)(q + 8 * (kk + 2 * j)));
-                const __m128i e = _mm_and_si128(v, _mm_set1_epi8(0x0F));
-                const __m128i o = _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0F));
-                const __m256 xe = _mm256_broadcast_ss(x + kk + 2 * j);
-                const __m256 xo = _mm256_broadcast_ss(x + kk + 2 * j + 1);
-                const __m256 s0 = _mm256_loadu_ps(sg), s1 = _mm256_loadu_ps(sg + 8);
-                const __m256 z0 = _mm256_loadu_ps(zg), z1 = _mm256_loadu_ps(zg + 8);
-                l[2 * j] = _mm256_fmadd_ps(_mm256_fmsub_ps(_mm256_cvtepi32_ps(
-                    _mm256_cvtepu8_epi32(e)), s0, z0), xe, l[2 * j]);
-                h[2 * j] = _mm256_fmadd_ps(_mm256_fmsub_ps(_mm256_cvtepi32_ps(
-                    _mm256_cvtepu8_epi32(_mm_srli_si128(e, 8))), s1, z1), xe, h[2 * j]);
-                l[2 * j + 1] = _mm256_fmadd_ps(_mm256_fmsub_ps(_mm256_cvtepi32_ps(
-                    _mm256_cvtepu8_epi32(o)), s0, z0), xo, l[2 * j + 1]);
-                h[2 * j + 1] = _mm256_fmadd_ps(_mm256_fmsub_ps(_mm256_cvtepi32_ps(
-                    _mm256_cvtepu8_epi32(_mm_srli_si128(o, 8))), s1, z1), xo, h[2 * j + 1]);
+        __m256 tl = _mm256_setzero_ps(), th = tl;
+        for (int gi = 0; gi < ng; gi++) {
+            __m128 xs = _mm_setzero_ps(); /* sum of the group's x, 4 lanes */
+            for (int kk = gi * g; kk < (gi + 1) * g; kk += 4) {
+                xs = _mm_add_ps(xs, _mm_loadu_ps(x + kk));
+                UNROLL(2) for (int j = 0; j < 2; j++) {
+                    const __m128i v = _mm_loadu_si128((const __m128i *)(q + 8 * (kk + 2 * j)));
+                    const __m128i e = _mm_and_si128(v, _mm_set1_epi8(0x0F));
+                    const __m128i o = _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0F));
+                    const __m256 xe = _mm256_broadcast_ss(x + kk + 2 * j);
+                    const __m256 xo = _mm256_broadcast_ss(x + kk + 2 * j + 1);
+                    l[2 * j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(e)), xe, l[2 * j]);
+                    h[2 * j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                        _mm_srli_si128(e, 8))), xe, h[2 * j]);
+                    l[2 * j + 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(o)), xo,
+                                                   l[2 * j + 1]);
+                    h[2 * j + 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                        _mm_srli_si128(o, 8))), xo, h[2 * j + 1]);
+                }
             }
+            xs = _mm_add_ps(xs, _mm_movehl_ps(xs, xs));
+            const __m256 sumx = _mm256_set1_ps(_mm_cvtss_f32(_mm_add_ss(xs, _mm_movehdup_ps(xs))));
+            const float *sg = s + gi * 16, *zg = sz + gi * 16;
+            const __m256 ls = _mm256_add_ps(_mm256_add_ps(l[0], l[1]), _mm256_add_ps(l[2], l[3]));
+            const __m256 hs = _mm256_add_ps(_mm256_add_ps(h[0], h[1]), _mm256_add_ps(h[2], h[3]));
+            tl = _mm256_fnmadd_ps(_mm256_loadu_ps(zg), sumx, _mm256_fmadd_ps(ls, _mm256_loadu_ps(sg), tl));
+            th = _mm256_fnmadd_ps(_mm256_loadu_ps(zg + 8), sumx,
+                                  _mm256_fmadd_ps(hs, _mm256_loadu_ps(sg + 8), th));
+            for (int j = 0; j < 4; j++) l[j] = h[j] = _mm256_setzero_ps();
         }
+        _mm256_storeu_ps(out, tl);
+        _mm256_storeu_ps(out + 8, th);
+        return;
     } else {
         const int8_t *q = (const int8_t *)w->w0 + p * (int64_t)k * 16;
         const int fp8 = w->fmt == FMT_FP8P;
