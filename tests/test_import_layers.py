@@ -202,6 +202,14 @@ def test_plugins_import_only_the_contract(src_root: Path) -> None:
     assert bad == []
 
 
+def test_the_core_does_not_import_the_benchmarks() -> None:
+    """ironlm-bench (benchmarks/) builds on the core and adds ``ironlm bench`` through the
+    entry-point group ``ironlm.commands``; the core never names it."""
+    bad = [f"{e.src}:{e.line} imports {e.dst}" for file in core_modules().values()
+           for e in imports_of(file, CORE, "ironlm_bench")]
+    assert bad == []
+
+
 def test_the_checks_catch_what_they_look_for() -> None:
     """The checker itself: an upward import and a cycle are reported."""
     edges = [Edge("ironlm.worker.x", "ironlm.engine.y", 3, True),
