@@ -40,12 +40,16 @@ _ENGINE_HELP: dict[str, str] = {
     "attention_backend_options": "JSON object of options for the attention backend",
     "quantization": "quantization method plugin (e.g. the checkpoint's quant_method)",
     "guided_decoding_backend": "default guided-decoding backend plugin (auto: first available)",
-    "distributed_executor_backend": "executor plugin: uni, mp, ray (default: uni for TP 1)",
-    "tensor_parallel_size": "number of tensor-parallel workers",
+    "distributed_executor_backend": "executor plugin: uni, mp, ray (default: uni for one "
+    "rank; for more, ray when Ray is installed, otherwise mp)",
+    "tensor_parallel_size": "number of tensor-parallel ranks (each layer split over them)",
+    "pipeline_parallel_size": "number of pipeline stages (the layers split over them)",
     "max_logprobs": "most logprobs a request may ask for",
     "enforce_eager": "never capture device graphs",
     "kv_cache_dtype": "KV-cache dtype (auto: the model dtype)",
 }
+# vLLM's short aliases of engine flags.
+_SHORT_FLAGS: dict[str, str] = {"tensor_parallel_size": "-tp", "pipeline_parallel_size": "-pp"}
 # Engine fields shown in another group, with the server's default.
 _FRONTEND_OWNED = {"disable_log_stats"}
 _SIZE = re.compile(r"^\s*([0-9.]+)\s*([kmgt]?)(i?b?)\s*$", re.I)
@@ -95,7 +99,8 @@ def _add_engine_args(group: argparse._ArgumentGroup) -> None:
         elif typing.get_origin(base) is dict or base is dict:
             group.add_argument(flag, type=_json_object, default=None, help=help_text)
         elif base in (int, float, str):
-            group.add_argument(flag, type=base, default=default, help=help_text)
+            names = [flag] + ([_SHORT_FLAGS[f.name]] if f.name in _SHORT_FLAGS else [])
+            group.add_argument(*names, type=base, default=default, help=help_text)
         else:
             raise TypeError(f"EngineConfig.{f.name}: no flag type for {hint!r}")
 
