@@ -22,11 +22,16 @@ ENGINE_ARGS: dict[str, Any] = {
 
 
 def greedy_tokens(llm: Any) -> list[list[int]]:
+    return greedy_outputs(llm)[0]
+
+
+def greedy_outputs(llm: Any) -> tuple[list[list[int]], list[str]]:
+    """Token ids and texts of greedy completions of PROMPTS (EOS ignored)."""
     from ironlm import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     outs = llm.generate(PROMPTS, params, use_tqdm=False)
-    return [list(o.outputs[0].token_ids) for o in outs]
+    return [list(o.outputs[0].token_ids) for o in outs], [o.outputs[0].text for o in outs]
 
 
 def child_pids(pid: int) -> list[int]:
@@ -67,3 +72,43 @@ def alive(pid: int) -> bool:
         return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+class RayHead:
+    """A Ray head on 127.0.0.1 (``ray start --head --block``) for one test module; closing
+    it stops the processes it started (and nothing else on the machine)."""
+
+    def __init__(self, num_cpus: int = 8) -> None:
+        import subprocess
+        import sys
+        import time
+
+        from server_utils import free_port
+
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        ray = str(Path(sys.executable).parent / "ray")
+        env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+        self.proc = subprocess.Popen(
+            [ray, "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
+             "--port", str(self.port), "--num-cpus", str(num_cpus), "--disable-usage-stats"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+        )
+        status = [ray, "status", "--address", self.address]
+        deadline = time.monotonic() + 120
+        while subprocess.run(status, capture_output=True, env=env).returncode != 0:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError("the Ray head did not start")
+            time.sleep(1.0)
+
+    def close(self) -> None:
+        import subprocess
+
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
