@@ -22,6 +22,7 @@ import multiprocessing
 import pickle
 import socket
 import threading
+import time
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any, Callable, ClassVar
@@ -170,9 +171,24 @@ class MultiprocExecutor(Executor):
             results += [child.reply(lambda: self.dead) for child in self.children]
         except BaseException as exc:
             # ranks may now disagree on which call they are in: the workers cannot go on
-            self._mark_dead(f"{method} failed: {exc!r}")
+            gone = self._exited_child()
+            self._mark_dead(gone or f"{method} failed: {exc!r}")
+            if gone is not None and not isinstance(exc, WorkerDiedError):
+                raise WorkerDiedError(gone) from exc  # the cause, not its echo in a collective
             raise
         return results
+
+    def _exited_child(self, grace_s: float = 2.0) -> str | None:
+        """Which child has exited (waiting up to ``grace_s`` for its death to be visible)."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            for child in self.children:
+                if child.proc.exitcode is not None:
+                    return (f"worker rank {child.rank} (pid {child.proc.pid}) died with exit "
+                            f"code {child.proc.exitcode}")
+            if time.monotonic() > deadline:
+                return self.dead
+            time.sleep(0.05)
 
     def check_health(self) -> None:
         if self.dead is not None:
