@@ -71,10 +71,17 @@ def gguf_path(args: argparse.Namespace) -> str | None:
 
 def runner_specs(args: argparse.Namespace, n_ctx: int) -> list[dict[str, Any]]:
     """IronLM first, then each baseline; ``n_ctx`` sizes llama.cpp's context."""
+    kwargs = engine_kwargs(args)
     specs: list[dict[str, Any]] = [{
-        "kind": "ironlm", "model": args.model, "engine_kwargs": engine_kwargs(args),
+        "kind": "ironlm", "model": args.model, "engine_kwargs": kwargs,
         "detokenize": not args.disable_detokenize,
     }]
+    if kwargs["tensor_parallel_size"] * kwargs["pipeline_parallel_size"] > 1:
+        # the same engine on one rank, for the split's figures side by side with it
+        one = dict(kwargs, tensor_parallel_size=1, pipeline_parallel_size=1,
+                   distributed_executor_backend=None)
+        specs.append({"kind": "ironlm", "name": "ironlm tp=1", "model": args.model,
+                      "engine_kwargs": one, "detokenize": not args.disable_detokenize})
     for name in dict.fromkeys(args.baseline):
         if name == "hf":
             specs.append({"kind": "hf", "model": args.model, "seed": args.seed,

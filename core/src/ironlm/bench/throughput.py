@@ -53,6 +53,9 @@ METRICS: list[tuple[str, str, bool | None]] = [
     ("compute_bound_fraction", "batch / compute bound", True),
     ("bandwidth_bound_fraction", "decode / bandwidth bound", True),
     ("foreign_cpu_share", "other processes' CPU share", None),
+    ("all_reduce_ms_per_step", "all-reduce ms/step (slowest rank)", None),
+    ("all_gather_ms_per_step", "all-gather ms/step (slowest rank)", None),
+    ("pipeline_recv_ms_per_step", "pipeline recv ms/step (slowest rank)", None),
 ]
 
 
@@ -97,8 +100,22 @@ def engine_figures(result: dict[str, Any], ctx: MachineContext) -> dict[str, Any
         fig["bandwidth_bound_fraction"] = fraction(
             fig.get("single_decode_tok_s"), ctx.bounds.get("decode_bandwidth_bound_tok_s"))
     fig["foreign_cpu_share"] = result["foreign_cpu_share"]
+    fig.update(collective_figures(result["info"].get("collective") or []))
     fig["info"] = result["info"]
     return fig
+
+
+def collective_figures(ranks: list[dict[str, Any]]) -> dict[str, float]:
+    """Per step, the slowest rank's milliseconds in each kind of communication (includes the
+    wait for the other ranks: a rank that arrives early waits inside the collective)."""
+    out: dict[str, float] = {}
+    for key, label in (("all_reduce_s", "all_reduce_ms_per_step"),
+                       ("all_gather_s", "all_gather_ms_per_step"),
+                       ("recv_s", "pipeline_recv_ms_per_step")):
+        per_step = [1e3 * r[key] / r["steps"] for r in ranks if r.get("steps")]
+        if per_step and max(per_step) > 0:
+            out[label] = max(per_step)
+    return out
 
 
 def main(args: argparse.Namespace) -> int:
