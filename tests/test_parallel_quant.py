@@ -83,9 +83,11 @@ class _Int4(QuantizationMethod):
 
 
 def _ctx(method: QuantizationMethod, tp_rank: int, tp_size: int) -> ModelContext:
-    return ModelContext(attention=None, layer_ops=LayerOps(), quantization=method,  # type: ignore[arg-type]
-                        dtype=torch.float32, device=torch.device("cpu"), tp_rank=tp_rank,
-                        tp_size=tp_size)
+    return ModelContext(
+        attention=None,  # type: ignore[arg-type]
+        layer_ops=LayerOps(), quantization=method, dtype=torch.float32,
+        device=torch.device("cpu"), tp_rank=tp_rank, tp_size=tp_size,
+    )
 
 
 def _load(layer: LinearBase, tensors: dict[str, torch.Tensor], shard: Any = None) -> LinearBase:
