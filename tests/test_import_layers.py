@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("executor", ("ironlm.executor",)),
     ("worker", ("ironlm.worker",)),
     ("model", ("ironlm.models", "ironlm.model_loader", "ironlm.layers", "ironlm.attention",
-               "ironlm.quantization", "ironlm.lora", "ironlm.spec_decode")),
+               "ironlm.quantization", "ironlm.lora", "ironlm.spec_decode", "ironlm.distributed")),
     ("contract", ("ironlm.hookspecs", "ironlm.interfaces", "ironlm.config",
                   "ironlm.sampling_params", "ironlm.guided_spec", "ironlm.outputs",
                   "ironlm.plugin_manager", "ironlm.registry", "ironlm.contract_version",

@@ -82,10 +82,17 @@ def gguf_path(args: argparse.Namespace) -> str | None:
 
 def runner_specs(args: argparse.Namespace, n_ctx: int) -> list[dict[str, Any]]:
     """IronLM first, then each baseline; ``n_ctx`` sizes llama.cpp's context."""
+    kwargs = engine_kwargs(args)
     specs: list[dict[str, Any]] = [{
-        "kind": "ironlm", "model": args.model, "engine_kwargs": engine_kwargs(args),
+        "kind": "ironlm", "model": args.model, "engine_kwargs": kwargs,
         "detokenize": not args.disable_detokenize,
     }]
+    if kwargs["tensor_parallel_size"] * kwargs["pipeline_parallel_size"] > 1:
+        # the same engine on one rank, for the split's figures side by side with it
+        one = dict(kwargs, tensor_parallel_size=1, pipeline_parallel_size=1,
+                   distributed_executor_backend=None)
+        specs.append({"kind": "ironlm", "name": "ironlm tp=1", "model": args.model,
+                      "engine_kwargs": one, "detokenize": not args.disable_detokenize})
     for name in dict.fromkeys(args.baseline):
         if name == "hf":
             specs.append({"kind": "hf", "model": args.model, "seed": args.seed,
@@ -194,6 +201,9 @@ METRIC_LABELS: dict[str, tuple[str, bool | None]] = {
     "compute_bound_fraction": ("batch / compute bound", True),
     "bandwidth_bound_fraction": ("decode / bandwidth bound", True),
     "foreign_cpu_share": ("other processes' CPU share", None),
+    "all_reduce_ms_per_step": ("all-reduce ms/step (slowest rank)", None),
+    "all_gather_ms_per_step": ("all-gather ms/step (slowest rank)", None),
+    "pipeline_recv_ms_per_step": ("pipeline recv ms/step (slowest rank)", None),
 }
 
 

@@ -29,7 +29,8 @@ WARMUP_TOKENS = 4
 
 METRICS = ("requests_per_s", "output_tok_s", "total_tok_s", "ttft_batch_s", "ttft_mean_s",
            "single_decode_tok_s", "single_ttft_s", "peak_rss_mib", "kv_cache_mib",
-           "compute_bound_fraction", "bandwidth_bound_fraction", "foreign_cpu_share")
+           "compute_bound_fraction", "bandwidth_bound_fraction", "foreign_cpu_share",
+           "all_reduce_ms_per_step", "all_gather_ms_per_step", "pipeline_recv_ms_per_step")
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -70,7 +71,21 @@ def engine_figures(result: dict[str, Any], ctx: MachineContext) -> dict[str, Any
             fig["total_tok_s"], ctx.bounds.get("batch_compute_bound_tok_s"))
         fig["bandwidth_bound_fraction"] = fraction(
             fig.get("single_decode_tok_s"), ctx.bounds.get("decode_bandwidth_bound_tok_s"))
+    fig.update(collective_figures(result["info"].get("collective") or []))
     return fig
+
+
+def collective_figures(ranks: list[dict[str, Any]]) -> dict[str, float]:
+    """Per step, the slowest rank's milliseconds in each kind of communication (includes the
+    wait for the other ranks: a rank that arrives early waits inside the collective)."""
+    out: dict[str, float] = {}
+    for key, label in (("all_reduce_s", "all_reduce_ms_per_step"),
+                       ("all_gather_s", "all_gather_ms_per_step"),
+                       ("recv_s", "pipeline_recv_ms_per_step")):
+        per_step = [1e3 * r[key] / r["steps"] for r in ranks if r.get("steps")]
+        if per_step and max(per_step) > 0:
+            out[label] = max(per_step)
+    return out
 
 
 def main(args: argparse.Namespace) -> int:

@@ -76,7 +76,7 @@ def build_runner(options: dict[str, Any], threads: int) -> Runner:
         from ironlm_bench.runners import IronlmRunner
 
         return IronlmRunner(options["model"], options.get("engine_kwargs", {}),
-                            options.get("detokenize", True))
+                            options.get("detokenize", True), options.get("name", "ironlm"))
     if kind == "hf":
         from ironlm_bench.baselines import HfRunner
 

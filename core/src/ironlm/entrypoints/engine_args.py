@@ -41,8 +41,10 @@ ENGINE_HELP: dict[str, str] = {
     "attention_backend_options": "JSON object of options for the attention backend",
     "quantization": "quantization method plugin (e.g. the checkpoint's quant_method)",
     "guided_decoding_backend": "default guided-decoding backend plugin (auto: first available)",
-    "distributed_executor_backend": "executor plugin: uni, mp, ray (default: uni for TP 1)",
-    "tensor_parallel_size": "number of tensor-parallel workers",
+    "distributed_executor_backend": "executor plugin: uni, mp, ray (default: uni for one "
+    "rank; for more, ray when Ray is installed, otherwise mp)",
+    "tensor_parallel_size": "number of tensor-parallel ranks (each layer split over them)",
+    "pipeline_parallel_size": "number of pipeline stages (the layers split over them)",
     "max_logprobs": "most logprobs a request may ask for",
     "enforce_eager": "never capture device graphs",
     "kv_cache_dtype": "KV-cache dtype (auto: the model dtype)",
@@ -65,6 +67,10 @@ def _json_object(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
     return value
+
+
+# vLLM's short aliases of engine flags.
+SHORT_FLAGS: dict[str, str] = {"tensor_parallel_size": "-tp", "pipeline_parallel_size": "-pp"}
 
 
 def add_engine_args(
@@ -93,7 +99,8 @@ def add_engine_args(
         elif typing.get_origin(base) is dict or base is dict:
             group.add_argument(flag, type=_json_object, default=None, help=help_text)
         elif base in (int, float, str):
-            group.add_argument(flag, type=base, default=default, help=help_text)
+            names = [flag] + ([SHORT_FLAGS[f.name]] if f.name in SHORT_FLAGS else [])
+            group.add_argument(*names, type=base, default=default, help=help_text)
         else:
             raise TypeError(f"EngineConfig.{f.name}: no flag type for {hint!r}")
 
