@@ -1,6 +1,7 @@
 """Token embedding and LM head, vocabulary-parallel.
 
-Each rank holds a contiguous slice of the vocabulary rows. The embedding looks up the ids in its
+Each rank holds a contiguous slice of the vocabulary rows (the vocabulary must divide by the
+tensor-parallel size). The embedding looks up the ids in its
 slice (zeros elsewhere) and all-reduces; the LM head computes its slice of the logits and
 all-gathers them. With tp_size 1 both are the plain operations. Tied embeddings share one
 parameter between the two.
@@ -15,7 +16,6 @@ same parameter (so a tied head shares them). Lookups then go through the platfor
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from ironlm.interfaces.model import ModelContext
 from ironlm.interfaces.quant import GGUF, QuantLayout
@@ -35,9 +35,7 @@ class VocabParallelEmbedding(torch.nn.Module):
         self.tp_group = ctx.tp_group
         self.layer_ops = ctx.layer_ops
         self.dtype = ctx.dtype
-        # pad the vocabulary up to a multiple of the tp size; padded rows are never looked up
-        self.padded_vocab_size = -(-vocab_size // ctx.tp_size) * ctx.tp_size
-        self.rows_per_rank = divide(self.padded_vocab_size, ctx.tp_size)
+        self.rows_per_rank = divide(vocab_size, ctx.tp_size, "vocabulary size")
         self.vocab_start = ctx.tp_rank * self.rows_per_rank
         self.quant_layout: QuantLayout | None = None  # set when the table arrives quantized
         self.quant_packed: dict[str, torch.Tensor] | None = None  # pack_quantized's result
@@ -54,8 +52,7 @@ class VocabParallelEmbedding(torch.nn.Module):
         in_range = (local >= 0) & (local < self.rows_per_rank)
         out = self._lookup(local.clamp(0, self.rows_per_rank - 1))
         out = out * in_range.unsqueeze(-1).to(out.dtype)  # (num_tokens, hidden) zeros off-slice
-        dist.all_reduce(out, group=self.tp_group)
-        return out
+        return self.tp_group.all_reduce(out)
 
     def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
         if self.quant_layout is None:
@@ -85,17 +82,12 @@ class VocabParallelEmbedding(torch.nn.Module):
         rows = loaded[self.vocab_start : self.vocab_start + self.rows_per_rank]
         with torch.no_grad():
             if quantized:
-                table = torch.zeros(
-                    self.rows_per_rank, loaded.shape[1], dtype=torch.uint8,
-                    device=self.weight.device,
-                )  # fmt: skip
-                table[: rows.shape[0]].copy_(rows)
-                self.weight.data = table  # the same parameter, now block rows
+                # the same parameter, now this rank's block rows
+                self.weight.data = rows.contiguous().to(self.weight.device)
                 self.quant_layout = QuantLayout(GGUF, ggml_type=self._pending_type)
                 self._pending_type = None
                 return
-            self.weight[: rows.shape[0]].copy_(rows)
-            self.weight[rows.shape[0] :].zero_()
+            self.weight.copy_(rows)
 
     def process_weights_after_loading(self) -> None:
         """Pack a quantized table once for the platform's kernels (a float table is looked
@@ -154,7 +146,5 @@ class ParallelLMHead(VocabParallelEmbedding):
                 self.quant_layout, hidden, self.quant_packed, None
             )
         if self.tp_size > 1:
-            parts = [torch.empty_like(logits) for _ in range(self.tp_size)]
-            dist.all_gather(parts, logits, group=self.tp_group)
-            logits = torch.cat(parts, dim=-1)
-        return logits[:, : self.vocab_size].float()
+            logits = self.tp_group.all_gather(logits)  # (num_rows, vocab_size), rank order
+        return logits.float()

@@ -54,11 +54,11 @@ class Runner(Protocol):
 class IronlmRunner:
     """Drives ``LLMEngine.step`` directly, so first-token times are those of the step."""
 
-    name = "ironlm"
-
-    def __init__(self, model: str, engine_kwargs: dict[str, Any], detokenize: bool = True) -> None:
+    def __init__(self, model: str, engine_kwargs: dict[str, Any], detokenize: bool = True,
+                 name: str = "ironlm") -> None:
         import torch
 
+        self.name = name
         from ironlm.config import EngineConfig
         from ironlm.engine.llm_engine import LLMEngine
 
@@ -80,6 +80,9 @@ class IronlmRunner:
             "detokenize": self.detokenize,
             "quantization": self.engine.config.quantization,
             "weight_bytes": int(self.engine.executor.collective_rpc("weight_bytes")[0]),
+            "world_size": self.engine.config.world_size,
+            # per rank: seconds in all-reduce / all-gather / pipeline send-recv, and steps
+            "collective": self.engine.executor.collective_rpc("collective_stats"),
         }
 
     def run(self, prompts: list[list[int]], output_len: int) -> BatchTiming:
