@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
@@ -54,3 +55,22 @@ def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) 
     LlamaForCausalLM(config).save_pretrained(out)
     AutoTokenizer.from_pretrained(smollm2_dir).save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="session")
+def quantized_smollm2(
+    smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[str], Path]:
+    """name -> SmolLM2 quantized by ``ironlm quantize`` as that variant (tests/quant_fixtures.py
+    VARIANTS), each made on first use and kept for the session."""
+    from quant_fixtures import quantize_variant
+
+    root = tmp_path_factory.mktemp("quantized-smollm2")
+    made: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in made:
+            made[name] = quantize_variant(smollm2_dir, root / name, name)
+        return made[name]
+
+    return get
