@@ -48,8 +48,10 @@ def int4_values(
 ) -> torch.Tensor:
     """(N, K) integer codes 0..15 of ``weight`` under group (scale, zero), as float32."""
     w = _grouped(weight, group_size)
-    q = torch.round(w / scale.unsqueeze(-1)) + zero.unsqueeze(-1)
-    return q.clamp(0, 15).reshape(weight.shape)
+    # in place after the first op: one buffer instead of one per step (these run on whole
+    # weights many times in the offline searches)
+    q = torch.div(w, scale.unsqueeze(-1)).round_().add_(zero.unsqueeze(-1))
+    return q.clamp_(0, 15).reshape(weight.shape)
 
 
 def fake_int4(
@@ -57,7 +59,7 @@ def fake_int4(
 ) -> torch.Tensor:
     """The float32 weight the int4 codes of ``weight`` stand for (quantize, dequantize)."""
     q = _grouped(int4_values(weight, scale, zero, group_size), group_size)
-    return ((q - zero.unsqueeze(-1)) * scale.unsqueeze(-1)).reshape(weight.shape)
+    return q.sub_(zero.unsqueeze(-1)).mul_(scale.unsqueeze(-1)).reshape(weight.shape)
 
 
 def quantize_int4(
