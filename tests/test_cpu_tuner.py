@@ -183,3 +183,39 @@ def test_platform_describe_and_plugins_listing(kernel: PackedLinearKernel, tmp_p
     rows = PluginManager().describe()
     text = format_details(rows)
     assert "platform:cpu" in text and "isa_target: " in text and "linear|float32|32x16|" in text
+
+
+def _decode_step(backend: object, seed: int) -> torch.Tensor:
+    from ironlm.interfaces.attention import AttentionLayerSpec
+    from ironlm_cpu.decode_choice import synthetic_decode_batch
+
+    layer = AttentionLayerSpec(layer_index=0, num_heads=6, num_kv_heads=2, head_dim=64,
+                               scale=0.125, sliding_window=None, logits_soft_cap=None)  # fmt: skip
+    batch = synthetic_decode_batch(3, 40)
+    gen = torch.Generator().manual_seed(seed)
+    cache = torch.randn(2, int(batch.block_tables.numel()), 16, 2, 64, generator=gen)
+    q, kv = torch.randn(3, 6, 64, generator=gen), torch.randn(3, 2, 64, generator=gen)
+    return backend.forward(layer, q, kv, kv, cache, backend.build_metadata(batch))  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("forced", ["", "decode_attention=torch", "decode_attention=c"])
+def test_decode_attention_choice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, forced: str) -> None:
+    """Measured or forced, decode rows give the torch path's answer; a torch choice turns decode
+    graphs off (no graph metadata) instead of failing a capture."""
+    from ironlm_cpu.attention import CpuPagedAttentionBackend
+    from ironlm_cpu.decode_choice import synthetic_decode_batch
+
+    monkeypatch.setenv("IRONLM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("IRONLM_CPU_KERNELS", forced)
+    backend = CpuPagedAttentionBackend()
+    if not backend.libraries():
+        pytest.skip(backend.decode_path)
+    got = _decode_step(backend, 5)
+    want = _decode_step(CpuPagedAttentionBackend(native_decode=False), 5)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    (decision,) = backend._tuner.decisions.values()  # type: ignore[union-attr]
+    assert decision["impl"] in ("c", "torch")
+    if forced:
+        assert decision["impl"] == forced.split("=")[1] and decision["source"] == "forced"
+    graphs = backend.graph_metadata(synthetic_decode_batch(2, 8)) is not None
+    assert graphs == (decision["impl"] == "c")

@@ -79,7 +79,9 @@ def runner_specs(args: argparse.Namespace, n_ctx: int) -> list[dict[str, Any]]:
         if name == "hf":
             specs.append({"kind": "hf", "model": args.model, "seed": args.seed,
                           "dummy_weights": args.load_format == "dummy",
-                          "batch_size": args.baseline_batch_size})
+                          "batch_size": args.baseline_batch_size,
+                          # an explicit --dtype runs HF in it too; auto: HF's float32
+                          "dtype": "float32" if args.dtype == "auto" else args.dtype})
         else:
             specs.append({"kind": "llama-cpp", "gguf": gguf_path(args), "n_ctx": n_ctx,
                           "seed": args.seed, "flash_attn": args.llama_cpp_flash_attn,

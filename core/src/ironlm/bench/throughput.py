@@ -25,6 +25,7 @@ from ironlm.bench.common import (
     run_engine,
     runner_specs,
 )
+from ironlm.bench.machine import platform_details
 from ironlm.bench.prompts import file_prompts, load_tokenizer, random_token_prompts
 from ironlm.bench.results import (
     args_dict,
@@ -133,7 +134,8 @@ def main(args: argparse.Namespace) -> int:
           f"{args.output_len} output tokens each")
     print(table)
     payload = {"kind": "throughput", **ctx.to_dict(), "args": args_dict(args),
-               "engines": engines, "ratios": ratios}
+               "engines": engines, "ratios": ratios,
+               "kernel_choices": platform_details("cpu").get("kernel_choices", {})}
     path = write_result(args.result_file or result_path(args.result_dir, "throughput", args.model),
                         payload)
     print(f"result: {path}")

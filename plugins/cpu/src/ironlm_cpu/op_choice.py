@@ -35,7 +35,6 @@ BUCKETS = (1, 8, 64, 512)  # rows (tokens) per call
 _BOUNDS = (2, 22, 181)  # m <= bound -> that bucket (geometric midpoints)
 TOLERANCE = 1.05
 FLOP_CAP = 1e9
-KNOWN = {"linear": ("torch", "c", "c_narrow", "c_wide", "c_bf16"), "rms_norm": ("torch", "c")}
 _LAYOUT = {"c_narrow": "panel", "c_wide": "panel", "c_bf16": "panel", "torch": "rows"}
 
 
@@ -66,7 +65,7 @@ class OpChooser:
         torch_ops: TorchKernels,
     ) -> None:  # fmt: skip
         self.tuner, self.kernel, self.fused, self.torch_ops = tuner, kernel, fused, torch_ops
-        self.forced = tuner.forced(KNOWN)  # raises ValueError on a bad IRONLM_CPU_KERNELS
+        self.forced = tuner.forced()  # raises ValueError on a bad IRONLM_CPU_KERNELS
 
     # -- linear ------------------------------------------------------------------------------
     def linear_candidates(self, n: int, k: int, dtype: torch.dtype) -> tuple[str, ...]:

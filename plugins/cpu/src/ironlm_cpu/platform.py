@@ -119,4 +119,8 @@ def format_choice(decision: dict[str, Any]) -> str:
         timing = "" if t is None else f" {t:.0f}us" + (
             "" if vs is None or impl == "torch" else f" vs torch {vs:.0f}us")
         parts.append(f"M={bucket}:{impl}{timing}")
-    return f"{decision.get('layout', '?')} layout; {', '.join(parts)}; {decision.get('why', '')}"
+    if not parts and "impl" in decision:
+        parts.append(decision["impl"])
+    layout = decision.get("layout")
+    head = f"{layout} layout; " if layout else ""
+    return f"{head}{', '.join(parts)}; {decision.get('why', '')}"

@@ -16,7 +16,7 @@ measured on a busy machine (load per core above ``BUSY``) by another process and
 quieter now (within one process a decision never changes).
 
 Switches: ``IRONLM_CPU_KERNELS=op=impl[,op=impl]`` forces a choice (e.g. ``linear=torch``,
-``rms_norm=c``); ``IRONLM_CPU_TUNE=0`` measures nothing and takes each op's default (the C
+``rms_norm=c``, ``decode_attention=torch``); ``IRONLM_CPU_TUNE=0`` measures nothing and takes each op's default (the C
 kernel where it runs); ``IRONLM_CPU_TUNE=refresh`` measures again, ignoring the cache.
 """
 
@@ -36,6 +36,12 @@ from ironlm_cpu.isa import IsaTarget, host_cpu
 
 FORCE_ENV = "IRONLM_CPU_KERNELS"
 TUNE_ENV = "IRONLM_CPU_TUNE"
+# op -> implementations IRONLM_CPU_KERNELS may force
+KNOWN_OPS: dict[str, tuple[str, ...]] = {
+    "linear": ("torch", "c", "c_narrow", "c_wide", "c_bf16"),
+    "rms_norm": ("torch", "c"),
+    "decode_attention": ("torch", "c"),
+}
 ROUNDS = 3
 BUSY = 0.75  # load per core above which a measurement is redone once the machine is quieter
 VERSION = 1  # bump when candidates or the decision rule change: old cache entries are ignored
@@ -123,8 +129,12 @@ class KernelTuner:
         slug = "".join(c if c.isalnum() else "-" for c in cpu.model.lower()).strip("-")[:40]
         return f"{slug}-{self.target.name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
-    def forced(self, known: dict[str, tuple[str, ...]]) -> dict[str, str]:
-        return parse_forced(self.forced_text, known)
+    def forced(self) -> dict[str, str]:
+        """{op: impl} from IRONLM_CPU_KERNELS (ValueError when malformed)."""
+        return parse_forced(self.forced_text, KNOWN_OPS)
+
+    def forced_op(self, op: str) -> str | None:
+        return self.forced().get(op)
 
     # -- measuring ---------------------------------------------------------------------------
     def measure(
