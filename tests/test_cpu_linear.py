@@ -161,3 +161,30 @@ def test_kernel_reports_missing_compiler(tmp_path: Path, monkeypatch: pytest.Mon
     assert not ops.kernel.available and "unavailable" in ops.kernel.reason
     w = torch.randn(32, 8)
     assert ops.pack_linear_weight(w) is w  # the torch path, row-major
+
+
+def test_smollm2_bfloat16_on_packed_bf16_weights(smollm2_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SmolLM2 in bfloat16 with every linear on the bf16 panel kernel (forced, so the kernel
+    runs whatever the measurement would pick): the next token and its logprob agree with the
+    float32 engine."""
+    from ironlm import LLM, SamplingParams
+    from ironlm.layers.linear import LinearBase
+
+    if not PackedLinearKernel().available:
+        pytest.skip("the packed linear kernel does not build here")
+    monkeypatch.setenv("IRONLM_CPU_KERNELS", "linear=c")
+    kwargs: dict = dict(device="cpu", max_model_len=128, kv_cache_memory=16 * 2**20)
+    prompts = ["The capital of France is", "def fibonacci(n):", "One, two, three,"]
+    params = SamplingParams(max_tokens=1, temperature=0, logprobs=0)
+    bf16 = LLM(str(smollm2_dir), dtype="bfloat16", **kwargs)
+    model = bf16.engine.executor.worker.runner.model
+    linears = [m for m in model.modules() if isinstance(m, LinearBase)]
+    assert linears and all(m.weight.dim() == 4 and m.weight.dtype == torch.bfloat16 for m in linears)
+    got = bf16.generate(prompts, params, use_tqdm=False)
+    del bf16
+    want = LLM(str(smollm2_dir), dtype="float32", **kwargs).generate(prompts, params, use_tqdm=False)
+    for g, w in zip(got, want, strict=True):
+        assert g.outputs[0].token_ids == w.outputs[0].token_ids
+        lp_g = next(iter(g.outputs[0].logprobs[0].values())).logprob
+        lp_w = next(iter(w.outputs[0].logprobs[0].values())).logprob
+        assert lp_g == pytest.approx(lp_w, abs=0.15)
