@@ -27,8 +27,9 @@ def kernel() -> PackedLinearKernel:
 
 
 def _ops(kernel: PackedLinearKernel, cache: Path, mode: str = "1", forced: str = "") -> CpuLayerOps:
+    # busy_limit: measure however loaded the machine is (the tests check the mechanism)
     return CpuLayerOps(kernel, tuner=KernelTuner(kernel.target, cache, mode=mode, forced=forced,
-                                                 min_seconds=0.002))  # fmt: skip
+                                                 min_seconds=0.002, busy_limit=float("inf")))  # fmt: skip
 
 
 def _times(panel: list[float], torch_us: list[float]) -> dict[str, dict[str, float]]:
@@ -114,6 +115,19 @@ def test_forced_choice(kernel: PackedLinearKernel, tmp_path: Path, forced: str, 
     x = torch.randn(3, 16)
     torch.testing.assert_close(ops.linear(x, stored, None), torch.nn.functional.linear(x, w),
                                rtol=1e-4, atol=1e-4)  # fmt: skip
+
+
+def test_busy_machine_takes_the_default_without_caching(kernel: PackedLinearKernel, tmp_path: Path) -> None:
+    tuner = KernelTuner(kernel.target, tmp_path, mode="1", forced="", busy_limit=-1.0)
+    ops = CpuLayerOps(kernel, tuner=tuner)
+    stored = ops.pack_linear_weight(torch.randn(32, 16))
+    decision = next(iter(tuner.decisions.values()))
+    assert decision["source"] == "busy" and "machine busy" in decision["why"]
+    assert stored.dim() == 3 and not tuner.path.exists()  # the C default, nothing cached
+    refresh = KernelTuner(kernel.target, tmp_path, mode="refresh", forced="", busy_limit=-1.0,
+                          min_seconds=0.002)  # fmt: skip
+    CpuLayerOps(kernel, tuner=refresh).pack_linear_weight(torch.randn(32, 16))
+    assert next(iter(refresh.decisions.values()))["source"] == "measured"
 
 
 def test_bad_forced_value_is_an_error(kernel: PackedLinearKernel, tmp_path: Path) -> None:
@@ -207,6 +221,7 @@ def test_decode_attention_choice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setenv("IRONLM_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("IRONLM_CPU_KERNELS", forced)
+    monkeypatch.setenv("IRONLM_CPU_TUNE", "refresh")  # measure even on a busy machine
     backend = CpuPagedAttentionBackend()
     if not backend.libraries():
         pytest.skip(backend.decode_path)

@@ -56,14 +56,14 @@ def choose_decode_path(
                     "why": f"forced by IRONLM_CPU_KERNELS=decode_attention={forced}"}  # fmt: skip
         tuner.record(key, decision, persist=False)
         return decision
-    if not tuner.measuring:
-        decision = {"op": "decode_attention", "impl": "c", "source": "default",
-                    "why": "IRONLM_CPU_TUNE=0: the default"}  # fmt: skip
-        tuner.record(key, decision, persist=False)
-        return decision
-    cached = tuner.lookup(key)
+    cached = tuner.lookup(key) if tuner.measuring else None
     if cached is not None:
         return cached
+    why = "IRONLM_CPU_TUNE=0: the default" if not tuner.measuring else tuner.busy_reason()
+    if why is not None:
+        decision = {"op": "decode_attention", "impl": "c", "source": "default", "why": why}
+        tuner.record(key, decision, persist=False)
+        return decision
     batch = synthetic_decode_batch()
     gen = torch.Generator().manual_seed(layer.num_heads * 97 + layer.head_dim)
     blocks = int(batch.block_tables.numel())

@@ -96,6 +96,9 @@ class OpChooser:
         cached = self.tuner.lookup(key)
         if cached is not None:
             return _plan_of(cached)
+        busy = self.tuner.busy_reason()
+        if busy is not None:
+            return self._fixed(key, names[0], busy, "busy")
         decision = self._measure_linear(n, k, dtype, names)
         decision.update(op="linear", dtype=str(dtype), shape=[n, k], threads=threads,
                         target=self.kernel.target.name, source="measured")  # fmt: skip
@@ -154,6 +157,9 @@ class OpChooser:
         cached = self.tuner.lookup(key)
         if cached is not None:
             return _plan_of(cached)
+        busy = self.tuner.busy_reason()
+        if busy is not None:
+            return self._fixed(key, "c", busy, "busy")
         gen = torch.Generator().manual_seed(hidden)
         w = torch.randn(hidden, generator=gen)
         impls, us, rejected = {}, {}, {}

@@ -17,7 +17,9 @@ quieter now (within one process a decision never changes).
 
 Switches: ``IRONLM_CPU_KERNELS=op=impl[,op=impl]`` forces a choice (e.g. ``linear=torch``,
 ``rms_norm=c``, ``decode_attention=torch``); ``IRONLM_CPU_TUNE=0`` measures nothing and takes each op's default (the C
-kernel where it runs); ``IRONLM_CPU_TUNE=refresh`` measures again, ignoring the cache.
+kernel where it runs); ``IRONLM_CPU_TUNE=refresh`` measures again, ignoring the cache and the load. On a busy machine
+(load average per core above ``BUSY``) nothing is measured: each op takes its default for this
+process and is measured at a later, quieter start-up.
 """
 
 from __future__ import annotations
@@ -100,7 +102,7 @@ class KernelTuner:
 
     def __init__(
         self, target: IsaTarget, cache_dir: Path | None = None, mode: str | None = None,
-        forced: str | None = None, min_seconds: float = 0.01,
+        forced: str | None = None, min_seconds: float = 0.01, busy_limit: float = BUSY,
     ) -> None:  # fmt: skip
         """``mode``/``forced`` default to $IRONLM_CPU_TUNE / $IRONLM_CPU_KERNELS; ``cache_dir``
         to $IRONLM_CACHE_DIR/tuning (None there as well: no cache file)."""
@@ -112,6 +114,7 @@ class KernelTuner:
         self.refresh = mode == "refresh"
         self.forced_text = os.environ.get(FORCE_ENV) if forced is None else forced
         self.min_seconds = min_seconds
+        self.busy_limit = busy_limit
         root = os.environ.get("IRONLM_CACHE_DIR") or os.path.join("~", ".cache", "ironlm")
         cache_dir = cache_dir if cache_dir is not None else Path(root).expanduser() / "tuning"
         self.path = cache_dir / f"{self.machine_key()}.json"
@@ -135,6 +138,16 @@ class KernelTuner:
 
     def forced_op(self, op: str) -> str | None:
         return self.forced().get(op)
+
+    def busy_reason(self) -> str | None:
+        """Why not to measure now: the machine is busy (its load per core above the limit),
+        and timings taken now would favour whatever suffers least from losing a core, not what
+        is fastest. ``refresh`` measures anyway."""
+        load = machine_load()
+        if self.refresh or load <= self.busy_limit:
+            return None
+        return (f"machine busy (load {load:.1f} per core > {self.busy_limit}): the default, "
+                f"measured at a later start-up on a quieter machine")
 
     # -- measuring ---------------------------------------------------------------------------
     def measure(
