@@ -18,6 +18,7 @@ what is missing and what is on offer, never a silent downgrade.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 import subprocess
@@ -201,7 +202,36 @@ def compiler() -> str | None:
 
 @functools.cache
 def compiler_supports(cc: str, group: str) -> bool:
-    """Whether ``cc`` compiles the group's probe with its flags (and its required groups')."""
+    """Whether ``cc`` compiles the group's probe with its flags (and its required groups').
+    Answers are kept in ``$IRONLM_CACHE_DIR/kernels/compiler-probes.json`` per compiler path
+    and modification time, so a start-up runs no compiler when its kernels are cached."""
+    root = os.environ.get("IRONLM_CACHE_DIR") or os.path.join("~", ".cache", "ironlm")
+    store = Path(root).expanduser() / "kernels" / "compiler-probes.json"
+    try:
+        path = shutil.which(cc) or cc
+        key = f"{path}|{os.stat(path).st_mtime_ns}|{group}"
+    except OSError:
+        return False
+    try:
+        known = json.loads(store.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if isinstance(known, dict) and isinstance(known.get(key), bool):
+        return known[key]
+    ok = _probe(cc, group)
+    known = known if isinstance(known, dict) else {}
+    known[key] = ok
+    try:
+        store.parent.mkdir(parents=True, exist_ok=True)
+        tmp = store.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(known, indent=1))
+        os.replace(tmp, store)
+    except OSError:
+        pass  # an unwritable cache only costs the probe next time
+    return ok
+
+
+def _probe(cc: str, group: str) -> bool:
     g = GROUP_BY_NAME[group]
     flags = [f for r in _closure(group) for f in GROUP_BY_NAME[r].cc_flags]
     source = f"#include <immintrin.h>\nvoid probe(void) {{ {g.probe} }}\n"
