@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from ironlm.attention.batch import random_paged_batch
 from ironlm.attention.reference import ReferenceAttentionBackend
 from ironlm.interfaces.attention import AttentionLayerSpec

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from ironlm.interfaces.platform import LayerOps
 from ironlm_cpu.decode_kernel import PagedDecodeKernel
 from ironlm_cpu.fused_kernels import PARALLEL_ROWS, FusedKernels

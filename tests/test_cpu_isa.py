@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from ironlm_cpu import isa
 from ironlm_cpu.cbuild import KernelLibrary, build_library
 from ironlm_cpu.decode_kernel import _SOURCE as DECODE_SOURCE
@@ -18,17 +17,23 @@ from ironlm_cpu.isa import CpuInfo, IsaTarget, IsaUnavailable, select_target
 from ironlm_cpu.linear_kernel import _SOURCE as LINEAR_SOURCE
 from ironlm_cpu.platform import auto_dtype
 
-EPYC_FLAGS = ("fpu sse sse2 ssse3 fma cx16 sse4_1 sse4_2 movbe popcnt aes xsave avx f16c "
-              "bmi1 avx2 bmi2 sha_ni vaes vpclmulqdq")  # fmt: skip
-XEON_SPR_FLAGS = EPYC_FLAGS + (" avx_vnni avx512_bf16 avx512f avx512dq avx512cd avx512bw "
-                               "avx512vl avx512_vnni avx512_fp16 amx_bf16 amx_tile amx_int8")
+EPYC_FLAGS = (
+    "fpu sse sse2 ssse3 fma cx16 sse4_1 sse4_2 movbe popcnt aes xsave avx f16c "
+    "bmi1 avx2 bmi2 sha_ni vaes vpclmulqdq"
+)
+XEON_SPR_FLAGS = EPYC_FLAGS + (
+    " avx_vnni avx512_bf16 avx512f avx512dq avx512cd avx512bw "
+    "avx512vl avx512_vnni avx512_fp16 amx_bf16 amx_tile amx_int8"
+)
 ZEN4_FLAGS = EPYC_FLAGS + " avx512f avx512dq avx512cd avx512bw avx512vl avx512_vnni avx512_bf16"
 OLD_FLAGS = "fpu sse sse2 ssse3 sse4_1 sse4_2 popcnt avx"
 
 
 def cpuinfo(model: str, flags: str) -> str:
-    return (f"processor\t: 0\nvendor_id\t: X\nmodel name\t: {model}\nflags\t\t: {flags}\n\n"
-            f"processor\t: 1\nmodel name\t: other\nflags\t\t: fpu\n")  # fmt: skip
+    return (
+        f"processor\t: 0\nvendor_id\t: X\nmodel name\t: {model}\nflags\t\t: {flags}\n\n"
+        f"processor\t: 1\nmodel name\t: other\nflags\t\t: fpu\n"
+    )
 
 
 def test_flags_parsed_from_cpuinfo_text() -> None:
@@ -44,11 +49,14 @@ def test_flags_parsed_from_cpuinfo_text() -> None:
     [
         (EPYC_FLAGS, "avx2", ("avx2",)),
         (ZEN4_FLAGS, "avx512", ("avx2", "avx512", "avx512_vnni", "avx512_bf16")),
-        (XEON_SPR_FLAGS, "amx",
-         ("avx2", "avx_vnni", "avx512", "avx512_vnni", "avx512_bf16", "amx")),
+        (
+            XEON_SPR_FLAGS,
+            "amx",
+            ("avx2", "avx_vnni", "avx512", "avx512_vnni", "avx512_bf16", "amx"),
+        ),
         (OLD_FLAGS, "generic", ()),
     ],
-)  # fmt: skip
+)
 def test_best_target_per_cpu(flags: str, best: str, groups: tuple[str, ...]) -> None:
     target = select_target(CpuInfo.parse(cpuinfo("cpu", flags)), None)
     assert (target.name, target.groups) == (best, groups)
@@ -114,8 +122,9 @@ def test_host_target_follows_the_environment(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_generic_target_refuses_avx2_only_libraries() -> None:
-    lib = KernelLibrary("x", "int f(void) { return 1; }", {}, "an AVX2 kernel", needs_avx2=True,
-                        target=isa.GENERIC)  # fmt: skip
+    lib = KernelLibrary(
+        "x", "int f(void) { return 1; }", {}, "an AVX2 kernel", needs_avx2=True, target=isa.GENERIC
+    )
     assert not lib.available and "needs AVX2 + FMA" in lib.reason
 
 
@@ -134,8 +143,12 @@ def _compile_targets() -> list[IsaTarget]:
 @pytest.mark.parametrize("target", _compile_targets(), ids=lambda t: t.name)
 @pytest.mark.parametrize(
     ("name", "source"),
-    [("cpu_linear", LINEAR_SOURCE), ("cpu_fused", FUSED_SOURCE), ("cpu_paged_decode", DECODE_SOURCE)],
-)  # fmt: skip
+    [
+        ("cpu_linear", LINEAR_SOURCE),
+        ("cpu_fused", FUSED_SOURCE),
+        ("cpu_paged_decode", DECODE_SOURCE),
+    ],
+)
 def test_every_source_compiles_for_every_target(
     name: str, source: str, target: IsaTarget, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

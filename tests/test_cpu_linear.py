@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from ironlm_cpu.isa import GENERIC, IsaTarget, host_target
 from ironlm_cpu.layer_ops import CpuLayerOps
 from ironlm_cpu.linear_kernel import PackedLinearKernel
@@ -44,7 +43,9 @@ def ops(tmp_path_factory: pytest.TempPathFactory) -> CpuLayerOps:
 @pytest.mark.parametrize("wide", [False, True], ids=["narrow", "wide"])
 @pytest.mark.parametrize("m", [1, 6, 7, 13, 300])
 @pytest.mark.parametrize(("n", "k"), [(16, 8), (48, 40), (576, 1536), (4096, 64)])
-def test_kernel_matches_torch(kernel: PackedLinearKernel, wide: bool, m: int, n: int, k: int) -> None:
+def test_kernel_matches_torch(
+    kernel: PackedLinearKernel, wide: bool, m: int, n: int, k: int
+) -> None:
     """Both tiles on every runnable target (the wide one is the 16-lane AVX-512 tile; on AVX2
     and generic builds the same C code runs on 2 or 4 narrower registers per vector)."""
     gen = torch.Generator().manual_seed(m * 7919 + n + k)
@@ -122,13 +123,13 @@ def test_embedding_reads_packed_rows(ops: CpuLayerOps, dtype: torch.dtype) -> No
 def test_model_layers_use_packed_weights(ops: CpuLayerOps, tiny_llama_dir: Path) -> None:
     """A tied-embedding model loaded on the cpu platform: every float linear and the shared
     embedding / LM head are packed, and logits equal those of the reference layer ops."""
+    from ironlm.interfaces.model import ModelContext
     from ironlm.interfaces.platform import LayerOps
     from ironlm.interfaces.quantization import UnquantizedMethod
     from ironlm.layers.linear import LinearBase
     from ironlm.model_loader.loader import load_model
     from ironlm.model_loader.source import resolve_model
     from ironlm.models.llama import LlamaForCausalLM
-    from ironlm.interfaces.model import ModelContext
     from ironlm_cpu.attention import CpuPagedAttentionBackend
 
     source = resolve_model(str(tiny_llama_dir))
@@ -163,7 +164,9 @@ def test_kernel_reports_missing_compiler(tmp_path: Path, monkeypatch: pytest.Mon
     assert ops.pack_linear_weight(w) is w  # the torch path, row-major
 
 
-def test_smollm2_bfloat16_on_packed_bf16_weights(smollm2_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_smollm2_bfloat16_on_packed_bf16_weights(
+    smollm2_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """SmolLM2 in bfloat16 with every linear on the bf16 panel kernel (forced, so the kernel
     runs whatever the measurement would pick): the next token and its logprob agree with the
     float32 engine."""
@@ -179,10 +182,12 @@ def test_smollm2_bfloat16_on_packed_bf16_weights(smollm2_dir: Path, monkeypatch:
     bf16 = LLM(str(smollm2_dir), dtype="bfloat16", **kwargs)
     model = bf16.engine.executor.worker.runner.model
     linears = [m for m in model.modules() if isinstance(m, LinearBase)]
-    assert linears and all(m.weight.dim() == 4 and m.weight.dtype == torch.bfloat16 for m in linears)
+    assert linears
+    assert all(m.weight.dim() == 4 and m.weight.dtype == torch.bfloat16 for m in linears)
     got = bf16.generate(prompts, params, use_tqdm=False)
     del bf16
-    want = LLM(str(smollm2_dir), dtype="float32", **kwargs).generate(prompts, params, use_tqdm=False)
+    fp32 = LLM(str(smollm2_dir), dtype="float32", **kwargs)
+    want = fp32.generate(prompts, params, use_tqdm=False)
     for g, w in zip(got, want, strict=True):
         assert g.outputs[0].token_ids == w.outputs[0].token_ids
         lp_g = next(iter(g.outputs[0].logprobs[0].values())).logprob

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from ironlm_cpu.graphs import CpuGraphCapture
 from ironlm_cpu.layer_ops import CpuLayerOps
 from ironlm_cpu.linear_kernel import PackedLinearKernel
@@ -28,8 +27,17 @@ def kernel() -> PackedLinearKernel:
 
 def _ops(kernel: PackedLinearKernel, cache: Path, mode: str = "1", forced: str = "") -> CpuLayerOps:
     # busy_limit: measure however loaded the machine is (the tests check the mechanism)
-    return CpuLayerOps(kernel, tuner=KernelTuner(kernel.target, cache, mode=mode, forced=forced,
-                                                 min_seconds=0.002, busy_limit=float("inf")))  # fmt: skip
+    return CpuLayerOps(
+        kernel,
+        tuner=KernelTuner(
+            kernel.target,
+            cache,
+            mode=mode,
+            forced=forced,
+            min_seconds=0.002,
+            busy_limit=float("inf"),
+        ),
+    )
 
 
 def _times(panel: list[float], torch_us: list[float]) -> dict[str, dict[str, float]]:
@@ -51,14 +59,18 @@ def test_rule_takes_panels_only_when_never_slower_than_torch() -> None:
 
 
 def test_rule_picks_the_fastest_panel_kernel_per_bucket() -> None:
-    us = {str(b): {"c_narrow": 2.0, "c_wide": 1.0 if b >= 64 else 3.0, "torch": 5.0} for b in BUCKETS}
+    us = {
+        str(b): {"c_narrow": 2.0, "c_wide": 1.0 if b >= 64 else 3.0, "torch": 5.0} for b in BUCKETS
+    }
     d = decide_linear(us, {}, ("c_narrow", "c_wide", "torch"))
     assert d["layout"] == "panel"
     assert [d["impls"][str(b)] for b in BUCKETS] == ["c_narrow", "c_narrow", "c_wide", "c_wide"]
 
 
 def test_rejected_candidates_are_never_chosen() -> None:
-    d = decide_linear(_times([1, 1, 1, 1], [9, 9, 9, 9]), {"c_narrow": "M=1: wrong"}, ("c_narrow", "torch"))
+    d = decide_linear(
+        _times([1, 1, 1, 1], [9, 9, 9, 9]), {"c_narrow": "M=1: wrong"}, ("c_narrow", "torch")
+    )
     assert d["layout"] == "rows" and "rejected: c_narrow" in d["why"]
 
 
@@ -72,13 +84,16 @@ def test_measure_rejects_raising_and_wrong_candidates(tmp_path: Path) -> None:
     def broken() -> torch.Tensor:
         raise RuntimeError("kernel crashed")
 
-    meas = tuner.measure({"good": lambda: x * 2, "wrong": lambda: x * 3, "broken": broken},
-                         ref, rtol=1e-5, atol=1e-5)  # fmt: skip
+    meas = tuner.measure(
+        {"good": lambda: x * 2, "wrong": lambda: x * 3, "broken": broken}, ref, rtol=1e-5, atol=1e-5
+    )
     assert set(meas.us) == {"good"} and meas.fastest() == "good"
     assert "disagrees" in meas.rejected["wrong"] and "kernel crashed" in meas.rejected["broken"]
 
 
-def test_measured_choice_is_cached_and_is_a_candidate(kernel: PackedLinearKernel, tmp_path: Path) -> None:
+def test_measured_choice_is_cached_and_is_a_candidate(
+    kernel: PackedLinearKernel, tmp_path: Path
+) -> None:
     ops = _ops(kernel, tmp_path)
     w = torch.randn(64, 48)
     stored = ops.pack_linear_weight(w)
@@ -88,8 +103,9 @@ def test_measured_choice_is_cached_and_is_a_candidate(kernel: PackedLinearKernel
     assert set(first["impls"].values()) <= set(ops.chooser.linear_candidates(64, 48, torch.float32))
     assert stored.dim() == (3 if first["layout"] == "panel" else 2)
     x = torch.randn(5, 48)
-    torch.testing.assert_close(ops.linear(x, stored, None), torch.nn.functional.linear(x, w),
-                               rtol=1e-4, atol=1e-4)  # fmt: skip
+    torch.testing.assert_close(
+        ops.linear(x, stored, None), torch.nn.functional.linear(x, w), rtol=1e-4, atol=1e-4
+    )
     cached = json.loads(ops.tuner.path.read_text())
     assert key in cached["choices"] and cached["machine"]["target"] == kernel.target.describe()
     # a second start-up on this machine reads the decision instead of measuring
@@ -102,9 +118,13 @@ def test_measured_choice_is_cached_and_is_a_candidate(kernel: PackedLinearKernel
     assert fresh.tuner.decisions[key]["source"] == "measured"
 
 
-@pytest.mark.parametrize(("forced", "layout"), [("linear=torch", "rows"), ("linear=c", "panel"),
-                                                ("linear=c_narrow", "panel")])  # fmt: skip
-def test_forced_choice(kernel: PackedLinearKernel, tmp_path: Path, forced: str, layout: str) -> None:
+@pytest.mark.parametrize(
+    ("forced", "layout"),
+    [("linear=torch", "rows"), ("linear=c", "panel"), ("linear=c_narrow", "panel")],
+)
+def test_forced_choice(
+    kernel: PackedLinearKernel, tmp_path: Path, forced: str, layout: str
+) -> None:
     ops = _ops(kernel, tmp_path, forced=forced)
     w = torch.randn(32, 16)
     stored = ops.pack_linear_weight(w)
@@ -113,19 +133,23 @@ def test_forced_choice(kernel: PackedLinearKernel, tmp_path: Path, forced: str, 
     assert decision["source"] == "forced" and forced in decision["why"]
     assert not ops.tuner.path.exists()  # forced choices are not cached
     x = torch.randn(3, 16)
-    torch.testing.assert_close(ops.linear(x, stored, None), torch.nn.functional.linear(x, w),
-                               rtol=1e-4, atol=1e-4)  # fmt: skip
+    torch.testing.assert_close(
+        ops.linear(x, stored, None), torch.nn.functional.linear(x, w), rtol=1e-4, atol=1e-4
+    )
 
 
-def test_busy_machine_takes_the_default_without_caching(kernel: PackedLinearKernel, tmp_path: Path) -> None:
+def test_busy_machine_takes_the_default_without_caching(
+    kernel: PackedLinearKernel, tmp_path: Path
+) -> None:
     tuner = KernelTuner(kernel.target, tmp_path, mode="1", forced="", busy_limit=-1.0)
     ops = CpuLayerOps(kernel, tuner=tuner)
     stored = ops.pack_linear_weight(torch.randn(32, 16))
     decision = next(iter(tuner.decisions.values()))
     assert decision["source"] == "busy" and "machine busy" in decision["why"]
     assert stored.dim() == 3 and not tuner.path.exists()  # the C default, nothing cached
-    refresh = KernelTuner(kernel.target, tmp_path, mode="refresh", forced="", busy_limit=-1.0,
-                          min_seconds=0.002)  # fmt: skip
+    refresh = KernelTuner(
+        kernel.target, tmp_path, mode="refresh", forced="", busy_limit=-1.0, min_seconds=0.002
+    )
     CpuLayerOps(kernel, tuner=refresh).pack_linear_weight(torch.randn(32, 16))
     assert next(iter(refresh.decisions.values()))["source"] == "measured"
 
@@ -167,13 +191,20 @@ def test_norm_choice_forced_to_torch_matches(kernel: PackedLinearKernel, tmp_pat
     assert res is not None and torch.equal(res, want_res)
 
 
-def test_torch_linear_is_recorded_in_decode_graphs(kernel: PackedLinearKernel, tmp_path: Path) -> None:
+def test_torch_linear_is_recorded_in_decode_graphs(
+    kernel: PackedLinearKernel, tmp_path: Path
+) -> None:
     """A torch-chosen linear runs as a recorded call: the replay computes new inputs' output."""
     ops = _ops(kernel, tmp_path, forced="linear=torch")
-    w1, w2 = ops.pack_linear_weight(torch.randn(48, 32)), ops.pack_linear_weight(torch.randn(32, 24))
+    w1, w2 = (
+        ops.pack_linear_weight(torch.randn(48, 32)),
+        ops.pack_linear_weight(torch.randn(32, 24)),
+    )
     x = torch.randn(4, 32)
     capture = CpuGraphCapture(ops.libraries())
-    graph, out = capture.capture(lambda: ops.linear(ops.silu_and_mul(ops.linear(x, w1, None)), w2, None))
+    graph, out = capture.capture(
+        lambda: ops.linear(ops.silu_and_mul(ops.linear(x, w1, None)), w2, None)
+    )
     assert len(graph) == 3  # two torch linears and one C activation, all recorded
     x.copy_(torch.randn(4, 32))
     graph.replay()
@@ -181,8 +212,9 @@ def test_torch_linear_is_recorded_in_decode_graphs(kernel: PackedLinearKernel, t
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
 
 
-def test_platform_describe_and_plugins_listing(kernel: PackedLinearKernel, tmp_path: Path,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_platform_describe_and_plugins_listing(
+    kernel: PackedLinearKernel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from ironlm.commands.plugins_cmd import format_details
     from ironlm.plugin_manager import PluginManager
     from ironlm_cpu.platform import CpuPlatform
@@ -192,7 +224,7 @@ def test_platform_describe_and_plugins_listing(kernel: PackedLinearKernel, tmp_p
     details = CpuPlatform().describe()
     assert details["isa_target"] == kernel.target.describe()
     assert details["default_dtype"] in ("float32", "bfloat16")
-    (key, line), = details["kernel_choices"].items()
+    ((key, line),) = details["kernel_choices"].items()
     assert key.startswith("linear|float32|32x16|") and "layout; M=1:" in line
     rows = PluginManager().describe()
     text = format_details(rows)
@@ -203,8 +235,15 @@ def _decode_step(backend: object, seed: int) -> torch.Tensor:
     from ironlm.interfaces.attention import AttentionLayerSpec
     from ironlm_cpu.decode_choice import synthetic_decode_batch
 
-    layer = AttentionLayerSpec(layer_index=0, num_heads=6, num_kv_heads=2, head_dim=64,
-                               scale=0.125, sliding_window=None, logits_soft_cap=None)  # fmt: skip
+    layer = AttentionLayerSpec(
+        layer_index=0,
+        num_heads=6,
+        num_kv_heads=2,
+        head_dim=64,
+        scale=0.125,
+        sliding_window=None,
+        logits_soft_cap=None,
+    )
     batch = synthetic_decode_batch(3, 40)
     gen = torch.Generator().manual_seed(seed)
     cache = torch.randn(2, int(batch.block_tables.numel()), 16, 2, 64, generator=gen)
@@ -213,7 +252,9 @@ def _decode_step(backend: object, seed: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("forced", ["", "decode_attention=torch", "decode_attention=c"])
-def test_decode_attention_choice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, forced: str) -> None:
+def test_decode_attention_choice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, forced: str
+) -> None:
     """Measured or forced, decode rows give the torch path's answer; a torch choice turns decode
     graphs off (no graph metadata) instead of failing a capture."""
     from ironlm_cpu.attention import CpuPagedAttentionBackend

@@ -21,9 +21,9 @@ from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
-
 from ironlm.interfaces.attention import AttentionBackend, AttentionBatch, AttentionLayerSpec
 from ironlm.interfaces.graphs import GraphCaptureError
+
 from ironlm_cpu.attention_metadata import (
     Bucket,
     CpuAttentionMetadata,
@@ -134,7 +134,9 @@ class CpuPagedAttentionBackend(AttentionBackend):
             out.index_copy_(0, bucket.out_tokens, padded.to(q.dtype))
         return out
 
-    def _choose_decode(self, layer: AttentionLayerSpec, q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+    def _choose_decode(
+        self, layer: AttentionLayerSpec, q: torch.Tensor, kv_cache: torch.Tensor
+    ) -> bool:
         """Whether decode rows run on the C kernel (``decode_choice``); only asked when the
         kernel built and fits this layer."""
         assert self._kernel is not None and self._tuner is not None

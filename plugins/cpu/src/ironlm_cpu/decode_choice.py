@@ -13,8 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-
 from ironlm.interfaces.attention import AttentionBatch, AttentionLayerSpec
+
 from ironlm_cpu.tuner import VERSION, KernelTuner
 
 _SEQS, _CONTEXT, _BLOCK = 16, 256, 16
@@ -73,7 +73,8 @@ def choose_decode_path(
     kv = torch.randn(_SEQS, layer.num_kv_heads, layer.head_dim, generator=gen).to(dtype)
     reference = run(False, batch, q, kv, cache.clone())
     meas = tuner.measure(
-        {"c": lambda: run(True, batch, q, kv, cache), "torch": lambda: run(False, batch, q, kv, cache)},
+        {"c": lambda: run(True, batch, q, kv, cache),
+         "torch": lambda: run(False, batch, q, kv, cache)},
         reference, rtol=1e-3, atol=1e-4,
     )  # fmt: skip
     impl = meas.fastest() or "torch"

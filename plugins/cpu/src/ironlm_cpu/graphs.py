@@ -25,9 +25,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from ironlm.interfaces.graphs import GraphCapture, GraphCaptureError, StepGraph
 from torch.overrides import TorchFunctionMode
 
-from ironlm.interfaces.graphs import GraphCapture, GraphCaptureError, StepGraph
 from ironlm_cpu.cbuild import Recordable, Recording
 
 # torch functions that allocate without computing (their results are kernel outputs)

@@ -42,21 +42,55 @@ class IsaGroup:
 
 
 GROUPS: tuple[IsaGroup, ...] = (
-    IsaGroup("avx2", 1, ("avx", "avx2", "fma", "f16c"), ("-mavx", "-mavx2", "-mfma", "-mf16c"), (),
-             "__m256 a = _mm256_set1_ps(1.f); a = _mm256_fmadd_ps(a, a, a); (void)a;"),
-    IsaGroup("avx_vnni", 1, ("avx_vnni",), ("-mavxvnni",), ("avx2",),
-             "__m256i a = _mm256_set1_epi8(1); a = _mm256_dpbusd_avx_epi32(a, a, a); (void)a;"),
-    IsaGroup("avx512", 2, ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"),
-             ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512cd"), ("avx2",),
-             "__m512 a = _mm512_set1_ps(1.f); a = _mm512_fmadd_ps(a, a, a); (void)a;"),
-    IsaGroup("avx512_vnni", 2, ("avx512_vnni",), ("-mavx512vnni",), ("avx512",),
-             "__m512i a = _mm512_set1_epi8(1); a = _mm512_dpbusd_epi32(a, a, a); (void)a;"),
-    IsaGroup("avx512_bf16", 2, ("avx512_bf16",), ("-mavx512bf16",), ("avx512",),
-             "__m512 a = _mm512_set1_ps(1.f); __m512bh b = _mm512_cvtne2ps_pbh(a, a);"
-             " a = _mm512_dpbf16_ps(a, b, b); (void)a;"),
-    IsaGroup("amx", 3, ("amx_tile", "amx_int8", "amx_bf16"),
-             ("-mamx-tile", "-mamx-int8", "-mamx-bf16"), ("avx512_bf16",),
-             "_tile_zero(0); _tile_dpbf16ps(0, 1, 2); _tile_release();"),
+    IsaGroup(
+        "avx2",
+        1,
+        ("avx", "avx2", "fma", "f16c"),
+        ("-mavx", "-mavx2", "-mfma", "-mf16c"),
+        (),
+        "__m256 a = _mm256_set1_ps(1.f); a = _mm256_fmadd_ps(a, a, a); (void)a;",
+    ),
+    IsaGroup(
+        "avx_vnni",
+        1,
+        ("avx_vnni",),
+        ("-mavxvnni",),
+        ("avx2",),
+        "__m256i a = _mm256_set1_epi8(1); a = _mm256_dpbusd_avx_epi32(a, a, a); (void)a;",
+    ),
+    IsaGroup(
+        "avx512",
+        2,
+        ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"),
+        ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512cd"),
+        ("avx2",),
+        "__m512 a = _mm512_set1_ps(1.f); a = _mm512_fmadd_ps(a, a, a); (void)a;",
+    ),
+    IsaGroup(
+        "avx512_vnni",
+        2,
+        ("avx512_vnni",),
+        ("-mavx512vnni",),
+        ("avx512",),
+        "__m512i a = _mm512_set1_epi8(1); a = _mm512_dpbusd_epi32(a, a, a); (void)a;",
+    ),
+    IsaGroup(
+        "avx512_bf16",
+        2,
+        ("avx512_bf16",),
+        ("-mavx512bf16",),
+        ("avx512",),
+        "__m512 a = _mm512_set1_ps(1.f); __m512bh b = _mm512_cvtne2ps_pbh(a, a);"
+        " a = _mm512_dpbf16_ps(a, b, b); (void)a;",
+    ),
+    IsaGroup(
+        "amx",
+        3,
+        ("amx_tile", "amx_int8", "amx_bf16"),
+        ("-mamx-tile", "-mamx-int8", "-mamx-bf16"),
+        ("avx512_bf16",),
+        "_tile_zero(0); _tile_dpbf16ps(0, 1, 2); _tile_release();",
+    ),
 )
 GROUP_BY_NAME = {g.name: g for g in GROUPS}
 # forced level -> the group that defines it (None: the baseline, always there)
@@ -277,7 +311,11 @@ def targets_to_compile(cc: str) -> list[IsaTarget]:
         top = GROUP_BY_NAME[group].level
         names: list[str] = []
         for g in GROUPS:
-            if g.level <= top and all(r in names for r in g.requires) and compiler_supports(cc, g.name):
+            if (
+                g.level <= top
+                and all(r in names for r in g.requires)
+                and compiler_supports(cc, g.name)
+            ):
                 names.append(g.name)
         if group in names:
             out.append(IsaTarget(tuple(names)))

@@ -12,8 +12,8 @@ chosen.
 from __future__ import annotations
 
 import torch
-
 from ironlm.interfaces.platform import LayerOps
+
 from ironlm_cpu.cbuild import Recordable
 from ironlm_cpu.fused_kernels import FusedKernels
 from ironlm_cpu.linear_kernel import PackedLinearKernel

@@ -201,7 +201,8 @@ static void bf_tile(int rows, const uint16_t *x, int64_t ldx, const uint16_t *p,
         const v8 lb = (v8)(wb << 16), hb = (v8)(wb & hi_mask);
 #define BF_ROW(I)                                                                              \
         if (rows > I) {                                                                        \
-            const float x0 = bf16_f32(x[I * ldx + 2 * kk]), x1 = bf16_f32(x[I * ldx + 2 * kk + 1]); \
+            const float x0 = bf16_f32(x[I * ldx + 2 * kk]);                                    \
+            const float x1 = bf16_f32(x[I * ldx + 2 * kk + 1]);                                \
             a##I += x0 * la + x1 * ha;                                                         \
             b##I += x0 * lb + x1 * hb;                                                         \
         }

@@ -87,10 +87,13 @@ class OpChooser:
             pick = [c for c in names if c == forced or (forced == "c" and c != "torch")]
             impl = pick[0] if pick else "torch"
             why = f"forced by IRONLM_CPU_KERNELS=linear={forced}" + (
-                "" if pick else f" (not available for this shape; torch)")
+                "" if pick else " (not available for this shape; torch)"
+            )
             return self._fixed(key, impl, why, "forced")
         if len(names) == 1:
-            return self._fixed(key, names[0], "the only implementation for this shape/dtype", "only")
+            return self._fixed(
+                key, names[0], "the only implementation for this shape/dtype", "only"
+            )
         if not self.tuner.measuring:
             return self._fixed(key, names[0], "IRONLM_CPU_TUNE=0: the default", "default")
         cached = self.tuner.lookup(key)
@@ -126,7 +129,9 @@ class OpChooser:
         us: dict[str, dict[str, float]] = {}
         rejected: dict[str, str] = {}
         for m in BUCKETS:
-            cols = n if 2 * m * n * k <= FLOP_CAP else max(2 * PANEL, int(FLOP_CAP / (2 * m * k)) // (2 * PANEL) * (2 * PANEL))  # fmt: skip
+            cols = n  # cut to (a multiple of 2 panels) under FLOP_CAP for large batches
+            if 2 * m * n * k > FLOP_CAP:
+                cols = max(2 * PANEL, int(FLOP_CAP / (2 * m * k)) // (2 * PANEL) * (2 * PANEL))
             w = (torch.randn(cols, k, generator=gen) / math.sqrt(k)).to(dtype)
             x = torch.randn(m, k, generator=gen).to(dtype)
             ref = torch.nn.functional.linear(x.float(), w.float())
@@ -151,7 +156,9 @@ class OpChooser:
         key = f"rms_norm|float32|{hidden}|res{int(residual)}|t{threads}|v{VERSION}"
         forced = self.forced.get("rms_norm")
         if forced is not None:
-            return self._fixed(key, forced, f"forced by IRONLM_CPU_KERNELS=rms_norm={forced}", "forced")
+            return self._fixed(
+                key, forced, f"forced by IRONLM_CPU_KERNELS=rms_norm={forced}", "forced"
+            )
         if not self.tuner.measuring:
             return self._fixed(key, "c", "IRONLM_CPU_TUNE=0: the default", "default")
         cached = self.tuner.lookup(key)
@@ -211,8 +218,10 @@ def decide_linear(
             reasons.append("panel layout rejected, slower than torch at " + ", ".join(slower))
         elif score < best_score:
             best_layout = "panel"
-            reasons.append(f"panel layout: {math.exp(score):.2f}x torch's time (geometric mean "
-                           f"over M={', '.join(map(str, BUCKETS))}), never slower than torch")
+            reasons.append(
+                f"panel layout: {math.exp(score):.2f}x torch's time (geometric mean "
+                f"over M={', '.join(map(str, BUCKETS))}), never slower than torch"
+            )
         else:
             reasons.append(f"panel layout no faster than torch overall ({math.exp(score):.2f}x)")
     if best_layout == "panel":

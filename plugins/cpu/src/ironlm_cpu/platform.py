@@ -12,10 +12,10 @@ import os
 from typing import Any, ClassVar
 
 import torch
-
 from ironlm.interfaces.graphs import GraphCapture
 from ironlm.interfaces.model import ModelContext
 from ironlm.interfaces.platform import Availability, LayerOps, Platform
+
 from ironlm_cpu.isa import ENV_VAR, IsaTarget, IsaUnavailable, compiler, host_cpu, host_target
 
 logger = logging.getLogger(__name__)

@@ -9,12 +9,14 @@ plain op: ``torch.mm(..., out=y)`` is the matmul ``F.linear`` runs (MKL / oneDNN
 from __future__ import annotations
 
 import torch
-
 from ironlm.interfaces.platform import LayerOps
+
 from ironlm_cpu.cbuild import Recordable
 
 
-def _linear_into(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor) -> None:
+def _linear_into(
+    x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor
+) -> None:
     if bias is None:
         torch.mm(x, w.t(), out=y)
     else:

@@ -16,10 +16,11 @@ measured on a busy machine (load per core above ``BUSY``) by another process and
 quieter now (within one process a decision never changes).
 
 Switches: ``IRONLM_CPU_KERNELS=op=impl[,op=impl]`` forces a choice (e.g. ``linear=torch``,
-``rms_norm=c``, ``decode_attention=torch``); ``IRONLM_CPU_TUNE=0`` measures nothing and takes each op's default (the C
-kernel where it runs); ``IRONLM_CPU_TUNE=refresh`` measures again, ignoring the cache and the load. On a busy machine
-(load average per core above ``BUSY``) nothing is measured: each op takes its default for this
-process and is measured at a later, quieter start-up.
+``rms_norm=c``, ``decode_attention=torch``); ``IRONLM_CPU_TUNE=0`` measures nothing and takes
+each op's default (the C kernel where it runs); ``IRONLM_CPU_TUNE=refresh`` measures again,
+ignoring the cache and the load. On a busy machine (load average per core above ``BUSY``)
+nothing is measured: each op takes its default for this process and is measured at a later,
+quieter start-up.
 """
 
 from __future__ import annotations
@@ -146,8 +147,10 @@ class KernelTuner:
         load = machine_load()
         if self.refresh or load <= self.busy_limit:
             return None
-        return (f"machine busy (load {load:.1f} per core > {self.busy_limit}): the default, "
-                f"measured at a later start-up on a quieter machine")
+        return (
+            f"machine busy (load {load:.1f} per core > {self.busy_limit}): the default, "
+            f"measured at a later start-up on a quieter machine"
+        )
 
     # -- measuring ---------------------------------------------------------------------------
     def measure(
@@ -190,8 +193,12 @@ class KernelTuner:
         if self.refresh:
             return None
         entry = self._read().get(key)
-        if (entry is not None and entry.get("pid") != os.getpid()
-                and entry.get("load", 0.0) > BUSY and machine_load() < entry["load"] / 2):
+        if (
+            entry is not None
+            and entry.get("pid") != os.getpid()
+            and entry.get("load", 0.0) > BUSY
+            and machine_load() < entry["load"] / 2
+        ):
             return None  # measured on a busy machine, which is quieter now: measure again
         if entry is not None:
             self.decisions[key] = {**entry, "source": "cache"}
