@@ -26,7 +26,8 @@ def kernel() -> PackedLinearKernel:
 
 
 def _ops(kernel: PackedLinearKernel, cache: Path, mode: str = "1", forced: str = "") -> CpuLayerOps:
-    # busy_limit: measure however loaded the machine is (the tests check the mechanism)
+    # measure however loaded the machine is and however long it takes (the tests check the
+    # mechanism, not the timings)
     return CpuLayerOps(
         kernel,
         tuner=KernelTuner(
@@ -36,6 +37,7 @@ def _ops(kernel: PackedLinearKernel, cache: Path, mode: str = "1", forced: str =
             forced=forced,
             min_seconds=0.002,
             busy_limit=float("inf"),
+            budget_s=float("inf"),
         ),
     )
 
@@ -152,6 +154,16 @@ def test_busy_machine_takes_the_default_without_caching(
     )
     CpuLayerOps(kernel, tuner=refresh).pack_linear_weight(torch.randn(32, 16))
     assert next(iter(refresh.decisions.values()))["source"] == "measured"
+
+
+def test_spent_budget_takes_the_default(kernel: PackedLinearKernel, tmp_path: Path) -> None:
+    tuner = KernelTuner(kernel.target, tmp_path, mode="refresh", forced="", budget_s=0.0)
+    ops = CpuLayerOps(kernel, tuner=tuner)
+    ops.pack_linear_weight(torch.randn(32, 16))  # measured: nothing spent yet
+    ops.pack_linear_weight(torch.randn(48, 16))  # the budget is spent now
+    sources = [d["source"] for d in tuner.decisions.values()]
+    assert sources == ["measured", "busy"]
+    assert "budget" in list(tuner.decisions.values())[1]["why"]
 
 
 def test_bad_forced_value_is_an_error(kernel: PackedLinearKernel, tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ Switches: ``IRONLM_CPU_KERNELS=op=impl[,op=impl]`` forces a choice (e.g. ``linea
 each op's default (the C kernel where it runs); ``IRONLM_CPU_TUNE=refresh`` measures again,
 ignoring the cache and the load. On a busy machine (load average per core above ``BUSY``)
 nothing is measured: each op takes its default for this process and is measured at a later,
-quieter start-up.
+quieter start-up; so are the ops left when one start-up has measured for ``BUDGET_S``.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ KNOWN_OPS: dict[str, tuple[str, ...]] = {
     "decode_attention": ("torch", "c"),
 }
 ROUNDS = 3
+BUDGET_S = 10.0  # measuring time per process (per tuner); past it, ops take their default
 BUSY = 0.75  # load per core above which a measurement is redone once the machine is quieter
 VERSION = 1  # bump when candidates or the decision rule change: old cache entries are ignored
 
@@ -104,6 +105,7 @@ class KernelTuner:
     def __init__(
         self, target: IsaTarget, cache_dir: Path | None = None, mode: str | None = None,
         forced: str | None = None, min_seconds: float = 0.01, busy_limit: float = BUSY,
+        budget_s: float = BUDGET_S,
     ) -> None:  # fmt: skip
         """``mode``/``forced`` default to $IRONLM_CPU_TUNE / $IRONLM_CPU_KERNELS; ``cache_dir``
         to $IRONLM_CACHE_DIR/tuning (None there as well: no cache file)."""
@@ -116,6 +118,8 @@ class KernelTuner:
         self.forced_text = os.environ.get(FORCE_ENV) if forced is None else forced
         self.min_seconds = min_seconds
         self.busy_limit = busy_limit
+        self.budget_s = budget_s
+        self.spent_s = 0.0  # measuring time so far in this process
         root = os.environ.get("IRONLM_CACHE_DIR") or os.path.join("~", ".cache", "ironlm")
         cache_dir = cache_dir if cache_dir is not None else Path(root).expanduser() / "tuning"
         self.path = cache_dir / f"{self.machine_key()}.json"
@@ -144,6 +148,9 @@ class KernelTuner:
         """Why not to measure now: the machine is busy (its load per core above the limit),
         and timings taken now would favour whatever suffers least from losing a core, not what
         is fastest. ``refresh`` measures anyway."""
+        if self.spent_s > self.budget_s:
+            return (f"this start-up's measuring budget ({self.budget_s:.0f} s) is spent: the "
+                    f"default, measured at a later start-up")
         load = machine_load()
         if self.refresh or load <= self.busy_limit:
             return None
@@ -164,6 +171,7 @@ class KernelTuner:
         agree, in ``ROUNDS`` interleaved rounds (a burst of other work hits all of them alike;
         the best call counts). A candidate that raises, or whose output differs, is rejected
         with the reason."""
+        start = time.perf_counter()
         result = Measurement()
         passed: dict[str, Callable[[], torch.Tensor]] = {}
         for name, fn in candidates.items():
@@ -185,6 +193,7 @@ class KernelTuner:
             for name, fn in passed.items():
                 t = best_seconds(fn, self.min_seconds / ROUNDS, 20) * 1e6
                 result.us[name] = min(result.us.get(name, t), t)
+        self.spent_s += time.perf_counter() - start
         return result
 
     # -- the cache -----------------------------------------------------------------------------
