@@ -167,3 +167,15 @@ def test_compile_targets_cover_the_levels_gcc_supports() -> None:
     assert names[:2] == ["generic", "avx2"]
     if isa.compiler_supports(cc, "avx512_bf16"):  # gcc >= 10
         assert "avx512" in names
+
+
+def test_missing_compiler_keeps_the_cpu_target(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No compiler is not a CPU without AVX2: the target stays the CPU's and each library says
+    it cannot be built."""
+    monkeypatch.setenv("IRONLM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    assert isa.host_target().groups == isa.host_cpu().groups()
+    lib = KernelLibrary("x", "int f(void) { return 1; }", {}, "test kernel")
+    assert not lib.available and "unavailable" in lib.reason

@@ -298,7 +298,10 @@ def host_target(request: str | None = None) -> IsaTarget:
 @functools.cache
 def _host_target(request: str | None, cc: str | None) -> IsaTarget:
     cpu = host_cpu()
-    have = {g: cc is not None and compiler_supports(cc, g) for g in cpu.groups()}
+    if cc is None or not (shutil.which(cc) or os.path.exists(cc)):
+        # no compiler at all: the CPU decides, and each library's build says what is missing
+        return select_target(cpu, request)
+    have = {g: compiler_supports(cc, g) for g in cpu.groups()}
     return select_target(cpu, request, have)
 
 
