@@ -4,21 +4,39 @@ runner; the runner holds the sampler and the per-request sampling state).
 Each step flattens all scheduled tokens into one batch, builds the attention backend's
 metadata once, runs the model, computes logits only at positions that sample (or whose prompt
 logprobs were asked for), and samples.
+
+With pipeline stages, every rank runs the same step on its own layers: a stage after the first
+receives the previous stage's activations first, a stage before the last sends its own and
+returns None. The last stage's ranks all compute logits (the LM head gathers them over the
+tensor-parallel group); only the sampling rank samples and returns the output.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ironlm.attention.batch import build_attention_batch
 from ironlm.config import EngineConfig
+from ironlm.distributed.pipeline import PipelineChannel
 from ironlm.interfaces.attention import AttentionBackend
 from ironlm.interfaces.model import ModelArchitecture
 from ironlm.interfaces.step import ModelInput, ModelOutput, ScheduledSeq
 from ironlm.worker.decode_graphs import DecodeGraphs
 from ironlm.worker.sampler import Sampler, SamplingState, top_logprobs
+
+
+@dataclass
+class StageInfo:
+    """This rank's part of a step."""
+
+    is_last: bool = True  # holds the last pipeline stage (norm, LM head)
+    samples: bool = True  # samples and returns the step's output to the engine
+    channel: PipelineChannel | None = None  # to and from the neighbour stages (pp > 1)
+    hidden_size: int = 0  # of the activations a later stage receives
+    dtype: torch.dtype = torch.float32
 
 
 class ModelRunner:
@@ -31,7 +49,10 @@ class ModelRunner:
         attention: AttentionBackend,
         device: torch.device,
         vocab_size: int,
+        stage: StageInfo | None = None,
     ) -> None:
+        self.stage = stage or StageInfo()
+        self.steps = 0  # model forwards run (the collective statistics' denominator)
         self.config = config
         self.model = model
         self.attention = attention
@@ -45,26 +66,40 @@ class ModelRunner:
 
     # -- one step --------------------------------------------------------------------------
     @torch.inference_mode()
-    def execute(self, mi: ModelInput) -> ModelOutput:
+    def execute(self, mi: ModelInput) -> ModelOutput | None:
+        stage = self.stage
         for rid in mi.finished_ids:
             self.states.pop(rid, None)
             self.embed_sums.pop(rid, None)
-        for nr in mi.new_requests:
-            self.states[nr.request_id] = SamplingState.create(
-                nr.sampling_params, nr.eos_token_id, nr.prompt_token_ids, self.vocab_size,
-                self.device,
-            )
-            self.states[nr.request_id].pooling = nr.pooling
+        if stage.is_last:  # only the last stage samples or pools
+            for nr in mi.new_requests:
+                self.states[nr.request_id] = SamplingState.create(
+                    nr.sampling_params, nr.eos_token_id, nr.prompt_token_ids, self.vocab_size,
+                    self.device,
+                )
+                self.states[nr.request_id].pooling = nr.pooling
         out = ModelOutput()
         if not mi.seqs:
-            return out
+            return out if stage.samples else None
+        self.steps += 1
         logits = self._decode_graph_logits(mi.seqs)
         if logits is not None:  # every sequence samples its next token
             self._sample(out, mi, logits, mi.seqs)
             return out
         input_ids, positions, batch = self._flatten(mi.seqs)
         meta = self.attention.build_metadata(batch)
-        hidden = self.model(input_ids, positions, self.kv_caches, meta)  # (T, hidden)
+        intermediate = None
+        if stage.channel is not None and stage.channel.prev_rank is not None:
+            intermediate = stage.channel.recv(
+                len(input_ids), stage.hidden_size, stage.dtype, self.device
+            )  # fmt: skip
+        result = self.model(input_ids, positions, self.kv_caches, meta, intermediate)
+        if not stage.is_last:
+            assert stage.channel is not None and isinstance(result, dict)
+            stage.channel.send(result)
+            return None
+        assert isinstance(result, torch.Tensor)
+        hidden = result  # (T, hidden)
 
         starts = batch.query_start_loc.tolist()
         sample_rows: list[int] = []
@@ -88,8 +123,9 @@ class ModelRunner:
                 sample_seqs.append(seq)
         if sample_rows:
             logits = self.model.compute_logits(hidden[sample_rows])  # (B, V) float32
-            self._sample(out, mi, logits, sample_seqs)
-        return out
+            if stage.samples:
+                self._sample(out, mi, logits, sample_seqs)
+        return out if stage.samples else None
 
     def _decode_graph_logits(self, seqs: list[ScheduledSeq]) -> torch.Tensor | None:
         """(B, V) logits through a decode graph when the step is plain decode (one new token

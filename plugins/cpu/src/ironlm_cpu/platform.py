@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import torch
 from ironlm.interfaces.graphs import GraphCapture
 from ironlm.interfaces.model import ModelContext
-from ironlm.interfaces.platform import Availability, LayerOps, Platform
+from ironlm.interfaces.platform import Availability, LayerOps, Platform, usable_cores
 
 from ironlm_cpu.isa import ENV_VAR, IsaTarget, IsaUnavailable, compiler, host_cpu, host_target
 
@@ -22,6 +22,9 @@ logger = logging.getLogger(__name__)
 
 
 class CpuPlatform(Platform):
+    """Ranks are processes on the host's cores, not bound to devices: any number can run
+    (``device_count`` is None); the ranks on one machine split its cores between them."""
+
     name: ClassVar[str] = "cpu"
     device_type: ClassVar[str] = "cpu"
     priority: ClassVar[int] = 0  # the fallback when nothing faster is available
@@ -48,9 +51,12 @@ class CpuPlatform(Platform):
     def default_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
         return auto_dtype(host_target())
 
-    def configure_process(self) -> None:
-        threads = int(os.environ.get("IRONLM_CPU_THREADS", "0")) or (os.cpu_count() or 1)
-        torch.set_num_threads(threads)
+    def configure_process(self, local_world_size: int = 1) -> None:
+        """Torch threads: ``IRONLM_CPU_THREADS`` (default: the usable cores) shared by the
+        ``local_world_size`` ranks on this machine, at least one each; warns when the C
+        kernels run their generic build."""
+        threads = int(os.environ.get("IRONLM_CPU_THREADS", "0")) or usable_cores()
+        torch.set_num_threads(max(1, threads // local_world_size))
         target = host_target()  # raises IsaUnavailable for a bad IRONLM_CPU_ISA
         if not target.has("avx2"):
             logger.warning(
@@ -59,6 +65,9 @@ class CpuPlatform(Platform):
                 "IRONLM_CPU_ISA=generic" if os.environ.get(ENV_VAR)
                 else f"this CPU ({host_cpu().model}) has no AVX2 + FMA",
             )
+
+    def device_count(self) -> int | None:
+        return None  # ranks share the host's cores
 
     def layer_ops(self) -> LayerOps:
         """Linears on packed weights through C kernels or torch, chosen by measurement
@@ -70,12 +79,12 @@ class CpuPlatform(Platform):
     def graph_capture(self, ctx: ModelContext) -> GraphCapture | None:
         """Decode graphs as recorded kernel calls (``graphs``), when the model's layer ops
         and attention backend are this plugin's and one process holds the whole model (the
-        recording cannot hold tensor-parallel collectives)."""
+        recording cannot hold tensor-parallel collectives nor pipeline sends)."""
         from ironlm_cpu.attention import CpuPagedAttentionBackend
         from ironlm_cpu.graphs import CpuGraphCapture
         from ironlm_cpu.layer_ops import CpuLayerOps
 
-        if ctx.tp_size > 1 or not isinstance(ctx.layer_ops, CpuLayerOps):
+        if ctx.tp_size > 1 or ctx.pp_size > 1 or not isinstance(ctx.layer_ops, CpuLayerOps):
             return None
         if not isinstance(ctx.attention, CpuPagedAttentionBackend):
             return None

@@ -1,16 +1,19 @@
-"""What ``bench throughput`` and ``bench latency`` share: flags, runner specs, machine context."""
+"""What ``bench throughput`` and ``bench latency`` share: flags, runner specs, machine context,
+and the run of every engine with its report (table, JSON result)."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ironlm.bench.baselines import BASELINES, llama_cpp_missing_reason
-from ironlm.bench.engine_args import add_engine_args, engine_kwargs
-from ironlm.bench.machine import (
+from ironlm.entrypoints.engine_args import add_engine_args, engine_kwargs
+
+from ironlm_bench.baselines import BASELINES, llama_cpp_missing_reason
+from ironlm_bench.machine import (
     ForeignLoadMeter,
     MachineLimits,
     ModelCost,
@@ -19,8 +22,17 @@ from ironlm.bench.machine import (
     dtype_bytes,
     measure_limits,
     model_cost,
+    platform_details,
 )
-from ironlm.bench.worker import run_in_subprocess
+from ironlm_bench.results import args_dict, comparison_table, mib, result_path, write_result
+from ironlm_bench.worker import WorkerError, run_in_subprocess
+
+
+def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    """``--model`` (required) and the engine's flags, generated as ``ironlm serve``'s are."""
+    group = parser.add_argument_group("engine", "IronLM engine arguments (vLLM's names)")
+    group.add_argument("--model", required=True, help="HF folder or GGUF file to benchmark")
+    add_engine_args(group, skip=("model",))
 
 
 def add_offline_args(parser: argparse.ArgumentParser) -> None:
@@ -47,7 +59,7 @@ def add_offline_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--result-dir", default="benchmarks/results",
                    help="folder for the JSON result (default: %(default)s)")
     g.add_argument("--result-file", default=None, help="JSON result path (overrides --result-dir)")
-    add_engine_args(parser)
+    add_engine_flags(parser)
 
 
 def baseline_problem(args: argparse.Namespace) -> str | None:
@@ -71,10 +83,17 @@ def gguf_path(args: argparse.Namespace) -> str | None:
 
 def runner_specs(args: argparse.Namespace, n_ctx: int) -> list[dict[str, Any]]:
     """IronLM first, then each baseline; ``n_ctx`` sizes llama.cpp's context."""
+    kwargs = engine_kwargs(args)
     specs: list[dict[str, Any]] = [{
-        "kind": "ironlm", "model": args.model, "engine_kwargs": engine_kwargs(args),
+        "kind": "ironlm", "model": args.model, "engine_kwargs": kwargs,
         "detokenize": not args.disable_detokenize,
     }]
+    if kwargs["tensor_parallel_size"] * kwargs["pipeline_parallel_size"] > 1:
+        # the same engine on one rank, for the split's figures side by side with it
+        one = dict(kwargs, tensor_parallel_size=1, pipeline_parallel_size=1,
+                   distributed_executor_backend=None)
+        specs.append({"kind": "ironlm", "name": "ironlm tp=1", "model": args.model,
+                      "engine_kwargs": one, "detokenize": not args.disable_detokenize})
     for name in dict.fromkeys(args.baseline):
         if name == "hf":
             specs.append({"kind": "hf", "model": args.model, "seed": args.seed,
@@ -124,6 +143,16 @@ class MachineContext:
         return "\n".join(lines)
 
 
+def offline_context(args: argparse.Namespace, kind: str) -> MachineContext | None:
+    """None (after saying why) when a requested baseline cannot run here, checked before any
+    work; else the machine context of the run (``machine_context``)."""
+    problem = baseline_problem(args)
+    if problem:
+        print(f"ironlm bench {kind}: {problem}", file=sys.stderr)
+        return None
+    return machine_context(args)
+
+
 def machine_context(args: argparse.Namespace) -> MachineContext:
     """Describe the machine (load at start), measure its limits and the model's cost."""
     ctx = MachineContext(describe_machine(args.threads))
@@ -156,7 +185,74 @@ def run_engine(spec: dict[str, Any], threads: int, jobs: list[dict[str, Any]]) -
     return result
 
 
-def fraction(value: float | None, bound: float | None) -> float | None:
-    if value is None or not bound:
-        return None
-    return value / bound
+# Rows of the offline tables: figure key -> (label, higher is better; None: no ratio).
+METRIC_LABELS: dict[str, tuple[str, bool | None]] = {
+    "requests_per_s": ("requests/s", True),
+    "latency_mean_s": ("latency mean (s)", False),
+    "latency_p50_s": ("latency p50 (s)", False),
+    "latency_p90_s": ("latency p90 (s)", False),
+    "latency_p99_s": ("latency p99 (s)", False),
+    "output_tok_s": ("output tok/s", True),
+    "total_tok_s": ("total tok/s", True),
+    "ttft_batch_s": ("TTFT batch (s)", False),
+    "ttft_mean_s": ("TTFT mean (s)", False),
+    "decode_tok_s": ("decode tok/s per request", True),
+    "single_decode_tok_s": ("1-stream decode tok/s", True),
+    "single_ttft_s": ("1-stream TTFT (s)", False),
+    "peak_rss_mib": ("peak RSS (MiB)", False),
+    "kv_cache_mib": ("KV cache (MiB)", False),
+    "compute_bound_fraction": ("batch / compute bound", True),
+    "bandwidth_bound_fraction": ("decode / bandwidth bound", True),
+    "foreign_cpu_share": ("other processes' CPU share", None),
+    "all_reduce_ms_per_step": ("all-reduce ms/step (slowest rank)", None),
+    "all_gather_ms_per_step": ("all-gather ms/step (slowest rank)", None),
+    "pipeline_recv_ms_per_step": ("pipeline recv ms/step (slowest rank)", None),
+}
+
+
+@dataclass
+class OfflineReport:
+    """What one offline command says around the shared run: its name, the rows of its table,
+    and its lines."""
+
+    kind: str  # "throughput" | "latency": the result's kind and the command's name
+    metrics: tuple[str, ...]  # keys of METRIC_LABELS, in table order
+    running: str  # after "running <engine>: " while each engine runs
+    workload: str  # the "workload: ..." line above the table
+
+
+def run_offline(args: argparse.Namespace, ctx: MachineContext, report: OfflineReport,
+                jobs: list[dict[str, Any]], n_ctx: int,
+                figures: Callable[[dict[str, Any]], dict[str, Any]]) -> int:
+    """Run IronLM then each baseline on ``jobs`` (each in its own process), turn each result
+    into the command's figures plus those of the process (peak RSS, load time, others' CPU
+    share), print the machine, workload and ratio table, and write the JSON result.
+    Returns the command's exit status (1 when an engine failed)."""
+    engines: dict[str, dict[str, Any]] = {}
+    for spec in runner_specs(args, n_ctx):
+        print(f"running {spec['kind']}: {report.running}...", file=sys.stderr)
+        try:
+            result = run_engine(spec, args.threads, jobs)
+        except WorkerError as exc:
+            print(f"ironlm bench {report.kind}: {exc}", file=sys.stderr)
+            return 1
+        fig = figures(result)
+        fig["peak_rss_mib"] = mib(result["peak_rss_bytes"])
+        fig["load_s"] = result["load_seconds"]
+        fig["foreign_cpu_share"] = result["foreign_cpu_share"]
+        fig["info"] = result["info"]
+        engines[result["runner"]] = fig
+    ctx.machine["load_average_at_end"] = list(os.getloadavg())
+    rows = [(key, *METRIC_LABELS[key]) for key in report.metrics]
+    table, ratios = comparison_table(rows, engines)
+    print(ctx.describe())
+    print(f"workload: {report.workload}")
+    print(table)
+    payload = {"kind": report.kind, **ctx.to_dict(), "args": args_dict(args),
+               "engines": engines, "ratios": ratios,
+               # what the cpu platform chose for each op on this machine (tuning cache)
+               "kernel_choices": platform_details("cpu").get("kernel_choices", {})}
+    path = write_result(
+        args.result_file or result_path(args.result_dir, report.kind, args.model), payload)
+    print(f"result: {path}")
+    return 0

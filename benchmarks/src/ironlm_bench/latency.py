@@ -13,44 +13,23 @@ batch 1: single-stream decode, compared with the bandwidth bound measured in the
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
 
-from ironlm.bench.common import (
+from ironlm_bench.common import (
     MachineContext,
+    OfflineReport,
     add_offline_args,
-    baseline_problem,
-    fraction,
-    machine_context,
-    run_engine,
-    runner_specs,
+    offline_context,
+    run_offline,
 )
-from ironlm.bench.prompts import load_tokenizer, random_token_prompts
-from ironlm.bench.results import (
-    args_dict,
-    comparison_table,
-    latency_figures,
-    mib,
-    result_path,
-    write_result,
-)
-from ironlm.bench.runners import BatchTiming
-from ironlm.bench.worker import WorkerError
+from ironlm_bench.prompts import load_tokenizer, random_token_prompts
+from ironlm_bench.results import fraction, latency_figures
+from ironlm_bench.runners import BatchTiming
 
-METRICS: list[tuple[str, str, bool | None]] = [
-    ("latency_mean_s", "latency mean (s)", False),
-    ("latency_p50_s", "latency p50 (s)", False),
-    ("latency_p90_s", "latency p90 (s)", False),
-    ("latency_p99_s", "latency p99 (s)", False),
-    ("ttft_mean_s", "TTFT mean (s)", False),
-    ("decode_tok_s", "decode tok/s per request", True),
-    ("output_tok_s", "output tok/s", True),
-    ("peak_rss_mib", "peak RSS (MiB)", False),
-    ("bandwidth_bound_fraction", "decode / bandwidth bound", True),
-    ("compute_bound_fraction", "batch / compute bound", True),
-    ("foreign_cpu_share", "other processes' CPU share", None),
-]
+METRICS = ("latency_mean_s", "latency_p50_s", "latency_p90_s", "latency_p99_s", "ttft_mean_s",
+           "decode_tok_s", "output_tok_s", "peak_rss_mib", "bandwidth_bound_fraction",
+           "compute_bound_fraction", "foreign_cpu_share")
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -77,8 +56,6 @@ def engine_figures(result: dict[str, Any], ctx: MachineContext, batch_size: int)
     fig["output_tok_s"] = lat["output_tok_s"]
     fig["latencies_s"] = lat["latencies_s"]
     fig["iterations"] = lat["iterations"]
-    fig["peak_rss_mib"] = mib(result["peak_rss_bytes"])
-    fig["load_s"] = result["load_seconds"]
     if result["runner"] != "llama-cpp":  # its bounds differ: it reads 4-5 bit weights
         if batch_size == 1:
             fig["bandwidth_bound_fraction"] = fraction(
@@ -86,21 +63,17 @@ def engine_figures(result: dict[str, Any], ctx: MachineContext, batch_size: int)
         total_tok = sum(sum(t.prompt_tokens) + sum(t.output_tokens) for t in timings)
         fig["compute_bound_fraction"] = fraction(
             total_tok / sum(lat["latencies_s"]), ctx.bounds.get("batch_compute_bound_tok_s"))
-    fig["foreign_cpu_share"] = result["foreign_cpu_share"]
-    fig["info"] = result["info"]
     return fig
 
 
 def main(args: argparse.Namespace) -> int:
-    problem = baseline_problem(args)
-    if problem:
-        print(f"ironlm bench latency: {problem}", file=sys.stderr)
-        return 2
     if args.num_iters < 1 or args.batch_size < 1:
         print("ironlm bench latency: --num-iters and --batch-size must be at least 1",
               file=sys.stderr)
         return 2
-    ctx = machine_context(args)
+    ctx = offline_context(args, "latency")
+    if ctx is None:
+        return 2
     tokenizer = load_tokenizer(args.model, args.tokenizer)
 
     def batches(count: int, seed: int) -> list[list[list[int]]]:
@@ -113,25 +86,11 @@ def main(args: argparse.Namespace) -> int:
         {"label": "timed", "output_len": args.output_len,
          "batches": batches(args.num_iters, args.seed)},
     ]
-    engines: dict[str, dict[str, Any]] = {}
-    for spec in runner_specs(args, args.input_len + args.output_len + 8):
-        print(f"running {spec['kind']}: {args.num_iters_warmup} + {args.num_iters} iterations "
-              f"of batch {args.batch_size}...", file=sys.stderr)
-        try:
-            result = run_engine(spec, args.threads, jobs)
-        except WorkerError as exc:
-            print(f"ironlm bench latency: {exc}", file=sys.stderr)
-            return 1
-        engines[result["runner"]] = engine_figures(result, ctx, args.batch_size)
-    ctx.machine["load_average_at_end"] = list(os.getloadavg())
-    table, ratios = comparison_table(METRICS, engines)
-    print(ctx.describe())
-    print(f"workload: batch {args.batch_size}, {args.input_len} prompt tokens, "
-          f"{args.output_len} output tokens, {args.num_iters} iterations")
-    print(table)
-    payload = {"kind": "latency", **ctx.to_dict(), "args": args_dict(args),
-               "engines": engines, "ratios": ratios}
-    path = write_result(args.result_file or result_path(args.result_dir, "latency", args.model),
-                        payload)
-    print(f"result: {path}")
-    return 0
+    report = OfflineReport(
+        "latency", METRICS,
+        running=f"{args.num_iters_warmup} + {args.num_iters} iterations of batch "
+                f"{args.batch_size}",
+        workload=f"batch {args.batch_size}, {args.input_len} prompt tokens, "
+                 f"{args.output_len} output tokens, {args.num_iters} iterations")
+    return run_offline(args, ctx, report, jobs, args.input_len + args.output_len + 8,
+                       lambda result: engine_figures(result, ctx, args.batch_size))

@@ -1,7 +1,7 @@
 """Run one engine in its own process, so its peak RSS is its own and engines never share a heap.
 
 Parent side: ``run_in_subprocess(spec)`` writes the spec as JSON, runs
-``python -m ironlm.bench.worker SPEC OUT`` (stderr passes through, so progress shows) and reads
+``python -m ironlm_bench.worker SPEC OUT`` (stderr passes through, so progress shows) and reads
 the result back. Child side: builds the runner the spec names, runs each job's batches in
 order and writes timings, load time and peak RSS (VmHWM) as JSON.
 
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ironlm.bench.runners import Runner
+from ironlm_bench.runners import Runner
 
 
 class WorkerError(RuntimeError):
@@ -36,7 +36,7 @@ def run_in_subprocess(spec: dict[str, Any], timeout: float | None = None) -> dic
     with tempfile.TemporaryDirectory(prefix="ironlm-bench-") as tmp:
         spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
         spec_path.write_text(json.dumps(spec))
-        cmd = [sys.executable, "-m", "ironlm.bench.worker", str(spec_path), str(out_path)]
+        cmd = [sys.executable, "-m", "ironlm_bench.worker", str(spec_path), str(out_path)]
         # The child's stdout joins our stderr (fd 2): our stdout carries only the report.
         proc = subprocess.run(cmd, check=False, env=env, timeout=timeout, stdout=2)
         if proc.returncode != 0 or not out_path.is_file():
@@ -73,23 +73,23 @@ def current_rss_bytes() -> int:
 def build_runner(options: dict[str, Any], threads: int) -> Runner:
     kind = options["kind"]
     if kind == "ironlm":
-        from ironlm.bench.runners import IronlmRunner
+        from ironlm_bench.runners import IronlmRunner
 
         return IronlmRunner(options["model"], options.get("engine_kwargs", {}),
-                            options.get("detokenize", True))
+                            options.get("detokenize", True), options.get("name", "ironlm"))
     if kind == "hf":
-        from ironlm.bench.baselines import HfRunner
+        from ironlm_bench.baselines import HfRunner
 
         return HfRunner(options["model"], options.get("dummy_weights", False),
                         options.get("batch_size"), options.get("seed", 0),
                         options.get("dtype", "float32"))
     if kind == "llama-cpp" and options.get("batched"):
-        from ironlm.bench.llama_cpp_batched import LlamaCppBatchedRunner
+        from ironlm_bench.llama_cpp_batched import LlamaCppBatchedRunner
 
         return LlamaCppBatchedRunner(options["gguf"], threads, options.get("seed", 0),
                                      options.get("flash_attn", False))
     if kind == "llama-cpp":
-        from ironlm.bench.baselines import LlamaCppRunner
+        from ironlm_bench.baselines import LlamaCppRunner
 
         return LlamaCppRunner(options["gguf"], threads, options["n_ctx"],
                               options.get("seed", 0), options.get("flash_attn", False))
@@ -123,7 +123,7 @@ def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print("usage: python -m ironlm.bench.worker SPEC.json OUT.json", file=sys.stderr)
+        print("usage: python -m ironlm_bench.worker SPEC.json OUT.json", file=sys.stderr)
         return 2
     spec = json.loads(Path(argv[0]).read_text())
     result = run_spec(spec)

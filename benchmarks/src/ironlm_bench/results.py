@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ironlm.bench.runners import BatchTiming
-from ironlm.bench.stats import summarize
+from ironlm_bench.runners import BatchTiming
+from ironlm_bench.stats import summarize
 
 MIB = 1024**2
 
@@ -62,6 +62,13 @@ def ratio(ours: float | None, base: float | None) -> float | None:
     if ours is None or base is None or not base or math.isnan(ours) or math.isnan(base):
         return None
     return ours / base
+
+
+def fraction(value: float | None, bound: float | None) -> float | None:
+    """``value`` as a fraction of a machine bound (None without either)."""
+    if value is None or not bound:
+        return None
+    return value / bound
 
 
 def fmt(value: Any) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ironlm.bench.runners import BatchTiming
+from ironlm_bench.runners import BatchTiming
 
 BASELINES = ("hf", "llama-cpp")
 LLAMA_CPP_INSTALL = 'pip install "llama-cpp-python>=0.3"'

@@ -12,49 +12,25 @@ for the decode rate. The machine's bandwidth and matmul limits are measured in t
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from typing import Any
 
-from ironlm.bench.common import (
+from ironlm_bench.common import (
     MachineContext,
+    OfflineReport,
     add_offline_args,
-    baseline_problem,
-    fraction,
-    machine_context,
-    run_engine,
-    runner_specs,
+    offline_context,
+    run_offline,
 )
-from ironlm.bench.machine import platform_details
-from ironlm.bench.prompts import file_prompts, load_tokenizer, random_token_prompts
-from ironlm.bench.results import (
-    args_dict,
-    batch_figures,
-    comparison_table,
-    mib,
-    result_path,
-    single_stream_figures,
-    write_result,
-)
-from ironlm.bench.runners import BatchTiming
-from ironlm.bench.worker import WorkerError
+from ironlm_bench.prompts import file_prompts, load_tokenizer, random_token_prompts
+from ironlm_bench.results import batch_figures, fraction, mib, single_stream_figures
+from ironlm_bench.runners import BatchTiming
 
 WARMUP_TOKENS = 4
 
-METRICS: list[tuple[str, str, bool | None]] = [
-    ("requests_per_s", "requests/s", True),
-    ("output_tok_s", "output tok/s", True),
-    ("total_tok_s", "total tok/s", True),
-    ("ttft_batch_s", "TTFT batch (s)", False),
-    ("ttft_mean_s", "TTFT mean (s)", False),
-    ("single_decode_tok_s", "1-stream decode tok/s", True),
-    ("single_ttft_s", "1-stream TTFT (s)", False),
-    ("peak_rss_mib", "peak RSS (MiB)", False),
-    ("kv_cache_mib", "KV cache (MiB)", False),
-    ("compute_bound_fraction", "batch / compute bound", True),
-    ("bandwidth_bound_fraction", "decode / bandwidth bound", True),
-    ("foreign_cpu_share", "other processes' CPU share", None),
-]
+METRICS = ("requests_per_s", "output_tok_s", "total_tok_s", "ttft_batch_s", "ttft_mean_s",
+           "single_decode_tok_s", "single_ttft_s", "peak_rss_mib", "kv_cache_mib",
+           "compute_bound_fraction", "bandwidth_bound_fraction", "foreign_cpu_share",
+           "all_reduce_ms_per_step", "all_gather_ms_per_step", "pipeline_recv_ms_per_step")
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -85,9 +61,7 @@ def engine_figures(result: dict[str, Any], ctx: MachineContext) -> dict[str, Any
         single = single_stream_figures(BatchTiming.from_dict(runs["single"][0]))
         fig["single_decode_tok_s"] = single["decode_tok_s"]
         fig["single_ttft_s"] = single["ttft_s"]
-    fig["peak_rss_mib"] = mib(result["peak_rss_bytes"])
     fig["rss_after_load_mib"] = mib(result["rss_after_load_bytes"])
-    fig["load_s"] = result["load_seconds"]
     kv = result["info"].get("kv_cache_bytes")
     fig["kv_cache_mib"] = mib(kv)
     if kv is not None:
@@ -97,17 +71,27 @@ def engine_figures(result: dict[str, Any], ctx: MachineContext) -> dict[str, Any
             fig["total_tok_s"], ctx.bounds.get("batch_compute_bound_tok_s"))
         fig["bandwidth_bound_fraction"] = fraction(
             fig.get("single_decode_tok_s"), ctx.bounds.get("decode_bandwidth_bound_tok_s"))
-    fig["foreign_cpu_share"] = result["foreign_cpu_share"]
-    fig["info"] = result["info"]
+    fig.update(collective_figures(result["info"].get("collective") or []))
     return fig
 
 
+def collective_figures(ranks: list[dict[str, Any]]) -> dict[str, float]:
+    """Per step, the slowest rank's milliseconds in each kind of communication (includes the
+    wait for the other ranks: a rank that arrives early waits inside the collective)."""
+    out: dict[str, float] = {}
+    for key, label in (("all_reduce_s", "all_reduce_ms_per_step"),
+                       ("all_gather_s", "all_gather_ms_per_step"),
+                       ("recv_s", "pipeline_recv_ms_per_step")):
+        per_step = [1e3 * r[key] / r["steps"] for r in ranks if r.get("steps")]
+        if per_step and max(per_step) > 0:
+            out[label] = max(per_step)
+    return out
+
+
 def main(args: argparse.Namespace) -> int:
-    problem = baseline_problem(args)
-    if problem:
-        print(f"ironlm bench throughput: {problem}", file=sys.stderr)
+    ctx = offline_context(args, "throughput")
+    if ctx is None:
         return 2
-    ctx = machine_context(args)
     prompts = make_prompts(args)
     n_ctx = max(len(p) for p in prompts) + args.output_len + 8
     jobs = [
@@ -117,26 +101,8 @@ def main(args: argparse.Namespace) -> int:
     ]
     if args.single_stream:
         jobs.append({"label": "single", "output_len": args.output_len, "batches": [[prompts[0]]]})
-    engines: dict[str, dict[str, Any]] = {}
-    for spec in runner_specs(args, n_ctx):
-        print(f"running {spec['kind']}: {len(prompts)} prompts x {args.output_len} tokens...",
-              file=sys.stderr)
-        try:
-            result = run_engine(spec, args.threads, jobs)
-        except WorkerError as exc:
-            print(f"ironlm bench throughput: {exc}", file=sys.stderr)
-            return 1
-        engines[result["runner"]] = engine_figures(result, ctx)
-    ctx.machine["load_average_at_end"] = list(os.getloadavg())
-    table, ratios = comparison_table(METRICS, engines)
-    print(ctx.describe())
-    print(f"workload: {len(prompts)} prompts, {sum(len(p) for p in prompts)} prompt tokens, "
-          f"{args.output_len} output tokens each")
-    print(table)
-    payload = {"kind": "throughput", **ctx.to_dict(), "args": args_dict(args),
-               "engines": engines, "ratios": ratios,
-               "kernel_choices": platform_details("cpu").get("kernel_choices", {})}
-    path = write_result(args.result_file or result_path(args.result_dir, "throughput", args.model),
-                        payload)
-    print(f"result: {path}")
-    return 0
+    report = OfflineReport(
+        "throughput", METRICS, running=f"{len(prompts)} prompts x {args.output_len} tokens",
+        workload=f"{len(prompts)} prompts, {sum(len(p) for p in prompts)} prompt tokens, "
+                 f"{args.output_len} output tokens each")
+    return run_offline(args, ctx, report, jobs, n_ctx, lambda result: engine_figures(result, ctx))

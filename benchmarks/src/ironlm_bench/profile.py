@@ -15,14 +15,17 @@ import argparse
 import cProfile
 import os
 import pstats
+import re
 import sys
 import time
 from typing import Any
 
-from ironlm.bench.engine_args import add_engine_args, engine_kwargs
-from ironlm.bench.machine import describe_machine, platform_details
-from ironlm.bench.prompts import load_tokenizer, random_token_prompts
-from ironlm.bench.results import args_dict, format_table, result_path, write_result
+from ironlm.entrypoints.engine_args import engine_kwargs
+
+from ironlm_bench.common import add_engine_flags
+from ironlm_bench.machine import describe_machine, platform_details
+from ironlm_bench.prompts import load_tokenizer, random_token_prompts
+from ironlm_bench.results import args_dict, format_table, result_path, write_result
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -36,7 +39,11 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     g.add_argument("--result-dir", default="benchmarks/results")
     g.add_argument("--result-file", default=None)
-    add_engine_args(parser)
+    add_engine_flags(parser)
+
+
+# A file of ironlm or of a plugin (ironlm_cpu, ...): the part from the package folder on.
+_IRONLM_FILE = re.compile(r".*/(ironlm(?:_[a-z0-9]+)?/.*)$")
 
 
 def _step(engine: Any) -> None:
@@ -67,9 +74,10 @@ def python_table(engine: Any, top: int) -> list[dict[str, Any]]:
     rows = []
     entries = stats.stats.items()  # type: ignore[attr-defined]
     for (path, line, name), (_cc, calls, tottime, cumtime, _callers) in entries:
-        if "/ironlm" not in path or "/bench/" in path:
+        m = _IRONLM_FILE.match(path)
+        if m is None or m.group(1).startswith("ironlm_bench/"):
             continue
-        short = "ironlm" + path.rsplit("/ironlm", 1)[1]
+        short = m.group(1)
         rows.append({"function": f"{short}:{line}({name})", "calls": calls,
                      "cum_ms": cumtime * 1000, "self_ms": tottime * 1000})
     rows.sort(key=lambda r: -r["cum_ms"])

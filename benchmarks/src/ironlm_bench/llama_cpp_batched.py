@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from ironlm.bench.baselines import _version, llama_cpp_missing_reason
-from ironlm.bench.runners import BatchTiming
+from ironlm_bench.baselines import _version, llama_cpp_missing_reason
+from ironlm_bench.runners import BatchTiming
 
 _PREFILL_BATCH = 512  # tokens per prefill llama_decode (llama.cpp's default n_batch)
 

@@ -1,10 +1,13 @@
 """JsonScanner: an incremental, strict JSON scanner for one object or array in a growing text.
 
-Tool-call parsers must decide, character by character, how far a call's JSON is known to be
+Tool-call extraction must decide, character by character, how far a call's JSON is known to be
 valid, where its top-level members start and end, and when it is complete -- without waiting for
 the end of the generation. ``json.loads`` cannot answer "is this a valid prefix?", so this scanner
 walks the JSON grammar (RFC 8259, as strict as ``json.loads`` with NaN/Infinity rejected and raw
 control characters forbidden in strings) and can be fed more text at any time.
+
+Part of the plugin contract (pure Python, importing nothing of ironlm): tool-parser plugins use
+it, and so does the server's own scanning of ``tool_choice: "required"`` output.
 
 Positions are absolute indices into the caller's text, which only ever grows.
 """

@@ -54,11 +54,11 @@ class Runner(Protocol):
 class IronlmRunner:
     """Drives ``LLMEngine.step`` directly, so first-token times are those of the step."""
 
-    name = "ironlm"
-
-    def __init__(self, model: str, engine_kwargs: dict[str, Any], detokenize: bool = True) -> None:
+    def __init__(self, model: str, engine_kwargs: dict[str, Any], detokenize: bool = True,
+                 name: str = "ironlm") -> None:
         import torch
 
+        self.name = name
         from ironlm.config import EngineConfig
         from ironlm.engine.llm_engine import LLMEngine
 
@@ -78,6 +78,9 @@ class IronlmRunner:
             "max_num_seqs": self.engine.config.max_num_seqs,
             "dtype": self.engine.config.dtype,
             "detokenize": self.detokenize,
+            "world_size": self.engine.config.world_size,
+            # per rank: seconds in all-reduce / all-gather / pipeline send-recv, and steps
+            "collective": self.engine.executor.collective_rpc("collective_stats"),
         }
 
     def run(self, prompts: list[list[int]], output_len: int) -> BatchTiming:

@@ -25,10 +25,10 @@ from typing import Any
 
 import httpx
 
-from ironlm.bench.machine import describe_machine
-from ironlm.bench.prompts import random_token_prompts
-from ironlm.bench.results import args_dict, result_path, write_result
-from ironlm.bench.stats import summarize
+from ironlm_bench.machine import describe_machine
+from ironlm_bench.prompts import random_token_prompts
+from ironlm_bench.results import args_dict, result_path, write_result
+from ironlm_bench.stats import summarize
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
