@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from ironlm.attention.batch import random_paged_batch
 from ironlm.attention.reference import ReferenceAttentionBackend
 from ironlm.interfaces.attention import AttentionLayerSpec
@@ -244,6 +243,22 @@ def test_decode_kernel_builds_here() -> None:
     kernel = PagedDecodeKernel()
     assert kernel.available, kernel.reason
     assert CpuPagedAttentionBackend().decode_path == "fused C kernel"
+
+
+@pytest.mark.parametrize(("heads", "head_dim"), [((6, 2), 64), ((9, 3), 128), ((4, 4), 48)])
+def test_decode_kernel_generic_build(
+    heads: tuple[int, int], head_dim: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The decode kernel built for the x86-64 baseline (what a CPU without AVX2 runs), forced
+    with IRONLM_CPU_ISA, against the reference."""
+    from ironlm_cpu.isa import GENERIC
+
+    monkeypatch.setenv("IRONLM_CPU_ISA", "generic")
+    cpu = CpuPagedAttentionBackend()
+    if cpu.libraries():
+        assert cpu.libraries()[0].target == GENERIC
+    _compare([5, 20, 33, 1], [1, 1, 1, 1], heads[0], heads[1], head_dim, 16, torch.float32, None,
+             None, 3, cpu)  # fmt: skip
 
 
 def test_decode_kernel_falls_back_without_compiler(

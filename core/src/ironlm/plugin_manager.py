@@ -8,9 +8,10 @@ points once per manager, and registries are filled on first use.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any, Callable
+from typing import Any
 
 import pluggy
 
@@ -319,6 +320,9 @@ class PluginManager:
                 if status is not None:
                     item["available"] = status.available
                     item["reason"] = status.reason
+                details = _details_of(attr[0], e.obj)
+                if details:
+                    item["details"] = details
                 rows[e.provenance.plugin]["registered"].append(item)
         return list(rows.values())
 
@@ -332,6 +336,17 @@ def _availability_of(attr: str, obj: Any) -> Availability | None:
     except Exception as exc:  # a plugin's availability check must never break the listing
         return Availability.no(f"availability check failed: {exc!r}")
     return None
+
+
+def _details_of(attr: str, obj: Any) -> dict[str, Any]:
+    """A platform's ``describe()`` (empty for other kinds, or when it fails)."""
+    if attr != "platforms":
+        return {}
+    try:
+        details = obj().describe()
+    except Exception as exc:  # a plugin's description must never break the listing
+        return {"error": f"describe() failed: {exc!r}"}
+    return details if isinstance(details, dict) else {}
 
 
 def _registrar(

@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-
 from ironlm.interfaces.attention import AttentionBatch
 
 # Cost model for bucketing, in "key-row" units (one query row against one key position).
