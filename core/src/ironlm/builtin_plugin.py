@@ -1,7 +1,8 @@
 """The core's own plugin: registered through the same hooks as every third-party plugin.
 
 Registers the pure-torch reference attention backend (runs on any platform; the oracle plugin
-kernels are tested against), the in-process executor, and the model architectures.
+kernels are tested against), the in-process executor, the model architectures, and the
+speculative proposers ``ngram`` (prompt lookup) and ``draft_model``.
 Imports happen inside the hooks so that loading this module costs nothing.
 """
 
@@ -41,3 +42,12 @@ def register_models(register: Callable[[str, type], None]) -> None:
     ):
         register(arch, LlamaForCausalLM)
     register("Gemma3ForCausalLM", Gemma3ForCausalLM)
+
+
+@hookimpl
+def register_speculative_proposers(register: Callable[[type], None]) -> None:
+    from ironlm.spec_decode.draft_model import DraftModelProposer
+    from ironlm.spec_decode.ngram import NgramProposer
+
+    register(NgramProposer)
+    register(DraftModelProposer)
