@@ -248,3 +248,32 @@ def test_a_third_party_proposer_is_selected_by_name_and_model_type() -> None:
     assert ("speculative proposer", "echo") in kinds
     assert ("speculative proposer", "ngram") in {
         (i["kind"], i["name"]) for i in rows["ironlm"]["registered"]}
+
+
+def test_speculation_pauses_where_it_does_not_pay() -> None:
+    from ironlm.engine.speculation import SpeculationPolicy
+
+    cfg = EngineConfig(model="m", speculative_model="[ngram]", num_speculative_tokens=4,
+                       ngram_prompt_lookup_max=2, speculative_max_model_len=100)
+    policy = SpeculationPolicy(cfg, max_model_len=200, lookahead=lambda k: 0)
+    req = Request("r", list(range(10)), SamplingParams(max_tokens=50), None)
+    req.output_token_ids = [1, 2]
+    assert policy.plan_proposals(req, 0) == 4
+    for _ in range(SpeculationPolicy.HISTORY - 1):
+        policy.on_verified(req, 4, 1)  # nothing kept
+    assert req.spec_paused_steps == 0
+    policy.on_verified(req, 4, 1)
+    assert req.spec_paused_steps == SpeculationPolicy.PAUSE_STEPS
+    assert [policy.plan_proposals(req, 0) for _ in range(SpeculationPolicy.PAUSE_STEPS)] == [
+        0] * SpeculationPolicy.PAUSE_STEPS
+    assert policy.plan_proposals(req, 0) == 4  # then it tries again
+    # limits: max_tokens, max_model_len and speculative_max_model_len cap the drafts
+    req.output_token_ids = list(range(46))  # 4 more may come: this step 1, then 3 at most
+    assert policy.plan_proposals(req, 0) == 2
+    req.spec_token_ids = [5, 6, 7, 8]
+    assert policy.drafts(req, budget=3) == [5, 6]  # the step's token budget
+    long = Request("l", list(range(97)), SamplingParams(max_tokens=50), None)
+    assert policy.plan_proposals(long, 0) == 3  # drafts up to position 100
+    st = policy.stats
+    assert (st.num_drafts, st.num_draft_tokens, st.num_accepted_tokens) == (8, 32, 0)
+    assert st.mean_accepted_length == 1.0 and st.acceptance_rate == 0.0

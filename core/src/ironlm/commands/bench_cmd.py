@@ -1,4 +1,4 @@
-"""``ironlm bench {throughput,latency,serve,profile,plot}``: vLLM's benchmark commands.
+"""``ironlm bench {throughput,latency,serve,profile,specdec,plot}``: vLLM's benchmark commands.
 
 Each subcommand lives in ``ironlm.bench.<name>`` with ``add_cli_args(parser)`` and
 ``main(args) -> int``; this module only wires them under ``ironlm bench``.
@@ -14,6 +14,7 @@ _SUBCOMMANDS = (
     ("latency", "end-to-end latency of a batch (mean, p50/p90/p99), with baselines"),
     ("serve", "stream completions from an OpenAI-compatible server: TTFT, TPOT, ITL"),
     ("profile", "where one decode step's time goes (torch.profiler and cProfile)"),
+    ("specdec", "speculative decoding (n-gram, draft model) and multi-step vs plain decode"),
     ("plot", "plot throughput vs batch size from throughput result files"),
 )
 

@@ -118,7 +118,7 @@ class Scheduler:
             req = self.running[i]
             owed = req.num_tokens - req.num_computed_tokens
             n = min(owed, budget)
-            if spec_on and owed == 1 and self._speculate(req, n, budget, out):
+            if spec_on and n == owed and self._speculate(req, n, budget, out):
                 n += len(out.spec_tokens.get(req.request_id, []))
             else:
                 while not self.block_manager.allocate(req, n):
@@ -174,10 +174,11 @@ class Scheduler:
         return out
 
     def _speculate(self, req: Request, n: int, budget: int, out: SchedulerOutput) -> bool:
-        """Schedule a decode with its drafts and room for the next ones; False (nothing
-        changed) when it has neither or the blocks for them are short."""
+        """Schedule the rest of a request (a decode, or the last chunk of its prompt) with its
+        drafts (decodes) and room for the next ones; False (nothing changed) when it has
+        neither or the blocks for them are short."""
         assert self.spec is not None
-        drafts = self.spec.drafts(req, budget)
+        drafts = self.spec.drafts(req, budget) if n == 1 else []
         props = self.spec.plan_proposals(req, len(drafts))
         if not drafts and not props:
             return False
