@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ironlm.bench.results import batch_figures, comparison_table, write_result
-from ironlm.bench.runners import BatchTiming
-from ironlm.bench.stats import summarize
 from ironlm.cli import main as ironlm_main
+from ironlm_bench.results import batch_figures, comparison_table, write_result
+from ironlm_bench.runners import BatchTiming
+from ironlm_bench.stats import summarize
 
 ENGINE = ["--kv-cache-memory", "16MiB", "--threads", "1"]
 
@@ -63,7 +63,7 @@ def test_result_files_are_strict_json(tmp_path: Path) -> None:
 
 
 def test_random_prompts_are_seeded_and_skip_special_tokens(tiny_llama_dir: Path) -> None:
-    from ironlm.bench.prompts import load_tokenizer, random_token_prompts
+    from ironlm_bench.prompts import load_tokenizer, random_token_prompts
 
     tok = load_tokenizer(str(tiny_llama_dir))
     a = random_token_prompts(3, 16, tok, seed=7)
@@ -74,7 +74,7 @@ def test_random_prompts_are_seeded_and_skip_special_tokens(tiny_llama_dir: Path)
 
 
 def test_machine_limits_and_model_cost(tiny_llama_dir: Path) -> None:
-    from ironlm.bench.machine import bounds, describe_machine, measure_limits, model_cost
+    from ironlm_bench.machine import bounds, describe_machine, measure_limits, model_cost
     from ironlm.model_loader import resolve_model
 
     machine = describe_machine(1)
@@ -197,6 +197,9 @@ def test_bench_profile(tiny_llama_dir: Path, tmp_path: Path) -> None:
     batches = json.loads(out.read_text())["batches"]
     assert [b["batch_size"] for b in batches] == [1, 2]
     assert all(b["top_ops"] and b["python"] and b["step_ms_mean"] > 0 for b in batches)
+    functions = [p["function"] for b in batches for p in b["python"]]
+    assert all(f.startswith("ironlm") and not f.startswith("ironlm_bench/") for f in functions)
+    assert any(f.startswith("ironlm/engine/") for f in functions), functions
 
 
 def test_bench_plot(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("executor", ("ironlm.executor",)),
     ("worker", ("ironlm.worker",)),
     ("model", ("ironlm.models", "ironlm.model_loader", "ironlm.layers", "ironlm.attention",
-               "ironlm.quantization", "ironlm.lora", "ironlm.spec_decode")),
+               "ironlm.quantization", "ironlm.lora", "ironlm.spec_decode", "ironlm.distributed")),
     ("contract", ("ironlm.hookspecs", "ironlm.interfaces", "ironlm.config",
                   "ironlm.sampling_params", "ironlm.guided_spec", "ironlm.outputs",
                   "ironlm.plugin_manager", "ironlm.registry", "ironlm.contract_version",
@@ -199,6 +199,14 @@ def test_plugins_import_only_the_contract(src_root: Path) -> None:
             dst = resolve(e.dst, modules)
             if dst is None or layer_of(dst) != CONTRACT:
                 bad.append(f"{e.src}:{e.line} imports {e.dst}")
+    assert bad == []
+
+
+def test_the_core_does_not_import_the_benchmarks() -> None:
+    """ironlm-bench (benchmarks/) builds on the core and adds ``ironlm bench`` through the
+    entry-point group ``ironlm.commands``; the core never names it."""
+    bad = [f"{e.src}:{e.line} imports {e.dst}" for file in core_modules().values()
+           for e in imports_of(file, CORE, "ironlm_bench")]
     assert bad == []
 
 

@@ -1,8 +1,9 @@
 """The core's own plugin: registered through the same hooks as every third-party plugin.
 
 Registers the pure-torch reference attention backend (runs on any platform; the oracle plugin
-kernels are tested against), the in-process executor, the model architectures, and the
-speculative proposers ``ngram`` (prompt lookup) and ``draft_model``.
+kernels are tested against), the executors (``uni`` in-process, ``mp`` one process per rank,
+``ray`` Ray actors: available when the ``ray`` extra is installed), the model
+architectures, and the speculative proposers ``ngram`` (prompt lookup) and ``draft_model``.
 Imports happen inside the hooks so that loading this module costs nothing.
 """
 
@@ -24,9 +25,13 @@ def register_attention_backends(register: Callable[[type], None]) -> None:
 
 @hookimpl
 def register_executors(register: Callable[[type], None]) -> None:
+    from ironlm.executor.mp import MultiprocExecutor
+    from ironlm.executor.ray_executor import RayExecutor
     from ironlm.executor.uniproc import UniProcExecutor
 
     register(UniProcExecutor)
+    register(MultiprocExecutor)
+    register(RayExecutor)
 
 
 @hookimpl

@@ -1,25 +1,45 @@
-"""The ``ironlm`` command. Each subcommand lives in ``ironlm.commands.<name>_cmd`` and exposes
-``add_parser(subparsers)``, which sets ``func`` on its parser."""
+"""The ``ironlm`` command. Each core subcommand lives in ``ironlm.commands.<name>_cmd`` and
+exposes ``add_parser(subparsers)``, which sets ``func`` on its parser; other distributions add
+theirs through the entry-point group ``ironlm.commands`` (``ironlm.commands.extensions``)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterable
+from importlib.metadata import EntryPoint
 
-from ironlm.commands import bench_cmd, download_cmd, plugins_cmd, serve_cmd
+from ironlm.commands import download_cmd, plugins_cmd, serve_cmd
+from ironlm.commands.extensions import add_extension_commands
+
+
+class Cli:
+    """The parser of every command, and why each extension command that cannot run cannot."""
+
+    def __init__(self, commands: Iterable[EntryPoint] | None = None) -> None:
+        # commands: the extension entry points (default: those installed)
+        self.parser = argparse.ArgumentParser(prog="ironlm",
+                                              description="IronLM LLM serving engine")
+        sub = self.parser.add_subparsers(dest="command", required=True)
+        for module in (serve_cmd, plugins_cmd, download_cmd):
+            module.add_parser(sub)
+        self.unavailable = add_extension_commands(sub, commands)
+
+    def run(self, argv: list[str]) -> int:
+        # the top-level parser takes no option but -h: the first word names the command
+        if argv and argv[0] in self.unavailable:
+            print(f"ironlm {argv[0]}: {self.unavailable[argv[0]]}", file=sys.stderr)
+            return 2
+        args = self.parser.parse_args(argv)
+        return int(args.func(args) or 0)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ironlm", description="IronLM LLM serving engine")
-    sub = parser.add_subparsers(dest="command", required=True)
-    for module in (serve_cmd, plugins_cmd, download_cmd, bench_cmd):
-        module.add_parser(sub)
-    return parser
+    return Cli().parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    return Cli().run(sys.argv[1:] if argv is None else list(argv))
 
 
 if __name__ == "__main__":

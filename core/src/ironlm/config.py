@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -43,8 +44,10 @@ class EngineConfig:
     attention_backend_options: dict[str, Any] = field(default_factory=dict)
     quantization: str | None = None
     guided_decoding_backend: str = "auto"
-    distributed_executor_backend: str | None = None  # None: uni when tensor_parallel_size == 1
+    # None: "uni" for one rank; for more, "ray" when Ray is installed, otherwise "mp"
+    distributed_executor_backend: str | None = None
     tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
     max_logprobs: int = 20
     enforce_eager: bool = False
     kv_cache_dtype: str = "auto"
@@ -70,7 +73,8 @@ class EngineConfig:
                 f"load_format {self.load_format!r} is not supported; choose one of "
                 f"{list(LOAD_FORMATS)}"
             )
-        for name in ("block_size", "max_num_seqs", "tensor_parallel_size", "max_logprobs"):
+        for name in ("block_size", "max_num_seqs", "tensor_parallel_size",
+                     "pipeline_parallel_size", "max_logprobs"):
             if getattr(self, name) < 1 and name != "max_logprobs":
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.max_logprobs < 0:
@@ -96,13 +100,30 @@ class EngineConfig:
             raise ValueError(
                 f"num_scheduler_steps must be at least 1, got {self.num_scheduler_steps}"
             )
+        if self.num_scheduler_steps > 1 and self.world_size > 1:
+            raise ValueError(
+                f"num_scheduler_steps={self.num_scheduler_steps} is not supported with tensor "
+                "or pipeline parallelism yet (every rank would need each step's sampled "
+                "tokens); use num_scheduler_steps=1"
+            )
         if self.num_scheduler_steps > 1 and self.speculative_model is not None:
             raise ValueError(
                 "speculative decoding is not supported with multi-step scheduling "
                 f"(num_scheduler_steps={self.num_scheduler_steps}); use one of them"
             )
         if self.distributed_executor_backend is None:
-            self.distributed_executor_backend = "uni" if self.tensor_parallel_size == 1 else "mp"
+            # vLLM's rule: "ray when Ray is installed and more than one device is used,
+            # otherwise mp" (and the in-process executor for a single rank)
+            if self.world_size == 1:
+                self.distributed_executor_backend = "uni"
+            else:
+                ray_installed = importlib.util.find_spec("ray") is not None
+                self.distributed_executor_backend = "ray" if ray_installed else "mp"
+
+    @property
+    def world_size(self) -> int:
+        """Ranks the model runs on: tensor_parallel_size x pipeline_parallel_size."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
     def torch_dtype(self, checkpoint_dtype: torch.dtype, platform_default: torch.dtype) -> torch.dtype:
         """The compute dtype: explicit choice, else the platform's choice for the checkpoint."""

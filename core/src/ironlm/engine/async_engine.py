@@ -3,6 +3,11 @@
 The engine loop never runs on the event loop, so the HTTP server stays responsive while a
 step computes. Commands (add, abort) cross over through a queue; outputs come back through
 ``loop.call_soon_threadsafe`` into one asyncio.Queue per request.
+
+A failing step fails the requests in flight and the loop goes on, unless the executor says its
+workers are gone (``LLMEngine.check_health``, also asked while idle): then the engine is dead,
+``fatal_error`` holds why, the loop ends (``is_alive`` is False: /health answers 503) and
+``on_dead`` is called once from the engine thread (the server uses it to exit).
 """
 
 from __future__ import annotations
@@ -39,8 +44,15 @@ class _Stream:
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine, max_waiting: int = 1024) -> None:
+    def __init__(
+        self,
+        engine: LLMEngine,
+        max_waiting: int = 1024,
+        on_dead: Callable[[BaseException], None] | None = None,
+    ) -> None:
         self.engine = engine
+        self.on_dead = on_dead
+        self.fatal_error: BaseException | None = None
         self.max_waiting = max_waiting
         # Requests between generate() entry and their end; only touched on the event loop.
         # Overloaded = more in flight than can run (max_num_seqs) plus may wait (max_waiting).
@@ -169,6 +181,8 @@ class AsyncEngine:
     def _loop(self) -> None:
         while not self._stop.is_set():
             self._drain(block=not self.engine.has_unfinished_requests())
+            if self._workers_gone():
+                return
             if not self.engine.has_unfinished_requests():
                 self.last_stats = self.engine.stats()
                 continue
@@ -178,6 +192,8 @@ class AsyncEngine:
                 log.exception("engine step failed")
                 self.last_error = exc
                 self._fail_all(exc)
+                if self._workers_gone():
+                    return
                 continue
             for out in outputs:
                 stream = self._streams.get(out.request_id)
@@ -186,6 +202,19 @@ class AsyncEngine:
                     if out.finished:
                         del self._streams[out.request_id]
             self.last_stats = self.engine.stats()
+
+    def _workers_gone(self) -> bool:
+        """Whether the executor lost its workers; if so, fail everything and report once."""
+        try:
+            self.engine.check_health()
+        except Exception as exc:
+            log.error("engine dead: %s", exc)
+            self.fatal_error = self.last_error = exc
+            self._fail_all(exc)
+            if self.on_dead is not None:
+                self.on_dead(exc)
+            return True
+        return False
 
     def _fail_all(self, exc: Exception) -> None:
         err = RuntimeError(f"engine step failed: {exc!r}")

@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from ironlm.config import EngineConfig
+from ironlm.distributed.layout import check_model_fits
 from ironlm.engine.block_manager import BlockManager
 from ironlm.engine.guided_manager import GuidedManager
 from ironlm.engine.input_processor import InputProcessor, PromptType
@@ -43,6 +44,9 @@ class LLMEngine:
         gen_eos = getattr(gen, "eos_token_id", None) if gen is not None else None
         gen_eos = [gen_eos] if isinstance(gen_eos, int) else list(gen_eos or [])
         self.extra_eos_ids = [t for t in gen_eos if t != self.tokenizer.eos_token_id]
+        # a model that cannot be split this way fails here, before any worker starts
+        check_model_fits(source.hf_config, config.tensor_parallel_size,
+                         config.pipeline_parallel_size)
         self.spec = self._speculation(config)
         executor_cls = self.pm.select_executor(config.distributed_executor_backend or "uni")
         self.executor: Executor = executor_cls(config, self.pm, Worker)
@@ -248,6 +252,10 @@ class LLMEngine:
             "time": time.time(),
             **(self.spec.stats.to_dict() if self.spec is not None else {}),
         }
+
+    def check_health(self) -> None:
+        """Raise when the workers cannot run steps any more (a worker died)."""
+        self.executor.check_health()
 
     def shutdown(self) -> None:
         self.executor.shutdown()

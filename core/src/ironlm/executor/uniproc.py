@@ -18,10 +18,11 @@ class UniProcExecutor(Executor):
         self, config: EngineConfig, plugins: PluginManager, worker_cls: type[WorkerBase]
     ) -> None:
         super().__init__(config, plugins, worker_cls)
-        if config.tensor_parallel_size != 1:
+        if config.world_size != 1:
             raise ValueError(
                 "distributed_executor_backend 'uni' runs one worker; "
-                f"tensor_parallel_size={config.tensor_parallel_size} needs 'mp' or 'ray'"
+                f"tensor_parallel_size={config.tensor_parallel_size} x "
+                f"pipeline_parallel_size={config.pipeline_parallel_size} needs 'mp' or 'ray'"
             )
         self.worker: WorkerBase | None = None
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, ClassVar, Iterable
 
 import torch
 
@@ -24,29 +24,53 @@ class ModelContext:
     device: torch.device
     tp_rank: int = 0
     tp_size: int = 1
-    tp_group: Any = None  # torch.distributed process group when tp_size > 1
+    # The tensor-parallel group when tp_size > 1 (the core's ``ParallelGroup``): the layers
+    # call ``tp_group.all_reduce(x)`` (in place) and ``tp_group.all_gather(x)`` (last dim).
+    tp_group: Any = None
+    pp_rank: int = 0  # pipeline stage of this rank
+    pp_size: int = 1  # pipeline stages; a model builds only the layers of its stage
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pp_rank == self.pp_size - 1
 
 
 class ModelArchitecture(torch.nn.Module, ABC):
     """Registered through ``register_models`` as ``register("LlamaForCausalLM", Class)``.
 
     Constructed as ``Class(hf_config, ctx)`` on the target device (weights uninitialised), then
-    ``load_weights`` receives the checkpoint's tensors under their HF names.
+    ``load_weights`` receives the checkpoint's tensors under their HF names (all of them: a
+    tensor-parallel rank slices its shard, a pipeline stage skips what other stages hold).
+
+    Pipeline parallelism (``ctx.pp_size > 1``): the model builds the layers of stage
+    ``ctx.pp_rank`` only. The first stage embeds ``input_ids``; every later stage receives the
+    previous stage's ``pipeline_tensors`` as ``intermediate`` instead. Every stage but the last
+    returns its ``pipeline_tensors`` (each (num_tokens, hidden_size) in the model dtype) for the
+    next stage; the last returns the final hidden states and alone computes logits.
     """
+
+    pipeline_tensors: ClassVar[tuple[str, ...]] = ("hidden", "residual")
 
     @abstractmethod
     def attention_layers(self) -> list[AttentionLayerSpec]:
-        """One spec per attention layer, in layer order (sizes the KV cache)."""
+        """One spec per attention layer of this rank's stage, in layer order (sizes the KV
+        cache; ``kv_caches`` in ``forward`` follows this order)."""
 
     @abstractmethod
     def forward(
         self,
         input_ids: torch.Tensor,  # (num_tokens,) int64, the flattened batch
         positions: torch.Tensor,  # (num_tokens,) int64
-        kv_caches: list[torch.Tensor],  # one per attention layer
+        kv_caches: list[torch.Tensor],  # one per attention layer of this stage
         attn_metadata: Any,  # the backend's build_metadata result
-    ) -> torch.Tensor:  # (num_tokens, hidden_size) final hidden states (after the last norm)
-        ...
+        intermediate: dict[str, torch.Tensor] | None = None,  # from the previous stage
+    ) -> torch.Tensor | dict[str, torch.Tensor]:
+        """Last stage: (num_tokens, hidden_size) final hidden states (after the last norm).
+        Other stages: ``{name: (num_tokens, hidden_size)}`` for each of ``pipeline_tensors``."""
 
     @abstractmethod
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

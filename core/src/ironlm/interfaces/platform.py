@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
@@ -120,6 +121,14 @@ class LayerOps:
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity on this OS
+        return os.cpu_count() or 1
+
+
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
@@ -184,8 +193,22 @@ class Platform(ABC):
     def synchronize(self) -> None:
         """Wait for queued device work (no-op on synchronous devices)."""
 
-    def configure_process(self) -> None:
-        """Called once in each worker process before the model loads (threads, env, ...)."""
+    def configure_process(self, local_world_size: int = 1) -> None:
+        """Called once in each worker process before the model loads (threads, env, ...).
+        ``local_world_size`` ranks run on this machine: they share its cores, so the default
+        gives each ``cores // local_world_size`` torch threads (at least one) when it is > 1."""
+        if local_world_size > 1:
+            torch.set_num_threads(max(1, usable_cores() // local_world_size))
+
+    def device_count(self) -> int | None:
+        """Devices of this platform on this machine, each of which holds one rank; None when
+        ranks are not bound to devices (any number of ranks can share the host, as on cpu).
+        A single-machine executor refuses more ranks than this."""
+        return 1
+
+    # Ray's resource name for one device of this platform (``"GPU"``, ``"NPU"``): each Ray
+    # worker asks for one; ``"CPU"`` where ranks are not bound to devices.
+    ray_device_key: ClassVar[str] = "CPU"
 
     def layer_ops(self) -> LayerOps:
         """The element-wise layer ops for this platform (fused kernels where they pay)."""

@@ -37,6 +37,7 @@ class WorkerRank:
     local_rank: int  # device index on its machine
     # torch.distributed rendezvous, e.g. "tcp://127.0.0.1:29511"; None when world_size == 1
     init_method: str | None = None
+    local_world_size: int = 1  # ranks on this machine (they share its cores)
 
 
 class WorkerBase(ABC):

@@ -20,14 +20,15 @@ and all-reduces the partial outputs (o_proj, down_proj). With tp_size 1 both are
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from ironlm.interfaces.model import ModelContext
 
 
-def divide(numerator: int, denominator: int) -> int:
+def divide(numerator: int, denominator: int, what: str = "size") -> int:
     if numerator % denominator != 0:
-        raise ValueError(f"{numerator} is not divisible by tensor-parallel size {denominator}")
+        raise ValueError(
+            f"{what} {numerator} is not divisible by tensor_parallel_size {denominator}"
+        )
     return numerator // denominator
 
 
@@ -195,13 +196,13 @@ class QKVParallelLinear(ColumnParallelLinear):
         self.head_dim = head_dim
         self.total_num_heads = total_num_heads
         self.total_num_kv_heads = total_num_kv_heads
-        self.num_heads = divide(total_num_heads, tp)
+        self.num_heads = divide(total_num_heads, tp, "number of attention heads")
         if total_num_kv_heads >= tp:
-            self.num_kv_heads = divide(total_num_kv_heads, tp)
+            self.num_kv_heads = divide(total_num_kv_heads, tp, "number of key/value heads")
             self.kv_replicas = 1
-        else:
+        else:  # fewer KV heads than ranks: each rank holds one, shared by tp / kv ranks
             self.num_kv_heads = 1
-            self.kv_replicas = divide(tp, total_num_kv_heads)
+            self.kv_replicas = divide(tp, total_num_kv_heads, "tensor_parallel_size")
         # The full output this layer pretends to have, so that ColumnParallelLinear's shard is
         # exactly this rank's (num_heads + 2 * num_kv_heads) heads.
         out_features = (self.num_heads + 2 * self.num_kv_heads) * head_dim * tp
@@ -249,7 +250,7 @@ class RowParallelLinear(LinearBase):
         if self.tp_size == 1:
             return self.quant_method.apply(self, x, self.bias)
         out = self.quant_method.apply(self, x, None)
-        dist.all_reduce(out, group=self.tp_group)
+        self.tp_group.all_reduce(out)  # sum of the ranks' partial products
         return out if self.bias is None else out + self.bias
 
     def load_weight(

@@ -1,6 +1,7 @@
 """Token embedding and LM head, vocabulary-parallel.
 
-Each rank holds a contiguous slice of the vocabulary rows. The embedding looks up the ids in its
+Each rank holds a contiguous slice of the vocabulary rows (the vocabulary must divide by the
+tensor-parallel size). The embedding looks up the ids in its
 slice (zeros elsewhere) and all-reduces; the LM head computes its slice of the logits and
 all-gathers them. With tp_size 1 both are the plain operations. Tied embeddings share one
 parameter between the two.
@@ -9,7 +10,6 @@ parameter between the two.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from ironlm.interfaces.model import ModelContext
 from ironlm.layers.linear import divide
@@ -27,9 +27,7 @@ class VocabParallelEmbedding(torch.nn.Module):
         self.tp_size = ctx.tp_size
         self.tp_group = ctx.tp_group
         self.layer_ops = ctx.layer_ops
-        # pad the vocabulary up to a multiple of the tp size; padded rows are never looked up
-        self.padded_vocab_size = -(-vocab_size // ctx.tp_size) * ctx.tp_size
-        self.rows_per_rank = divide(self.padded_vocab_size, ctx.tp_size)
+        self.rows_per_rank = divide(vocab_size, ctx.tp_size, "vocabulary size")
         self.vocab_start = ctx.tp_rank * self.rows_per_rank
         if allocate:
             self.weight = torch.nn.Parameter(
@@ -43,8 +41,7 @@ class VocabParallelEmbedding(torch.nn.Module):
         in_range = (local >= 0) & (local < self.rows_per_rank)
         out = self.layer_ops.embedding(local.clamp(0, self.rows_per_rank - 1), self.weight)
         out = out * in_range.unsqueeze(-1).to(out.dtype)  # (num_tokens, hidden) zeros off-slice
-        dist.all_reduce(out, group=self.tp_group)
-        return out
+        return self.tp_group.all_reduce(out)
 
     def load_weight(
         self, name: str, loaded: torch.Tensor, shard_id: str | int | None = None
@@ -58,8 +55,7 @@ class VocabParallelEmbedding(torch.nn.Module):
             )
         rows = loaded[self.vocab_start : self.vocab_start + self.rows_per_rank]
         with torch.no_grad():
-            self.weight[: rows.shape[0]].copy_(rows)
-            self.weight[rows.shape[0] :].zero_()
+            self.weight.copy_(rows)
 
     def extra_repr(self) -> str:
         return f"{self.vocab_size}, {self.hidden_size}, tp_size={self.tp_size}"
@@ -96,7 +92,5 @@ class ParallelLMHead(VocabParallelEmbedding):
         # (num_rows, hidden) -> (num_rows, vocab_size) float32
         logits = self.layer_ops.linear(hidden, self.weight, None)  # (num_rows, rows_per_rank)
         if self.tp_size > 1:
-            parts = [torch.empty_like(logits) for _ in range(self.tp_size)]
-            dist.all_gather(parts, logits, group=self.tp_group)
-            logits = torch.cat(parts, dim=-1)
-        return logits[:, : self.vocab_size].float()
+            logits = self.tp_group.all_gather(logits)  # (num_rows, vocab_size), rank order
+        return logits.float()

@@ -9,18 +9,16 @@ on attention scores and final logits.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Callable
 
 import torch
 
-from ironlm.interfaces.attention import AttentionLayerSpec
-from ironlm.interfaces.model import ModelArchitecture, ModelContext
+from ironlm.interfaces.model import ModelContext
 from ironlm.layers.attention import Attention
 from ironlm.layers.layernorm import RMSNorm
 from ironlm.layers.mlp import GatedMLP
 from ironlm.layers.rotary_embedding import RotaryEmbedding, rope_parameters
-from ironlm.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
-from ironlm.layers.weight_loading import load_named_weights
+from ironlm.models.decoder import CosSin, StageCausalLM, StageDecoder
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 GEMMA_NORM_OFFSET = 1.0  # Gemma's RMSNorm multiplies by (1 + w)
@@ -97,51 +95,41 @@ class Gemma3DecoderLayer(torch.nn.Module):
         return self.post_feedforward_layernorm.norm(h), residual
 
 
-class Gemma3TextModel(torch.nn.Module):
+class Gemma3TextModel(StageDecoder):
     def __init__(self, hf_config: Any, ctx: ModelContext) -> None:
-        super().__init__()
         hidden = hf_config.hidden_size
-        self.embed_tokens = VocabParallelEmbedding(hf_config.vocab_size, hidden, ctx)
+        max_pos = hf_config.max_position_embeddings
+        rotary_global = RotaryEmbedding(
+            hf_config.head_dim, max_pos, rope_parameters(hf_config, FULL), ctx
+        )
+        rotary_local = RotaryEmbedding(
+            hf_config.head_dim, max_pos, _local_rope_parameters(hf_config), ctx
+        )
+        layer_types = layer_types_of(hf_config)
+        super().__init__(
+            hf_config,
+            ctx,
+            lambda i: Gemma3DecoderLayer(
+                hf_config, i, layer_types[i],
+                rotary_local if layer_types[i] == SLIDING else rotary_global, ctx,
+            ),  # fmt: skip
+            lambda: RMSNorm(hidden, hf_config.rms_norm_eps, ctx, GEMMA_NORM_OFFSET),
+        )
+        self.rotary_global, self.rotary_local = rotary_global, rotary_local
+        self.layer_types = layer_types
         # sqrt(hidden) rounded to the model dtype, as the reference multiplies in that dtype
         self.register_buffer(
             "embed_scale", torch.tensor(hidden**0.5, dtype=ctx.dtype), persistent=False
         )
-        max_pos = hf_config.max_position_embeddings
-        self.rotary_global = RotaryEmbedding(
-            hf_config.head_dim, max_pos, rope_parameters(hf_config, FULL), ctx
-        )
-        self.rotary_local = RotaryEmbedding(
-            hf_config.head_dim, max_pos, _local_rope_parameters(hf_config), ctx
-        )
-        self.layer_types = layer_types_of(hf_config)
-        self.layers = torch.nn.ModuleList(
-            Gemma3DecoderLayer(
-                hf_config,
-                i,
-                layer_type,
-                self.rotary_local if layer_type == SLIDING else self.rotary_global,
-                ctx,
-            )
-            for i, layer_type in enumerate(self.layer_types)
-        )
-        self.norm = RMSNorm(hidden, hf_config.rms_norm_eps, ctx, GEMMA_NORM_OFFSET)
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_caches: list[torch.Tensor],
-        attn_metadata: Any,
-    ) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids) * self.embed_scale  # (num_tokens, hidden_size)
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return super().embed(input_ids) * self.embed_scale  # (num_tokens, hidden_size)
+
+    def rotary_for(self, positions: torch.Tensor) -> Callable[[torch.nn.Module], CosSin]:
         # both rope tables looked up once per step, shared by the layers of each kind
-        cos_sin_local = self.rotary_local.lookup(positions)
-        cos_sin_global = self.rotary_global.lookup(positions)
-        residual: torch.Tensor | None = None
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            cos_sin = cos_sin_local if layer.is_sliding else cos_sin_global
-            hidden, residual = layer(hidden, residual, cos_sin, kv_cache, attn_metadata)
-        return self.norm(hidden, residual)[0]
+        local = self.rotary_local.lookup(positions)
+        full = self.rotary_global.lookup(positions)
+        return lambda layer: local if layer.is_sliding else full
 
 
 def _local_rope_parameters(hf_config: Any) -> dict[str, Any]:
@@ -153,45 +141,19 @@ def _local_rope_parameters(hf_config: Any) -> dict[str, Any]:
     return {"rope_type": "default", "rope_theta": float(hf_config.rope_local_base_freq)}
 
 
-class Gemma3ForCausalLM(ModelArchitecture):
+class Gemma3ForCausalLM(StageCausalLM):
     """Gemma 3 text causal LM (HF checkpoint names of ``Gemma3ForCausalLM``)."""
 
     def __init__(self, hf_config: Any, ctx: ModelContext) -> None:
-        super().__init__()
-        self.config = hf_config
-        self.model = Gemma3TextModel(hf_config, ctx)
-        self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", True))
-        self.lm_head = ParallelLMHead(
-            hf_config.vocab_size,
-            hf_config.hidden_size,
-            ctx,
-            tie_to=self.model.embed_tokens if self.tie_word_embeddings else None,
-        )
+        tied = bool(getattr(hf_config, "tie_word_embeddings", True))
+        super().__init__(hf_config, ctx, Gemma3TextModel(hf_config, ctx), tied)
         self.final_logit_softcapping: float | None = getattr(
             hf_config, "final_logit_softcapping", None
         )
 
-    def attention_layers(self) -> list[AttentionLayerSpec]:
-        return [layer.self_attn.spec for layer in self.model.layers]
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_caches: list[torch.Tensor],
-        attn_metadata: Any,
-    ) -> torch.Tensor:
-        return self.model(input_ids, positions, kv_caches, attn_metadata)
-
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.lm_head(hidden)  # (num_rows, vocab_size) float32
+        logits = super().compute_logits(hidden)  # (num_rows, vocab_size) float32
         if self.final_logit_softcapping is not None:
             cap = self.final_logit_softcapping
             logits = torch.tanh(logits / cap) * cap
         return logits
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        def skip(name: str) -> bool:
-            return self.tie_word_embeddings and name == "lm_head.weight"
-
-        load_named_weights(self, weights, skip)

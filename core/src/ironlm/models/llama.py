@@ -9,18 +9,16 @@ every layer (Mistral), ``tie_word_embeddings``.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Callable
 
 import torch
 
-from ironlm.interfaces.attention import AttentionLayerSpec
-from ironlm.interfaces.model import ModelArchitecture, ModelContext
+from ironlm.interfaces.model import ModelContext
 from ironlm.layers.attention import Attention
 from ironlm.layers.layernorm import RMSNorm
 from ironlm.layers.mlp import GatedMLP
 from ironlm.layers.rotary_embedding import RotaryEmbedding, rope_parameters
-from ironlm.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
-from ironlm.layers.weight_loading import load_named_weights
+from ironlm.models.decoder import CosSin, StageCausalLM, StageDecoder
 
 
 def head_dim_of(hf_config: Any) -> int:
@@ -91,73 +89,30 @@ class LlamaDecoderLayer(torch.nn.Module):
         return self.mlp(h), residual
 
 
-class LlamaModel(torch.nn.Module):
+class LlamaModel(StageDecoder):
     def __init__(self, hf_config: Any, ctx: ModelContext) -> None:
-        super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(hf_config.vocab_size, hf_config.hidden_size, ctx)
-        self.rotary_emb = RotaryEmbedding(
+        rotary = RotaryEmbedding(
             head_dim_of(hf_config),
             hf_config.max_position_embeddings,
             rope_parameters(hf_config),
             ctx,
         )
-        self.layers = torch.nn.ModuleList(
-            LlamaDecoderLayer(hf_config, i, self.rotary_emb, ctx)
-            for i in range(hf_config.num_hidden_layers)
+        super().__init__(
+            hf_config,
+            ctx,
+            lambda i: LlamaDecoderLayer(hf_config, i, rotary, ctx),
+            lambda: RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps, ctx),
         )
-        self.norm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps, ctx)
+        self.rotary_emb = rotary
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_caches: list[torch.Tensor],
-        attn_metadata: Any,
-    ) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)  # (num_tokens, hidden_size)
+    def rotary_for(self, positions: torch.Tensor) -> Callable[[torch.nn.Module], CosSin]:
         cos_sin = self.rotary_emb.lookup(positions)  # once for all layers
-        residual: torch.Tensor | None = None
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden, residual = layer(hidden, residual, cos_sin, kv_cache, attn_metadata)
-        return self.norm(hidden, residual)[0]
+        return lambda layer: cos_sin
 
 
-class LlamaForCausalLM(ModelArchitecture):
+class LlamaForCausalLM(StageCausalLM):
     """Llama / Mistral / Qwen2 / Qwen3 causal LM (HF checkpoint names)."""
 
     def __init__(self, hf_config: Any, ctx: ModelContext) -> None:
-        super().__init__()
-        self.config = hf_config
-        self.model = LlamaModel(hf_config, ctx)
-        self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
-        self.lm_head = ParallelLMHead(
-            hf_config.vocab_size,
-            hf_config.hidden_size,
-            ctx,
-            tie_to=self.model.embed_tokens if self.tie_word_embeddings else None,
-        )
-
-    def attention_layers(self) -> list[AttentionLayerSpec]:
-        return [layer.self_attn.spec for layer in self.model.layers]
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_caches: list[torch.Tensor],
-        attn_metadata: Any,
-    ) -> torch.Tensor:
-        return self.model(input_ids, positions, kv_caches, attn_metadata)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)  # (num_rows, vocab_size) float32
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        def skip(name: str) -> bool:
-            # tied checkpoints sometimes carry a copy of the embedding as lm_head; old ones
-            # carry rotary tables we recompute
-            return (self.tie_word_embeddings and name == "lm_head.weight") or name.endswith(
-                "rotary_emb.inv_freq"
-            )
-
-        load_named_weights(self, weights, skip)
+        tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+        super().__init__(hf_config, ctx, LlamaModel(hf_config, ctx), tied)

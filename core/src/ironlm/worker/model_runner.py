@@ -4,19 +4,27 @@ runner; the runner holds the sampler and the per-request sampling state).
 Each step flattens all scheduled tokens into one batch, builds the attention backend's
 metadata once, runs the model, computes logits only at positions that sample (or whose prompt
 logprobs were asked for), and samples. With speculative decoding the drafts run in the same
-forward, right after their request's last token, and the ``Speculator`` verifies them and asks
-for the next ones; with multi-step scheduling ``run_window`` runs several decode steps.
+forward, right after their request's last token, and the ``Speculator`` (on the sampling rank)
+verifies them and asks for the next ones; with multi-step scheduling ``run_window`` runs
+several decode steps.
+
+With pipeline stages, every rank runs the same step on its own layers: a stage after the first
+receives the previous stage's activations first, a stage before the last sends its own and
+returns None. The last stage's ranks all compute logits (the LM head gathers them over the
+tensor-parallel group); only the sampling rank samples and returns the output.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ironlm.attention.batch import build_attention_batch
 from ironlm.config import EngineConfig
+from ironlm.distributed.pipeline import PipelineChannel
 from ironlm.interfaces.attention import AttentionBackend
 from ironlm.interfaces.model import ModelArchitecture
 from ironlm.interfaces.step import ModelInput, ModelOutput, ScheduledSeq
@@ -24,6 +32,17 @@ from ironlm.worker.decode_graphs import DecodeGraphs
 from ironlm.worker.multi_step import run_window
 from ironlm.worker.sampler import Sampler, SamplingState, top_logprobs
 from ironlm.worker.speculator import Speculator
+
+
+@dataclass
+class StageInfo:
+    """This rank's part of a step."""
+
+    is_last: bool = True  # holds the last pipeline stage (norm, LM head)
+    samples: bool = True  # samples and returns the step's output to the engine
+    channel: PipelineChannel | None = None  # to and from the neighbour stages (pp > 1)
+    hidden_size: int = 0  # of the activations a later stage receives
+    dtype: torch.dtype = torch.float32
 
 
 class ModelRunner:
@@ -36,7 +55,10 @@ class ModelRunner:
         attention: AttentionBackend,
         device: torch.device,
         vocab_size: int,
+        stage: StageInfo | None = None,
     ) -> None:
+        self.stage = stage or StageInfo()
+        self.steps = 0  # model forwards run (the collective statistics' denominator)
         self.config = config
         self.model = model
         self.attention = attention
@@ -51,25 +73,30 @@ class ModelRunner:
 
     # -- one step --------------------------------------------------------------------------
     @torch.inference_mode()
-    def execute(self, mi: ModelInput) -> ModelOutput:
+    def execute(self, mi: ModelInput) -> ModelOutput | None:
+        stage = self.stage
         for rid in mi.finished_ids:
             self.states.pop(rid, None)
             self.embed_sums.pop(rid, None)
-        for nr in mi.new_requests:
-            self.states[nr.request_id] = SamplingState.create(
-                nr.sampling_params, nr.eos_token_id, nr.prompt_token_ids, self.vocab_size,
-                self.device,
-            )
-            self.states[nr.request_id].pooling = nr.pooling
+        if stage.is_last:  # only the last stage samples or pools
+            for nr in mi.new_requests:
+                self.states[nr.request_id] = SamplingState.create(
+                    nr.sampling_params, nr.eos_token_id, nr.prompt_token_ids, self.vocab_size,
+                    self.device,
+                )
+                self.states[nr.request_id].pooling = nr.pooling
         if self.speculator is not None:
             self.speculator.drop(mi.finished_ids + mi.preempted_ids)
         out = ModelOutput()
         if not mi.seqs:
-            return out
+            return out if stage.samples else None
+        self.steps += 1
         if any(s.num_steps > 1 for s in mi.seqs):
-            return run_window(self, mi, out)
+            return run_window(self, mi, out)  # one rank only (EngineConfig checks)
         start = time.perf_counter()
         hidden_of = self._run(mi, out)
+        if not stage.samples:
+            return None
         if self.speculator is not None:
             mid = time.perf_counter()
             out.spec_token_ids = self.speculator.propose(mi.seqs, out.sampled, hidden_of)
@@ -77,15 +104,28 @@ class ModelRunner:
         return out
 
     def _run(self, mi: ModelInput, out: ModelOutput) -> dict[str, torch.Tensor] | None:
-        """The target's forward and sampling (or verification); returns each request's accepted
-        rows of hidden states when the proposer reads them."""
+        """This rank's part of the step: the forward, then on the sampling rank sampling (or
+        verification); returns each request's accepted rows of hidden states when the
+        proposer reads them."""
+        stage = self.stage
         logits = self._decode_graph_logits(mi.seqs)
         if logits is not None:  # every sequence samples its next token
             self._sample(out, mi, logits, mi.seqs)
             return None
         input_ids, positions, batch = self._flatten(mi.seqs)
         meta = self.attention.build_metadata(batch)
-        hidden = self.model(input_ids, positions, self.kv_caches, meta)  # (T, hidden)
+        intermediate = None
+        if stage.channel is not None and stage.channel.prev_rank is not None:
+            intermediate = stage.channel.recv(
+                len(input_ids), stage.hidden_size, stage.dtype, self.device
+            )  # fmt: skip
+        result = self.model(input_ids, positions, self.kv_caches, meta, intermediate)
+        if not stage.is_last:
+            assert stage.channel is not None and isinstance(result, dict)
+            stage.channel.send(result)
+            return None
+        assert isinstance(result, torch.Tensor)
+        hidden = result  # (T, hidden)
 
         starts = batch.query_start_loc.tolist()
         sample_rows: list[int] = []
@@ -110,6 +150,8 @@ class ModelRunner:
                 sample_seqs.append(seq)
         if sample_rows:
             logits = self.model.compute_logits(hidden[sample_rows])  # (rows, V) float32
+            if not stage.samples:
+                return None
             if any(s.spec_token_ids for s in sample_seqs):
                 assert self.speculator is not None, "drafts sent to a worker without a proposer"
                 for seq, toks in zip(sample_seqs, self.speculator.verify(

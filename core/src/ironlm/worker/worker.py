@@ -4,6 +4,9 @@ implementation, the class every executor builds, in whatever process it runs).""
 from __future__ import annotations
 
 from ironlm.config import EngineConfig
+from ironlm.distributed.layout import ParallelLayout
+from ironlm.distributed.parallel_group import CommStats
+from ironlm.distributed.process_groups import Distributed, init_distributed
 from ironlm.interfaces.attention import AttentionBackend
 from ironlm.interfaces.model import ModelArchitecture, ModelContext
 from ironlm.interfaces.platform import LayerOps, Platform
@@ -17,7 +20,7 @@ from ironlm.registry import UnavailableError
 from ironlm.worker.decode_graphs import DecodeGraphs
 from ironlm.worker.draft_runner import DraftModelRunner
 from ironlm.worker.kv_cache import KVCache
-from ironlm.worker.model_runner import ModelRunner
+from ironlm.worker.model_runner import ModelRunner, StageInfo
 from ironlm.worker.proposer_context import WorkerProposerContext
 from ironlm.worker.speculator import Speculator
 
@@ -33,20 +36,30 @@ class Worker(WorkerBase):
         self._runner: ModelRunner | None = None
         self._kv: KVCache | None = None
         self._proposer: SpeculativeProposer | None = None
+        self.layout = ParallelLayout(config.tensor_parallel_size, config.pipeline_parallel_size)
+        self.dist: Distributed | None = None  # process groups when world_size > 1
 
     # -- set-up, in call order ---------------------------------------------------------------
     def init_device(self) -> None:
-        if self.rank.world_size > 1:
+        if self.rank.world_size != self.layout.world_size:
             raise ValueError(
-                f"this worker runs one rank; world size {self.rank.world_size} "
-                "(tensor_parallel_size > 1) is not supported"
+                f"worker rank {self.rank.rank}: world size {self.rank.world_size} != "
+                f"tensor_parallel_size x pipeline_parallel_size = {self.layout.world_size}"
             )
         platform = self.plugins.select_platform(self.config.device)
         platform.check_block_size(self.config.block_size)
-        platform.configure_process()
+        platform.configure_process(self.rank.local_world_size)
         platform.set_device(self.rank.local_rank)
         self._platform = platform
         self.device = platform.device(self.rank.local_rank)
+        if self.rank.world_size > 1:
+            if self.rank.init_method is None:
+                raise ValueError("a worker of a world larger than one needs an init_method")
+            # the backend is the platform's (gloo, nccl, hccl): no per-platform branch here
+            self.dist = init_distributed(
+                platform.dist_backend, self.rank.init_method, self.rank.rank, self.layout,
+                platform.synchronize,
+            )  # fmt: skip
         self.dtype = self.config.torch_dtype(
             self.source.checkpoint_dtype, platform.default_dtype(self.source.checkpoint_dtype)
         )
@@ -60,14 +73,18 @@ class Worker(WorkerBase):
         platform = self.platform
         attention = self._attention_backend(platform)
         layer_ops = platform.layer_ops()
+        rank = self.rank.rank
         ctx = ModelContext(
             attention=attention,
             layer_ops=layer_ops,
             quantization=self._quantization(platform, layer_ops),
             dtype=self.dtype,
             device=self.device,
-            tp_rank=0,
-            tp_size=self.config.tensor_parallel_size,
+            tp_rank=self.layout.tp_rank(rank),
+            tp_size=self.layout.tp_size,
+            tp_group=self.dist.tp if self.dist is not None else None,
+            pp_rank=self.layout.pp_rank(rank),
+            pp_size=self.layout.pp_size,
         )
         model_cls = self.plugins.select_model(self.source.architectures)
         model: ModelArchitecture = load_model(
@@ -78,10 +95,20 @@ class Worker(WorkerBase):
             self.config, platform, attention, model.attention_layers(), self.dtype,
             self.device, self.rank.local_rank,
         )  # fmt: skip
+        hf_config = self.source.hf_config
         self._runner = ModelRunner(
-            self.config, model, attention, self.device, int(self.source.hf_config.vocab_size)
-        )
-        if self.config.speculative_model is not None:
+            self.config, model, attention, self.device, int(hf_config.vocab_size),
+            stage=StageInfo(
+                is_last=ctx.is_last_stage,
+                samples=rank == self.layout.sampling_rank,
+                channel=self.dist.pipeline_channel(model.pipeline_tensors)
+                if self.dist is not None and self.layout.pp_size > 1 else None,
+                hidden_size=int(hf_config.hidden_size),
+                dtype=self.dtype,
+            ),
+        )  # fmt: skip
+        # the proposer sits next to the sampling rank's target: it verifies and drafts there
+        if self.config.speculative_model is not None and rank == self.layout.sampling_rank:
             self._load_proposer(self._runner)
 
     def _load_proposer(self, runner: ModelRunner) -> None:
@@ -142,10 +169,30 @@ class Worker(WorkerBase):
     def check_health(self) -> None:
         self.runner  # raises when not loaded or shut down
 
+    def collective_stats(self, reset: bool = False) -> dict[str, float]:
+        """Time this rank spent in collectives and pipeline sends / receives, and the steps
+        run meanwhile (zeros with one rank); ``reset`` starts the counts again."""
+        stats = self.dist.stats if self.dist is not None else CommStats()
+        stats.steps = self.runner.steps
+        out = stats.to_dict()
+        if reset:
+            stats.reset()
+            self.runner.steps = 0
+        return out
+
+    def synchronize_collective_timing(self, enabled: bool) -> None:
+        """Wait for the device around each collective so that its time is its own (for
+        asynchronous devices; costs a synchronisation per call)."""
+        if self.dist is not None and self.dist.tp is not None:
+            self.dist.tp.synchronize_timing = enabled
+
     def shutdown(self) -> None:
         self._runner = None
         self._kv = None
         self._proposer = None
+        if self.dist is not None:
+            self.dist.close()
+            self.dist = None
 
     # -- parts ---------------------------------------------------------------------------------
     @property

@@ -23,6 +23,7 @@ class AscendPlatform(Platform):
     default_attention_backend: ClassVar[str] = "ascend"
     supported_block_sizes: ClassVar[tuple[int, ...] | None] = (128,)
     visible_devices_env: ClassVar[str | None] = "ASCEND_RT_VISIBLE_DEVICES"
+    ray_device_key: ClassVar[str] = "NPU"
 
     def _torch_npu(self):  # type: ignore[no-untyped-def]
         return importlib.import_module("torch_npu")
@@ -45,6 +46,9 @@ class AscendPlatform(Platform):
 
     def default_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
         return torch.float16 if model_dtype == torch.float32 else model_dtype
+
+    def device_count(self) -> int:
+        return int(torch.npu.device_count())  # type: ignore[attr-defined]
 
     def set_device(self, index: int) -> None:
         torch.npu.set_device(index)  # type: ignore[attr-defined]

@@ -24,6 +24,7 @@ class CudaPlatform(Platform):
     visible_devices_env: ClassVar[str | None] = "CUDA_VISIBLE_DEVICES"
     # CUDA graphs (graph_capture) are not written yet: they need a GPU to be tested (issue #9)
     supports_graph_capture: ClassVar[bool] = False
+    ray_device_key: ClassVar[str] = "GPU"
 
     def is_available(self) -> Availability:
         if torch.version.cuda is None:
@@ -49,6 +50,9 @@ class CudaPlatform(Platform):
         if model_dtype == torch.float32:
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         return model_dtype
+
+    def device_count(self) -> int:
+        return torch.cuda.device_count()
 
     def set_device(self, index: int) -> None:
         torch.cuda.set_device(index)

@@ -123,6 +123,7 @@ class TritonAttentionBackend(AttentionBackend):
         kv_cache: torch.Tensor,  # (2, num_blocks, block_size, num_kv_heads, head_dim)
         metadata: TritonAttentionMetadata,
     ) -> torch.Tensor:  # (num_tokens, num_heads, head_dim)
+        from ironlm_cuda.kernels.common import PagedAttention
         from ironlm_cuda.kernels.kv_write import write_kv
         from ironlm_cuda.kernels.paged_decode import paged_decode
         from ironlm_cuda.kernels.paged_prefill import paged_prefill
@@ -133,15 +134,11 @@ class TritonAttentionBackend(AttentionBackend):
         k_scale, v_scale = self.scales_of(layer.layer_index)
         write_kv(kv_cache, k, v, batch.slot_mapping, k_scale, v_scale)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        window, cap = layer.sliding_window, layer.logits_soft_cap
-        paged_decode(
+        attn = PagedAttention(
             out, q, kv_cache, batch.block_tables, batch.seq_lens, batch.query_start_loc,
-            metadata.decode_seq_ids, metadata.num_decode, metadata.num_splits,
-            metadata.partition_size, layer.scale, window, cap, k_scale, v_scale,
+            layer.scale, layer.sliding_window, layer.logits_soft_cap, k_scale, v_scale,
         )
-        paged_prefill(
-            out, q, kv_cache, batch.block_tables, batch.seq_lens, batch.query_start_loc,
-            metadata.qblock_seq, metadata.qblock_start, metadata.block_m, layer.scale, window,
-            cap, k_scale, v_scale,
-        )
+        paged_decode(attn, metadata.decode_seq_ids, metadata.num_decode, metadata.num_splits,
+                     metadata.partition_size)
+        paged_prefill(attn, metadata.qblock_seq, metadata.qblock_start, metadata.block_m)
         return out

@@ -40,6 +40,7 @@ from ironlm.interfaces.tool_parser import (
     ToolCall,
     ToolParser,
 )
+from ironlm.json_scan import skip_ws
 
 from ironlm_toolparsers.call_object import CallObject
 
@@ -173,9 +174,23 @@ class StreamingToolParser(ToolParser):
         self._pos = start + len(marker)
         return marker
 
-    def _pump(self, call: CallObject) -> str:
-        """Feed ``call`` with the grown text; announce it and stream its arguments when
-        possible. Returns MORE, DONE (``self._pos`` moves past the object) or FAILED."""
+    def _opener(self, char: str) -> int | None:
+        """After whitespace from ``self._pos``, ``char`` (``{`` or ``[``) must come: its index.
+        None when the text is used up (more is needed) or another character stands there (the
+        call is malformed: failed); ``_step`` then returns ``self._broken``."""
+        i = skip_ws(self._text, self._pos)
+        if i == len(self._text):
+            return None
+        if self._text[i] != char:
+            self._fail()
+            return None
+        return i
+
+    def _pump(self, call: CallObject | None) -> str:
+        """Feed ``call`` (the call object being read) with the grown text; announce it and
+        stream its arguments when possible. Returns MORE, DONE (``self._pos`` moves past the
+        object) or FAILED; ``_step`` returns ``outcome != MORE``."""
+        assert call is not None
         call.feed(self._text)
         if call.error:
             self._fail()

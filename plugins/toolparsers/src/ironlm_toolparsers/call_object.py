@@ -16,7 +16,7 @@ arguments given twice) is an error: the caller reports the whole output as conte
 
 from __future__ import annotations
 
-from ironlm_toolparsers.json_scan import JsonScanner, Member, strict_loads
+from ironlm.json_scan import JsonScanner, Member, strict_loads
 
 ARGUMENT_KEYS = ("arguments", "parameters")
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ironlm.json_scan import skip_ws
 from ironlm_toolparsers.base import DONE, MORE, StreamingToolParser
 from ironlm_toolparsers.call_object import CallObject
-from ironlm_toolparsers.json_scan import skip_ws
 
 START, END = "<tool_call>", "</tool_call>"
 
@@ -39,22 +39,16 @@ class HermesToolParser(StreamingToolParser):
             self._state = _OPEN
             return True
         if self._state == _OPEN:  # after <tool_call>: whitespace, then the object
-            i = skip_ws(text, self._pos)
-            if i == len(text):
-                return False
-            if text[i] != "{":
-                self._fail()
-                return True
+            i = self._opener("{")
+            if i is None:
+                return self._broken
             self._call, self._pos, self._state = CallObject(i), i, _OBJECT
             return True
         if self._state == _OBJECT:
-            assert self._call is not None
             outcome = self._pump(self._call)
-            if outcome == MORE:
-                return False
             if outcome == DONE:
                 self._state = _CLOSE
-            return True
+            return outcome != MORE
         # _CLOSE: after the object: whitespace, then </tool_call>
         i = skip_ws(text, self._pos)
         if text.startswith(END, i):

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from ironlm.json_scan import skip_ws
 from ironlm_toolparsers.base import DONE, MORE, StreamingToolParser
 from ironlm_toolparsers.call_object import CallObject
-from ironlm_toolparsers.json_scan import skip_ws
 
 CONTENT, AFTER_MARKER, ITEM, OBJECT, AFTER_ITEM = range(5)
 FIRST_FREE_STATE = 5  # subclasses number their own states from here
@@ -46,13 +46,10 @@ class JsonListToolParser(StreamingToolParser):
         if state == ITEM:
             return self._item()
         if state == OBJECT:
-            assert self._call is not None
             outcome = self._pump(self._call)
-            if outcome == MORE:
-                return False
             if outcome == DONE:
                 self._state = self._state_after_object()
-            return True
+            return outcome != MORE
         if state == AFTER_ITEM:
             return self._after_item()
         return self._step_more(state)
@@ -60,12 +57,9 @@ class JsonListToolParser(StreamingToolParser):
     # -- hooks for subclasses ----------------------------------------------------------------
     def _after_marker(self) -> bool:
         """After the marker: whitespace, then the list."""
-        i = skip_ws(self._text, self._pos)
-        if i == len(self._text):
-            return False
-        if self._text[i] != "[":
-            self._fail()
-            return True
+        i = self._opener("[")
+        if i is None:
+            return self._broken
         self._begin_list(i)
         return True
 
@@ -81,13 +75,9 @@ class JsonListToolParser(StreamingToolParser):
         self._pos, self._state, self._first_item = bracket + 1, ITEM, True
 
     def _item(self) -> bool:
-        text = self._text
-        i = skip_ws(text, self._pos)
-        if i == len(text):
-            return False
-        if text[i] != "{":
-            self._fail()
-            return True
+        i = self._opener("{")
+        if i is None:
+            return self._broken
         if not self._first_item:  # the first call's unit began at the marker
             self._open_unit(i)
         self._first_item = False

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ironlm.json_scan import skip_ws
 from ironlm_toolparsers.base import DONE, MORE, StreamingToolParser
 from ironlm_toolparsers.call_object import CallObject
-from ironlm_toolparsers.json_scan import skip_ws
 
 BOT = "<|python_tag|>"
 
@@ -52,24 +52,18 @@ class Llama3JsonToolParser(StreamingToolParser):
             self._state = _OPEN
             return True
         if state == _OPEN or state == _NEXT:  # whitespace, then a call object
-            i = skip_ws(text, self._pos)
-            if i == len(text):
-                return False
-            if text[i] != "{":
-                self._fail()
-                return True
+            i = self._opener("{")
+            if i is None:
+                return self._broken
             if state == _NEXT:
                 self._open_unit(i)
             self._begin_object(i)
             return True
         if state == _OBJECT:
-            assert self._call is not None
             outcome = self._pump(self._call)
-            if outcome == MORE:
-                return False
             if outcome == DONE:
                 self._state = _AFTER
-            return True
+            return outcome != MORE
         # _AFTER a call: ";" and another call, or the rest is content
         i = skip_ws(text, self._pos)
         if i == len(text):

@@ -22,10 +22,10 @@ import secrets
 import string
 from typing import Any
 
+from ironlm.json_scan import skip_ws
 from ironlm_toolparsers.base import DONE, MORE
 from ironlm_toolparsers.call_object import CallObject
 from ironlm_toolparsers.json_list import CONTENT, FIRST_FREE_STATE, JsonListToolParser
-from ironlm_toolparsers.json_scan import skip_ws
 
 BOT, ARGS = "[TOOL_CALLS]", "[ARGS]"
 _NAME = re.compile(r"[A-Za-z0-9_.\-]*")
@@ -78,23 +78,16 @@ class MistralToolParser(JsonListToolParser):
         return super()._state_after_object()
 
     def _step_more(self, state: int) -> bool:
-        text = self._text
         if state == _NAMED_ARGS:  # after name[ARGS]: the arguments object
-            i = skip_ws(text, self._pos)
-            if i == len(text):
-                return False
-            if text[i] != "{":
-                self._fail()
-                return True
+            i = self._opener("{")
+            if i is None:
+                return self._broken
             self._call = CallObject(i, name=self._function)
             self._pos, self._state = i, _NAMED_OBJECT
             return True
         if state == _NAMED_OBJECT:
-            assert self._call is not None
             outcome = self._pump(self._call)
-            if outcome == MORE:
-                return False
             if outcome == DONE:
                 self._state = self._state_after_object()
-            return True
+            return outcome != MORE
         return super()._step_more(state)

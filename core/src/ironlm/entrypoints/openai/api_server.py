@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response
 
 from ironlm import __version__
 from ironlm.contract_version import PluginContractError
-from ironlm.engine.async_engine import AsyncEngine
+from ironlm.engine.async_engine import AsyncEngine, EngineDeadError
 from ironlm.entrypoints.chat_utils import load_chat_template
 from ironlm.entrypoints.openai import (
     serving_chat,
@@ -232,18 +232,30 @@ def run_server(args: argparse.Namespace) -> None:
     load_chat_template(args.chat_template)  # a bad --chat-template fails before loading
     torch.manual_seed(config.seed)  # unseeded sampling draws from the global generator
     log.info("IronLM %s: loading %s on %s", __version__, config.model, platform.name)
-    engine = AsyncEngine(LLMEngine(config, pm), max_waiting=args.max_waiting_requests)
+    server: uvicorn.Server | None = None
+
+    def engine_dead(exc: BaseException) -> None:  # from the engine thread: stop serving
+        if server is not None:
+            server.should_exit = True
+
+    engine = AsyncEngine(LLMEngine(config, pm), max_waiting=args.max_waiting_requests,
+                         on_dead=engine_dead)
     engine.start()
     try:
         app = build_app(engine, args, pm)
-        uvicorn.Server(uvicorn.Config(
+        server = uvicorn.Server(uvicorn.Config(
             app, host=args.host or "0.0.0.0", port=args.port,
             log_level=args.uvicorn_log_level, timeout_keep_alive=5,
+            timeout_graceful_shutdown=5,
             ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile,
             ssl_ca_certs=args.ssl_ca_certs, ssl_cert_reqs=args.ssl_cert_reqs,
-        )).run()
+        ))
+        server.should_exit = engine.fatal_error is not None  # died before this line
+        server.run()
     finally:
         engine.shutdown()
+    if engine.fatal_error is not None:
+        raise EngineDeadError(f"the engine died: {engine.fatal_error}")
 
 
 def serve(args: argparse.Namespace, prog: str = "ironlm serve") -> int:
@@ -253,6 +265,9 @@ def serve(args: argparse.Namespace, prog: str = "ironlm serve") -> int:
                             format="%(levelname)s %(asctime)s %(name)s: %(message)s")
     try:
         run_server(args)
+    except EngineDeadError as exc:  # a worker died while serving: exit non-zero at once
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 1
     except (ValueError, OSError, PluginClashError, PluginContractError) as exc:
         # StartupError, selection errors, plugins written for another contract
         print(f"{prog}: error: {exc}", file=sys.stderr)

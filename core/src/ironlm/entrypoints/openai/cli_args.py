@@ -1,72 +1,21 @@
 """Flags of ``ironlm serve`` / ``python -m ironlm.entrypoints.openai.api_server``.
 
 vLLM's names and defaults. Every EngineConfig field becomes ``--kebab-case`` (generated from
-the dataclass, so a new engine argument is a new flag); the front end's flags are listed here.
+the dataclass by ``ironlm.entrypoints.engine_args``, so a new engine argument is a new flag);
+the front end's flags are listed here.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
 import ssl
-import types
-import typing
-from dataclasses import MISSING, fields
-from typing import Any
 
-from ironlm.config import LOAD_FORMATS, EngineConfig
+from ironlm.config import EngineConfig
+from ironlm.entrypoints.engine_args import ENGINE_HELP, add_engine_args, engine_kwargs, parse_size
 
-# Help per engine argument (fields missing here still get a flag, with a generic help).
-_ENGINE_HELP: dict[str, str] = {
-    "model": "HF folder, GGUF file, or model name to serve (same as the positional MODEL)",
-    "tokenizer": "tokenizer folder or name (default: the model's)",
-    "trust_remote_code": "trust remote code of the model's HF config",
-    "dtype": "compute dtype: auto, float32, float16, bfloat16 (and half, float)",
-    "max_model_len": "context length (default: the model's max_position_embeddings)",
-    "block_size": "tokens per KV-cache block",
-    "enable_prefix_caching": "reuse KV blocks of shared prompt prefixes",
-    "enable_chunked_prefill": "split long prefills across steps",
-    "max_num_seqs": "most sequences in one batch",
-    "max_num_batched_tokens": "token budget of one step (default: 2048 with chunked prefill)",
-    "kv_cache_memory": "bytes for the KV cache, e.g. 512MiB, 4GiB (default: platform's)",
-    "num_kv_blocks": "exact number of KV blocks (overrides the memory-based size)",
-    "gpu_memory_utilization": "fraction of device memory the engine may use",
-    "swap_space": "GiB of host swap for preempted KV (IronLM preempts by recompute: 0)",
-    "seed": "random seed",
-    "load_format": f"weights format: {', '.join(LOAD_FORMATS)}",
-    "device": "device platform plugin (cpu, cuda, npu, ...; auto picks the best available)",
-    "attention_backend": "attention backend plugin (default: the platform's)",
-    "attention_backend_options": "JSON object of options for the attention backend",
-    "quantization": "quantization method plugin (e.g. the checkpoint's quant_method)",
-    "guided_decoding_backend": "default guided-decoding backend plugin (auto: first available)",
-    "distributed_executor_backend": "executor plugin: uni, mp, ray (default: uni for TP 1)",
-    "tensor_parallel_size": "number of tensor-parallel workers",
-    "max_logprobs": "most logprobs a request may ask for",
-    "enforce_eager": "never capture device graphs",
-    "kv_cache_dtype": "KV-cache dtype (auto: the model dtype)",
-    "speculative_model": "draft model (HF folder or GGUF sharing the tokenizer), or \"[ngram]\" "
-                         "for prompt lookup, or \"[name]\" of another speculative proposer plugin",
-    "num_speculative_tokens": "tokens to draft per step (required with --speculative-model)",
-    "speculative_max_model_len": "no speculation for sequences longer than this (None: the "
-                                 "draft's and the target's context length)",
-    "speculative_disable_by_batch_size": "no speculation while this many requests run",
-    "ngram_prompt_lookup_max": "[ngram]: longest suffix looked up in the request (required)",
-    "ngram_prompt_lookup_min": "[ngram]: shortest suffix looked up (None: 1)",
-    "num_scheduler_steps": "the maximum number of forward steps per scheduler call",
-}
-# Engine fields shown in another group, with the server's default.
-_FRONTEND_OWNED = {"disable_log_stats"}
-_SIZE = re.compile(r"^\s*([0-9.]+)\s*([kmgt]?)(i?b?)\s*$", re.I)
-
-
-def parse_size(text: str) -> int:
-    """Bytes from '1073741824', '512MiB', '4G', '2GB' (binary units, as vLLM's GiB flags)."""
-    m = _SIZE.match(text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 512MiB, 4GiB)")
-    factor = 1024 ** ("kmgt".find(m.group(2).lower()) + 1) if m.group(2) else 1
-    return int(float(m.group(1)) * factor)
+# Engine fields shown in another group (with the server's default), or as a positional too.
+_FRONTEND_OWNED = ("model", "disable_log_stats")
 
 
 def _json_list(text: str) -> list[str]:
@@ -74,39 +23,6 @@ def _json_list(text: str) -> list[str]:
     if not isinstance(value, list):
         raise argparse.ArgumentTypeError(f"expected a JSON list, got {text!r}")
     return value
-
-
-def _json_object(text: str) -> dict[str, Any]:
-    value = json.loads(text)
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
-    return value
-
-
-def _add_engine_args(group: argparse._ArgumentGroup) -> None:
-    hints = typing.get_type_hints(EngineConfig)
-    for f in fields(EngineConfig):
-        if f.name in _FRONTEND_OWNED or f.name == "model":
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        hint = hints[f.name]
-        base = hint  # X | None -> X
-        if typing.get_origin(hint) in (typing.Union, types.UnionType):
-            base = next(a for a in typing.get_args(hint) if a is not type(None))
-        default = f.default if f.default is not MISSING else None
-        help_text = _ENGINE_HELP.get(f.name, f"engine argument {f.name}")
-        help_text += " (default: %(default)s)"
-        if base is bool:
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
-                               help=help_text)
-        elif f.name == "kv_cache_memory":
-            group.add_argument(flag, type=parse_size, default=default, help=help_text)
-        elif typing.get_origin(base) is dict or base is dict:
-            group.add_argument(flag, type=_json_object, default=None, help=help_text)
-        elif base in (int, float, str):
-            group.add_argument(flag, type=base, default=default, help=help_text)
-        else:
-            raise TypeError(f"EngineConfig.{f.name}: no flag type for {hint!r}")
 
 
 def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -170,8 +86,8 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     logs.add_argument("--disable-log-stats", action=argparse.BooleanOptionalAction,
                       default=False, help="do not log engine stats every 10 s")
     eng = parser.add_argument_group("engine")
-    eng.add_argument("--model", default=None, help=_ENGINE_HELP["model"])
-    _add_engine_args(eng)
+    eng.add_argument("--model", default=None, help=ENGINE_HELP["model"])
+    add_engine_args(eng, skip=_FRONTEND_OWNED)
     return parser
 
 
@@ -180,14 +96,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     model = args.model_tag or args.model
     if not model:
         raise ValueError("a model is required: ironlm serve MODEL (or --model MODEL)")
-    kwargs: dict[str, Any] = {"model": model}
-    for f in fields(EngineConfig):
-        if f.name != "model" and hasattr(args, f.name):
-            value = getattr(args, f.name)
-            if f.name == "attention_backend_options" and value is None:
-                continue
-            kwargs[f.name] = value
-    return EngineConfig(**kwargs)
+    return EngineConfig(model=model, **engine_kwargs(args))
 
 
 def make_parser(prog: str = "ironlm serve") -> argparse.ArgumentParser:

@@ -25,7 +25,23 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: bool | None = False
 
 
-class SamplingFields(_Request):
+class GuidedFields(_Request):
+    """Structured output (issue 6): vLLM 0.6 names, OpenAI response_format, newer vLLM form.
+
+    Each field is the parameter of ``ironlm.guided_spec.spec_from_request`` of the same name,
+    which turns them into one constraint (request_inputs.guided_spec hands them over).
+    """
+
+    response_format: dict[str, Any] | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None
+    structured_outputs: dict[str, Any] | None = None
+
+
+class SamplingFields(GuidedFields):
     """Sampling parameters shared by completions and chat (OpenAI + vLLM extras)."""
 
     model: str | None = None
@@ -57,15 +73,7 @@ class SamplingFields(_Request):
     stream_options: StreamOptions | None = None
     user: str | None = None
     priority: int = 0
-    # Structured output (issue 6): vLLM 0.6 names, OpenAI response_format, newer vLLM form.
-    response_format: dict[str, Any] | None = None
-    guided_json: str | dict[str, Any] | None = None
-    guided_regex: str | None = None
-    guided_choice: list[str] | None = None
-    guided_grammar: str | None = None
-    guided_decoding_backend: str | None = None
-    guided_whitespace_pattern: str | None = None
-    structured_outputs: dict[str, Any] | None = None
+    guided_decoding_backend: str | None = None  # the backend that enforces the GuidedFields
     return_tokens_as_token_ids: bool | None = None
 
 
@@ -138,6 +146,12 @@ class UsageInfo(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int | None = 0
     total_tokens: int = 0
+
+    @classmethod
+    def of(cls, prompt_tokens: int, completion_tokens: int) -> UsageInfo:
+        """The usage of a generation: the total is the sum of both counts."""
+        return cls(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                   total_tokens=prompt_tokens + completion_tokens)
 
 
 class CompletionLogProbs(BaseModel):

@@ -15,6 +15,7 @@ from ironlm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     EmbeddingRequest,
+    GuidedFields,
     SamplingFields,
 )
 from ironlm.guided_spec import spec_from_request
@@ -27,6 +28,14 @@ KNOWN_FIELDS = frozenset(
     | set(ChatCompletionRequest.model_fields)
     | set(CompletionRequest.model_fields)
     | set(EmbeddingRequest.model_fields)
+)
+
+# Request fields that SamplingParams has under the same name, copied as they are; None means
+# "not given" (the SamplingParams default applies). The others are set by sampling_params().
+_COPIED_FIELDS = tuple(
+    name for name in SamplingFields.model_fields
+    if name in {f.name for f in fields(SamplingParams)}
+    and name not in ("prompt_logprobs", "guided_decoding_backend")
 )
 
 
@@ -94,16 +103,9 @@ def check_context_length(num_prompt: int, max_tokens: int | None, max_model_len:
 
 
 def guided_spec(req: SamplingFields) -> GuidedSpec | None:
+    """The request's structured-output constraint (400 naming the field when malformed)."""
     try:
-        return spec_from_request(
-            guided_json=req.guided_json,
-            guided_regex=req.guided_regex,
-            guided_choice=req.guided_choice,
-            guided_grammar=req.guided_grammar,
-            guided_whitespace_pattern=req.guided_whitespace_pattern,
-            response_format=req.response_format,
-            structured_outputs=req.structured_outputs,
-        )
+        return spec_from_request(**{name: getattr(req, name) for name in GuidedFields.model_fields})
     except ValueError as exc:
         raise from_value_error(exc, KNOWN_FIELDS) from None
 
@@ -123,32 +125,14 @@ def sampling_params(
             "for streamed requests); use LLM.beam_search offline", 400, param="use_beam_search",
         )
     given: dict[str, Any] = {
-        name: getattr(req, name)
-        for name in (
-            "presence_penalty", "frequency_penalty", "repetition_penalty", "temperature",
-            "top_p", "top_k", "min_p", "seed", "length_penalty",
-        )
-        if getattr(req, name) is not None
+        name: getattr(req, name) for name in _COPIED_FIELDS if getattr(req, name) is not None
     }
     try:
         return SamplingParams(
-            n=req.n,
-            best_of=req.best_of,
-            stop=req.stop,
-            stop_token_ids=req.stop_token_ids,
-            include_stop_str_in_output=req.include_stop_str_in_output,
-            ignore_eos=req.ignore_eos,
             max_tokens=max_tokens,
-            min_tokens=req.min_tokens,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs if prompt_logprobs is not None
             else req.prompt_logprobs,
-            skip_special_tokens=req.skip_special_tokens,
-            spaces_between_special_tokens=req.spaces_between_special_tokens,
-            logit_bias=req.logit_bias,
-            allowed_token_ids=req.allowed_token_ids,
-            bad_words=req.bad_words,
-            truncate_prompt_tokens=req.truncate_prompt_tokens,
             guided_decoding=guided,
             guided_decoding_backend=req.guided_decoding_backend if guided else None,
             **given,

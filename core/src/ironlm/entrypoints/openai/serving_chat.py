@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from ironlm.entrypoints.openai.chat_prompt import render_chat_prompt
+from ironlm.entrypoints.openai.engine_response import respond
 from ironlm.entrypoints.openai.errors import APIError, from_value_error
 from ironlm.entrypoints.openai.logprobs import TokenNamer, chat_logprobs, prompt_logprobs_json
 from ironlm.entrypoints.openai.metrics import tracked
@@ -39,14 +40,7 @@ from ironlm.entrypoints.openai.request_inputs import (
     tokenize_prompt,
 )
 from ironlm.entrypoints.openai.state import ServerState, random_id
-from ironlm.entrypoints.openai.streaming import (
-    ClientDisconnected,
-    close_all,
-    last_item,
-    run_unless_disconnected,
-    sse,
-    stream_unless_disconnected,
-)
+from ironlm.entrypoints.openai.streaming import close_all, sse
 from ironlm.entrypoints.openai.tool_calls import ToolExtractor, ToolPlan, plan_tools, tool_call_id
 from ironlm.interfaces.tool_parser import StreamDelta
 from ironlm.outputs import RequestOutput
@@ -119,26 +113,10 @@ async def create_chat_completion(
                               priority=req.priority),
         state.new_tracker(),
     )
-    try:
-        if not req.stream:
-            try:
-                final = await run_unless_disconnected(request, last_item(gen))
-            finally:
-                await close_all([gen])
-            return JSONResponse(_response(ctx, final).model_dump())
-        first = await run_unless_disconnected(request, anext(gen))
-    except ClientDisconnected:
-        await close_all([gen])
-        return Response(status_code=499)
-    except ValueError as exc:
-        await close_all([gen])
-        raise from_value_error(exc, KNOWN_FIELDS) from None
-    except BaseException:
-        await close_all([gen])
-        raise
-    return StreamingResponse(
-        stream_unless_disconnected(request, _stream(ctx, first, gen)),
-        media_type="text/event-stream",
+    return await respond(
+        request, [gen],
+        build=lambda finals: JSONResponse(_response(ctx, finals[0]).model_dump()),
+        stream=(lambda firsts: _stream(ctx, firsts[0], gen)) if req.stream else None,
     )
 
 
@@ -177,8 +155,7 @@ def _response(ctx: _Ctx, final: RequestOutput) -> ChatCompletionResponse:
         model=ctx.state.model_name,
         system_fingerprint=ctx.state.system_fingerprint,
         choices=choices,
-        usage=UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                        total_tokens=prompt_tokens + completion_tokens),
+        usage=UsageInfo.of(prompt_tokens, completion_tokens),
         prompt_logprobs=prompt_logprobs_json(final.prompt_logprobs)
         if ctx.req.prompt_logprobs is not None else None,
     )
@@ -226,10 +203,8 @@ async def _stream(
     choices = [_ChoiceStream(ctx) for _ in range(req.n)]
     prompt_tokens = len(first.prompt_token_ids)
 
-    def usage() -> dict[str, int]:
-        c = sum(ch.sent_tokens for ch in choices)
-        return {"prompt_tokens": prompt_tokens, "completion_tokens": c,
-                "total_tokens": prompt_tokens + c}
+    def usage() -> dict[str, Any]:
+        return UsageInfo.of(prompt_tokens, sum(ch.sent_tokens for ch in choices)).model_dump()
 
     def chunk(choice: ChatStreamChoice | None) -> str:
         body: dict[str, Any] = {

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
+from ironlm.entrypoints.openai.engine_response import respond
 from ironlm.entrypoints.openai.errors import APIError, from_value_error
 from ironlm.entrypoints.openai.logprobs import (
     TokenNamer,
@@ -36,16 +37,7 @@ from ironlm.entrypoints.openai.request_inputs import (
     tokenize_prompt,
 )
 from ironlm.entrypoints.openai.state import ServerState, random_id
-from ironlm.entrypoints.openai.streaming import (
-    ClientDisconnected,
-    close_all,
-    gather_or_cancel,
-    last_item,
-    merge,
-    run_unless_disconnected,
-    sse,
-    stream_unless_disconnected,
-)
+from ironlm.entrypoints.openai.streaming import close_all, merge, sse
 from ironlm.outputs import CompletionOutput, RequestOutput
 from ironlm.sampling_params import SamplingParams
 
@@ -98,31 +90,10 @@ async def create_completion(
             state.engine.generate(rid, p.as_engine_prompt(), sp, priority=req.priority),
             state.new_tracker(),
         ))
-    try:
-        if not req.stream:
-            try:
-                finals = await run_unless_disconnected(
-                    request, gather_or_cancel([last_item(g) for g in gens])
-                )
-            finally:
-                await close_all(gens)
-            return JSONResponse(_response(ctx, finals).model_dump())
-        # Wait for every prompt's first output, so that a validation error is still a 400.
-        firsts = await run_unless_disconnected(
-            request, gather_or_cancel([anext(g) for g in gens])
-        )
-    except ClientDisconnected:
-        await close_all(gens)
-        return Response(status_code=499)
-    except ValueError as exc:
-        await close_all(gens)
-        raise from_value_error(exc, KNOWN_FIELDS) from None
-    except BaseException:
-        await close_all(gens)
-        raise
-    return StreamingResponse(
-        stream_unless_disconnected(request, _stream(ctx, firsts, gens)),
-        media_type="text/event-stream",
+    return await respond(
+        request, gens,
+        build=lambda finals: JSONResponse(_response(ctx, finals).model_dump()),
+        stream=(lambda firsts: _stream(ctx, firsts, gens)) if req.stream else None,
     )
 
 
@@ -156,8 +127,7 @@ def _response(ctx: _Ctx, finals: list[RequestOutput]) -> CompletionResponse:
         model=ctx.state.model_name,
         system_fingerprint=ctx.state.system_fingerprint,
         choices=choices,
-        usage=UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                        total_tokens=prompt_tokens + completion_tokens),
+        usage=UsageInfo.of(prompt_tokens, completion_tokens),
     )
 
 
@@ -176,9 +146,8 @@ async def _stream(
     prompt_tokens = [len(p.token_ids) for p in ctx.prompts]
     generated = [0] * num_choices
 
-    def usage() -> dict[str, int]:
-        p, c = sum(prompt_tokens), sum(generated)
-        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+    def usage() -> dict[str, Any]:
+        return UsageInfo.of(sum(prompt_tokens), sum(generated)).model_dump()
 
     def chunk(choice: dict[str, Any]) -> str:
         body: dict[str, Any] = {

@@ -8,7 +8,8 @@ import numpy as np
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ironlm.entrypoints.openai.errors import APIError, from_value_error
+from ironlm.entrypoints.openai.engine_response import respond
+from ironlm.entrypoints.openai.errors import APIError
 from ironlm.entrypoints.openai.metrics import tracked
 from ironlm.entrypoints.openai.protocol import (
     EmbeddingData,
@@ -16,15 +17,9 @@ from ironlm.entrypoints.openai.protocol import (
     EmbeddingResponse,
     UsageInfo,
 )
-from ironlm.entrypoints.openai.request_inputs import KNOWN_FIELDS, split_prompts, tokenize_prompt
+from ironlm.entrypoints.openai.request_inputs import split_prompts, tokenize_prompt
 from ironlm.entrypoints.openai.state import ServerState, random_id
-from ironlm.entrypoints.openai.streaming import (
-    ClientDisconnected,
-    close_all,
-    gather_or_cancel,
-    last_item,
-    run_unless_disconnected,
-)
+from ironlm.outputs import RequestOutput
 from ironlm.sampling_params import SamplingParams
 
 
@@ -56,16 +51,15 @@ async def create_embedding(
                                   priority=req.priority, pooling=True),
             state.new_tracker(),
         ))
-    try:
-        finals = await run_unless_disconnected(
-            request, gather_or_cancel([last_item(g) for g in gens])
-        )
-    except ClientDisconnected:
-        return Response(status_code=499)
-    except ValueError as exc:
-        raise from_value_error(exc, KNOWN_FIELDS) from None
-    finally:
-        await close_all(gens)
+    num_tokens = sum(len(p.token_ids) for p in prompts)
+    return await respond(
+        request, gens, build=lambda finals: _response(state, req, finals, num_tokens)
+    )
+
+
+def _response(
+    state: ServerState, req: EmbeddingRequest, finals: list[RequestOutput], num_tokens: int
+) -> JSONResponse:
     data = []
     for i, out in enumerate(finals):
         if out.embedding is None:
@@ -74,7 +68,6 @@ async def create_embedding(
         if req.encoding_format == "base64":
             vec = base64.b64encode(np.asarray(out.embedding, dtype="<f4").tobytes()).decode()
         data.append(EmbeddingData(index=i, embedding=vec))
-    num_tokens = sum(len(p.token_ids) for p in prompts)
     return JSONResponse(EmbeddingResponse(
         data=data, model=state.model_name,
         usage=UsageInfo(prompt_tokens=num_tokens, completion_tokens=None,

@@ -12,8 +12,9 @@ from dataclasses import fields
 from typing import Any, AsyncIterator
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
+from ironlm.entrypoints.openai.engine_response import respond
 from ironlm.entrypoints.openai.errors import APIError, from_value_error
 from ironlm.entrypoints.openai.metrics import tracked
 from ironlm.entrypoints.openai.request_inputs import (
@@ -22,13 +23,7 @@ from ironlm.entrypoints.openai.request_inputs import (
     tokenize_prompt,
 )
 from ironlm.entrypoints.openai.state import ServerState, random_id
-from ironlm.entrypoints.openai.streaming import (
-    ClientDisconnected,
-    close_all,
-    last_item,
-    run_unless_disconnected,
-    stream_unless_disconnected,
-)
+from ironlm.entrypoints.openai.streaming import close_all
 from ironlm.outputs import RequestOutput
 from ironlm.sampling_params import SamplingParams
 
@@ -64,25 +59,10 @@ async def generate(state: ServerState, request: Request, body: Any) -> Response:
         state.engine.generate(request_id, engine_prompt.as_engine_prompt(), params),
         state.new_tracker(),
     )
-    try:
-        if not stream:
-            try:
-                final = await run_unless_disconnected(request, last_item(gen))
-            finally:
-                await close_all([gen])
-            return JSONResponse(_body(prompt, final))
-        first = await run_unless_disconnected(request, anext(gen))
-    except ClientDisconnected:
-        await close_all([gen])
-        return Response(status_code=499)
-    except ValueError as exc:
-        await close_all([gen])
-        raise from_value_error(exc, KNOWN_FIELDS) from None
-    except BaseException:
-        await close_all([gen])
-        raise
-    return StreamingResponse(
-        stream_unless_disconnected(request, _stream(prompt, first, gen)),
+    return await respond(
+        request, [gen],
+        build=lambda finals: JSONResponse(_body(prompt, finals[0])),
+        stream=(lambda firsts: _stream(prompt, firsts[0], gen)) if stream else None,
         media_type="application/x-ndjson",
     )
 

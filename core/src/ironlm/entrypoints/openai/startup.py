@@ -49,10 +49,11 @@ def preflight(pm: PluginManager, config: EngineConfig, platform: Platform,
     if args.tool_call_parser:
         pm.select_tool_parser(args.tool_call_parser)
     pm.select_executor(config.distributed_executor_backend or "uni")
-    if config.tensor_parallel_size > 1 and config.distributed_executor_backend == "uni":
+    if config.world_size > 1 and config.distributed_executor_backend == "uni":
         raise StartupError(
-            f"--tensor-parallel-size {config.tensor_parallel_size} needs a multi-worker "
-            "executor (--distributed-executor-backend mp or ray); 'uni' runs one worker"
+            f"--tensor-parallel-size {config.tensor_parallel_size} x --pipeline-parallel-size "
+            f"{config.pipeline_parallel_size} needs a multi-worker executor "
+            "(--distributed-executor-backend mp or ray); 'uni' runs one worker"
         )
     pm.select_attention_backend(config.attention_backend, platform)
     if config.quantization:

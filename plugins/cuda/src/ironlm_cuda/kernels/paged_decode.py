@@ -14,10 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ironlm_cuda.kernels.common import FP8_MAX, dot, pow2_at_least, soft_cap, upcast_dot_operands
-
-BLOCK_N = 32  # keys per inner tile
-LOG2E = 1.4426950408889634
+from ironlm_cuda.kernels.common import BLOCK_N, PagedAttention, attend_paged_kv, pow2_at_least
 
 
 @triton.jit
@@ -68,35 +65,14 @@ def _decode_split_kernel(
     if USE_WINDOW:  # the query sits at seq_len - 1 and sees keys j > seq_len - 1 - window
         start = tl.maximum(start, seq_len - window)
 
-    m_i = tl.full([GROUP_PAD], -1.0e30, tl.float32)
-    l_i = tl.zeros([GROUP_PAD], tl.float32)
-    acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
-    table = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    for n0 in range(start, end, BLOCK_N):
-        kpos = n0 + tl.arange(0, BLOCK_N)
-        k_ok = kpos < end
-        block = tl.load(table + kpos // BLOCK_SIZE, mask=k_ok, other=0).to(tl.int64)
-        src = block * stride_cb + (kpos % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
-        kv_mask = k_ok[:, None] & dim_ok[None, :]
-        k = tl.load(k_cache_ptr + src[:, None] + dims[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_cache_ptr + src[:, None] + dims[None, :], mask=kv_mask, other=0.0)
-        if FP8:
-            k = k.to(tl.float32) * k_scale
-            v = v.to(tl.float32) * v_scale
-        k = k.to(q.dtype)  # (BLOCK_N, BLOCK_D)
-        v = v.to(q.dtype)
-        s = dot(q, tl.trans(k), IEEE)  # (GROUP_PAD, BLOCK_N)
-        if USE_CAP:
-            s = soft_cap(s * qk_scale, cap) * 1.4426950408889634  # log2(e)
-        else:
-            s = s * qk_scale
-        s = tl.where(k_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, IEEE)
-        m_i = m_new
+    # The one query sees every key in [start, end) (the window went into start): no causal
+    # mask, so no query positions (``rows`` stands in for them, unread).
+    acc, m_i, l_i = attend_paged_kv(
+        q, rows, start, end, block_tables_ptr + seq.to(tl.int64) * stride_bt, k_cache_ptr,
+        v_cache_ptr, kv_head, qk_scale, cap, k_scale, v_scale, window, stride_cb, stride_cs,
+        stride_ch, ROWS=GROUP_PAD, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
+        BLOCK_SIZE=BLOCK_SIZE, CAUSAL=False, WINDOW=False, USE_CAP=USE_CAP, FP8=FP8, IEEE=IEEE,
+    )
 
     if NUM_SPLITS == 1:
         out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
@@ -143,27 +119,18 @@ def _decode_reduce_kernel(
 
 
 def paged_decode(
-    out: torch.Tensor,  # (num_tokens, num_heads, head_dim), written at the decode tokens' rows
-    q: torch.Tensor,  # (num_tokens, num_heads, head_dim)
-    kv_cache: torch.Tensor,  # (2, num_blocks, block_size, num_kv_heads, head_dim)
-    block_tables: torch.Tensor,  # (num_seqs, max_blocks) int32
-    seq_lens: torch.Tensor,  # (num_seqs,) int32
-    query_start_loc: torch.Tensor,  # (num_seqs + 1,) int32
+    attn: PagedAttention,
     seq_ids: torch.Tensor | None,  # (num_decode,) int32; None: every sequence decodes
     num_decode: int,
     num_splits: int,
     partition_size: int,  # keys per split, a multiple of BLOCK_N
-    scale: float,
-    sliding_window: int | None = None,
-    soft_cap_value: float | None = None,
-    k_scale: float = 1.0,
-    v_scale: float = 1.0,
 ) -> None:
     """Attention of each decode sequence's single new token over its whole cached context."""
     if num_decode == 0:
         return
+    q, out = attn.q, attn.out
     _, num_heads, head_dim = q.shape
-    k_cache, v_cache = kv_cache[0], kv_cache[1]
+    k_cache, v_cache = attn.kv_cache[0], attn.kv_cache[1]
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
     block_d = pow2_at_least(head_dim)
@@ -174,26 +141,18 @@ def paged_decode(
                              device=device)
         part_ml = torch.empty((2, num_decode, num_heads, num_splits), dtype=torch.float32,
                               device=device)
-    ids = seq_ids if seq_ids is not None else seq_lens
-    upcast = upcast_dot_operands(q.dtype, device)
-    use_cap = soft_cap_value is not None
+    ids = seq_ids if seq_ids is not None else attn.seq_lens
     _decode_split_kernel[(num_decode, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, ids, out, part_o, part_ml,
-        scale if use_cap else scale * LOG2E,
-        float(soft_cap_value or 1.0), float(k_scale), float(v_scale), int(sliding_window or 0),
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        num_decode,
+        q, k_cache, v_cache, attn.block_tables, attn.seq_lens, attn.query_start_loc, ids, out,
+        part_o, part_ml, *attn.scalar_args(), num_decode,
         NUM_HEADS=num_heads, GROUP=group, GROUP_PAD=pow2_at_least(group),
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=BLOCK_N,
         BLOCK_SIZE=k_cache.shape[1], PARTITION=partition_size, NUM_SPLITS=num_splits,
-        HAS_SEQ_IDS=seq_ids is not None, USE_WINDOW=sliding_window is not None,
-        USE_CAP=use_cap, FP8=kv_cache.dtype in FP8_MAX, UPCAST=upcast,
-        IEEE=q.dtype == torch.float32 or upcast,
+        HAS_SEQ_IDS=seq_ids is not None, **attn.flags(),
     )
     if num_splits > 1:
         _decode_reduce_kernel[(num_decode, num_heads)](
-            part_o, part_ml, query_start_loc, ids, out,
+            part_o, part_ml, attn.query_start_loc, ids, out,
             out.stride(0), out.stride(1), num_decode,
             NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
             NUM_SPLITS=num_splits, SPLITS_PAD=triton.next_power_of_2(num_splits),

@@ -14,10 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ironlm_cuda.kernels.common import FP8_MAX, dot, pow2_at_least, soft_cap, upcast_dot_operands
-
-BLOCK_N = 32  # keys per inner tile
-LOG2E = 1.4426950408889634
+from ironlm_cuda.kernels.common import BLOCK_N, PagedAttention, attend_paged_kv, pow2_at_least
 
 
 @triton.jit
@@ -67,38 +64,12 @@ def _prefill_kernel(
     if USE_WINDOW:
         start = tl.maximum(ctx + first - window + 1, 0)
 
-    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    table = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    for n0 in range(start, end, BLOCK_N):
-        kpos = n0 + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
-        k_ok = kpos < end
-        block = tl.load(table + kpos // BLOCK_SIZE, mask=k_ok, other=0).to(tl.int64)
-        src = block * stride_cb + (kpos % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
-        kv_mask = k_ok[:, None] & dim_ok[None, :]
-        k = tl.load(k_cache_ptr + src[:, None] + dims[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_cache_ptr + src[:, None] + dims[None, :], mask=kv_mask, other=0.0)
-        if FP8:
-            k = k.to(tl.float32) * k_scale
-            v = v.to(tl.float32) * v_scale
-        k = k.to(q.dtype)  # (BLOCK_N, BLOCK_D)
-        v = v.to(q.dtype)
-        s = dot(q, tl.trans(k), IEEE)  # (BLOCK_M, BLOCK_N)
-        if USE_CAP:
-            s = soft_cap(s * qk_scale, cap) * 1.4426950408889634  # log2(e)
-        else:
-            s = s * qk_scale
-        allowed = (kpos[None, :] <= pos[:, None]) & k_ok[None, :]
-        if USE_WINDOW:
-            allowed = allowed & (pos[:, None] - kpos[None, :] < window)
-        s = tl.where(allowed, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, IEEE)
-        m_i = m_new
+    acc, m_i, l_i = attend_paged_kv(
+        q, pos, start, end, block_tables_ptr + seq.to(tl.int64) * stride_bt, k_cache_ptr,
+        v_cache_ptr, kv_head, qk_scale, cap, k_scale, v_scale, window, stride_cb, stride_cs,
+        stride_ch, ROWS=BLOCK_M, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
+        BLOCK_SIZE=BLOCK_SIZE, CAUSAL=True, WINDOW=USE_WINDOW, USE_CAP=USE_CAP, FP8=FP8, IEEE=IEEE,
+    )
 
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
     dst = out_ptr + toks[:, None] * stride_ot + head * stride_oh + dims[None, :]
@@ -106,37 +77,21 @@ def _prefill_kernel(
 
 
 def paged_prefill(
-    out: torch.Tensor,  # (num_tokens, num_heads, head_dim), written at the prefill tokens' rows
-    q: torch.Tensor,  # (num_tokens, num_heads, head_dim)
-    kv_cache: torch.Tensor,  # (2, num_blocks, block_size, num_kv_heads, head_dim)
-    block_tables: torch.Tensor,  # (num_seqs, max_blocks) int32
-    seq_lens: torch.Tensor,  # (num_seqs,) int32
-    query_start_loc: torch.Tensor,  # (num_seqs + 1,) int32
+    attn: PagedAttention,
     qblock_seq: torch.Tensor,  # (num_qblocks,) int32
     qblock_start: torch.Tensor,  # (num_qblocks,) int32
     block_m: int,  # new tokens per query block (what qblock_start was built with)
-    scale: float,
-    sliding_window: int | None = None,
-    soft_cap_value: float | None = None,
-    k_scale: float = 1.0,
-    v_scale: float = 1.0,
 ) -> None:
     """Causal attention of the query blocks' new tokens over their sequences' paged context."""
     num_qblocks = qblock_seq.shape[0]
     if num_qblocks == 0:
         return
+    q = attn.q
     _, num_heads, head_dim = q.shape
-    k_cache, v_cache = kv_cache[0], kv_cache[1]
-    upcast = upcast_dot_operands(q.dtype, q.device)
-    use_cap = soft_cap_value is not None
+    k_cache, v_cache = attn.kv_cache[0], attn.kv_cache[1]
     _prefill_kernel[(num_qblocks, num_heads)](
-        q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc, qblock_seq, qblock_start,
-        scale if use_cap else scale * LOG2E,
-        float(soft_cap_value or 1.0), float(k_scale), float(v_scale), int(sliding_window or 0),
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        q, k_cache, v_cache, attn.out, attn.block_tables, attn.seq_lens, attn.query_start_loc,
+        qblock_seq, qblock_start, *attn.scalar_args(),
         GROUP=num_heads // k_cache.shape[2], HEAD_DIM=head_dim, BLOCK_D=pow2_at_least(head_dim),
-        BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_SIZE=k_cache.shape[1],
-        USE_WINDOW=sliding_window is not None, USE_CAP=use_cap,
-        FP8=kv_cache.dtype in FP8_MAX, UPCAST=upcast, IEEE=q.dtype == torch.float32 or upcast,
+        BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_SIZE=k_cache.shape[1], **attn.flags(),
     )

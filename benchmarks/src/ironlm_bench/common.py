@@ -1,0 +1,253 @@
+"""What ``bench throughput`` and ``bench latency`` share: flags, runner specs, machine context,
+and the run of every engine with its report (table, JSON result)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ironlm.entrypoints.engine_args import add_engine_args, engine_kwargs
+
+from ironlm_bench.baselines import BASELINES, llama_cpp_missing_reason
+from ironlm_bench.machine import (
+    ForeignLoadMeter,
+    MachineLimits,
+    ModelCost,
+    bounds,
+    describe_machine,
+    dtype_bytes,
+    measure_limits,
+    model_cost,
+)
+from ironlm_bench.results import args_dict, comparison_table, mib, result_path, write_result
+from ironlm_bench.worker import WorkerError, run_in_subprocess
+
+
+def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    """``--model`` (required) and the engine's flags, generated as ``ironlm serve``'s are."""
+    group = parser.add_argument_group("engine", "IronLM engine arguments (vLLM's names)")
+    group.add_argument("--model", required=True, help="HF folder or GGUF file to benchmark")
+    add_engine_args(group, skip=("model",))
+
+
+def add_offline_args(parser: argparse.ArgumentParser) -> None:
+    """Flags of the offline benchmarks: baselines, threads, output, then the engine's own."""
+    g = parser.add_argument_group("benchmark")
+    g.add_argument("--baseline", action="append", choices=BASELINES, default=[],
+                   help="also run this engine on the same prompts in the same run and print "
+                   "ours / baseline (repeatable)")
+    g.add_argument("--gguf", default=None,
+                   help="GGUF file for --baseline llama-cpp (default: --model when it is one)")
+    g.add_argument("--baseline-batch-size", type=int, default=None,
+                   help="prompts per HF generate call (default: all prompts in one call)")
+    g.add_argument("--llama-cpp-flash-attn", action="store_true",
+                   help="run llama.cpp with flash attention")
+    g.add_argument("--llama-cpp-batched", action="store_true",
+                   help="run llama.cpp with every prompt in one batch (its batch API) instead "
+                        "of one prompt after another as its server does")
+    g.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                   help="torch / llama.cpp threads for every engine (default: %(default)s)")
+    g.add_argument("--disable-detokenize", action="store_true",
+                   help="do not detokenize IronLM outputs (HF and llama.cpp never do)")
+    g.add_argument("--skip-machine-limits", action="store_true",
+                   help="do not measure bandwidth and matmul limits")
+    g.add_argument("--result-dir", default="benchmarks/results",
+                   help="folder for the JSON result (default: %(default)s)")
+    g.add_argument("--result-file", default=None, help="JSON result path (overrides --result-dir)")
+    add_engine_flags(parser)
+
+
+def baseline_problem(args: argparse.Namespace) -> str | None:
+    """Why a requested baseline cannot run here (checked before any work), or None."""
+    if "llama-cpp" in args.baseline:
+        reason = llama_cpp_missing_reason()
+        if reason is not None:
+            return f"--baseline llama-cpp: {reason}"
+        if gguf_path(args) is None:
+            return "--baseline llama-cpp needs a GGUF file: pass --gguf PATH"
+    if "hf" in args.baseline and args.model.endswith(".gguf"):
+        return "--baseline hf needs an HF folder as --model (the GGUF goes to --gguf)"
+    return None
+
+
+def gguf_path(args: argparse.Namespace) -> str | None:
+    if args.gguf:
+        return str(args.gguf)
+    return args.model if args.model.endswith(".gguf") else None
+
+
+def runner_specs(args: argparse.Namespace, n_ctx: int) -> list[dict[str, Any]]:
+    """IronLM first, then each baseline; ``n_ctx`` sizes llama.cpp's context."""
+    kwargs = engine_kwargs(args)
+    specs: list[dict[str, Any]] = [{
+        "kind": "ironlm", "model": args.model, "engine_kwargs": kwargs,
+        "detokenize": not args.disable_detokenize,
+    }]
+    if kwargs["tensor_parallel_size"] * kwargs["pipeline_parallel_size"] > 1:
+        # the same engine on one rank, for the split's figures side by side with it
+        one = dict(kwargs, tensor_parallel_size=1, pipeline_parallel_size=1,
+                   distributed_executor_backend=None)
+        specs.append({"kind": "ironlm", "name": "ironlm tp=1", "model": args.model,
+                      "engine_kwargs": one, "detokenize": not args.disable_detokenize})
+    for name in dict.fromkeys(args.baseline):
+        if name == "hf":
+            specs.append({"kind": "hf", "model": args.model, "seed": args.seed,
+                          "dummy_weights": args.load_format == "dummy",
+                          "batch_size": args.baseline_batch_size})
+        else:
+            specs.append({"kind": "llama-cpp", "gguf": gguf_path(args), "n_ctx": n_ctx,
+                          "seed": args.seed, "flash_attn": args.llama_cpp_flash_attn,
+                          "batched": args.llama_cpp_batched})
+    return specs
+
+
+@dataclass
+class MachineContext:
+    machine: dict[str, Any]
+    limits: MachineLimits | None = None
+    cost: ModelCost | None = None
+    bounds: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "machine": self.machine,
+            "limits": self.limits.to_dict() if self.limits else None,
+            "model_cost": self.cost.to_dict() if self.cost else None,
+            "bounds": self.bounds,
+        }
+
+    def describe(self) -> str:
+        lines = [f"machine: {self.machine['cpu_model']}, {self.machine['usable_cores']} cores, "
+                 f"torch {self.machine['torch']}, {self.machine['threads']} threads, load "
+                 + " ".join(f"{x:.2f}" for x in self.machine["load_average_at_start"])
+                 + (" at start, " + " ".join(f"{x:.2f}" for x in end) + " at end"
+                    if (end := self.machine.get("load_average_at_end")) else "")]
+        if self.limits:
+            lines.append(f"limits: read {self.limits.read_bandwidth_gbs:.1f} GB/s, "
+                         f"copy {self.limits.copy_bandwidth_gbs:.1f} GB/s, fp32 matmul "
+                         f"{self.limits.matmul_gflops:.1f} GFLOP/s")
+        if self.cost and self.bounds:
+            lines.append(
+                f"model: {self.cost.params / 1e6:.1f}M params, "
+                f"{self.cost.weight_bytes_per_token / 1e6:.0f} MB read and "
+                f"{self.cost.flops_per_token / 1e9:.2f} GFLOP per token -> bounds: decode "
+                f"{self.bounds['decode_bandwidth_bound_tok_s']:.1f} tok/s (bandwidth), batch "
+                f"{self.bounds['batch_compute_bound_tok_s']:.1f} tok/s (compute)")
+        return "\n".join(lines)
+
+
+def offline_context(args: argparse.Namespace, kind: str) -> MachineContext | None:
+    """None (after saying why) when a requested baseline cannot run here, checked before any
+    work; else the machine context of the run (``machine_context``)."""
+    problem = baseline_problem(args)
+    if problem:
+        print(f"ironlm bench {kind}: {problem}", file=sys.stderr)
+        return None
+    return machine_context(args)
+
+
+def machine_context(args: argparse.Namespace) -> MachineContext:
+    """Describe the machine (load at start), measure its limits and the model's cost."""
+    ctx = MachineContext(describe_machine(args.threads))
+    if args.skip_machine_limits:
+        return ctx
+    print("measuring machine limits (bandwidth, matmul)...", file=sys.stderr)
+    ctx.limits = measure_limits(args.threads)
+    try:
+        from ironlm.model_loader import resolve_model
+
+        ctx.cost = model_cost(resolve_model(args.model, args.trust_remote_code).hf_config,
+                              dtype_bytes(args.dtype))
+    except (ValueError, TypeError, KeyError, OSError) as exc:  # unknown architecture: no bounds
+        print(f"note: cannot count the model's parameters ({exc}); no bounds", file=sys.stderr)
+        return ctx
+    ctx.bounds = bounds(ctx.limits, ctx.cost)
+    return ctx
+
+
+def run_engine(spec: dict[str, Any], threads: int, jobs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Run one engine's jobs in its own process; adds ``foreign_cpu_share``: the CPU share
+    other processes took meanwhile (a disturbed measurement is flagged, not hidden)."""
+    meter = ForeignLoadMeter()
+    result = run_in_subprocess({"runner": spec, "threads": threads, "jobs": jobs})
+    share = meter.stop()["foreign_cpu_share"]
+    result["foreign_cpu_share"] = share
+    if share is not None and share > 0.05:
+        print(f"warning: other processes used {100 * share:.0f}% of the CPU while "
+              f"{spec['kind']} ran: its figures are disturbed", file=sys.stderr)
+    return result
+
+
+# Rows of the offline tables: figure key -> (label, higher is better; None: no ratio).
+METRIC_LABELS: dict[str, tuple[str, bool | None]] = {
+    "requests_per_s": ("requests/s", True),
+    "latency_mean_s": ("latency mean (s)", False),
+    "latency_p50_s": ("latency p50 (s)", False),
+    "latency_p90_s": ("latency p90 (s)", False),
+    "latency_p99_s": ("latency p99 (s)", False),
+    "output_tok_s": ("output tok/s", True),
+    "total_tok_s": ("total tok/s", True),
+    "ttft_batch_s": ("TTFT batch (s)", False),
+    "ttft_mean_s": ("TTFT mean (s)", False),
+    "decode_tok_s": ("decode tok/s per request", True),
+    "single_decode_tok_s": ("1-stream decode tok/s", True),
+    "single_ttft_s": ("1-stream TTFT (s)", False),
+    "peak_rss_mib": ("peak RSS (MiB)", False),
+    "kv_cache_mib": ("KV cache (MiB)", False),
+    "compute_bound_fraction": ("batch / compute bound", True),
+    "bandwidth_bound_fraction": ("decode / bandwidth bound", True),
+    "foreign_cpu_share": ("other processes' CPU share", None),
+    "all_reduce_ms_per_step": ("all-reduce ms/step (slowest rank)", None),
+    "all_gather_ms_per_step": ("all-gather ms/step (slowest rank)", None),
+    "pipeline_recv_ms_per_step": ("pipeline recv ms/step (slowest rank)", None),
+}
+
+
+@dataclass
+class OfflineReport:
+    """What one offline command says around the shared run: its name, the rows of its table,
+    and its lines."""
+
+    kind: str  # "throughput" | "latency": the result's kind and the command's name
+    metrics: tuple[str, ...]  # keys of METRIC_LABELS, in table order
+    running: str  # after "running <engine>: " while each engine runs
+    workload: str  # the "workload: ..." line above the table
+
+
+def run_offline(args: argparse.Namespace, ctx: MachineContext, report: OfflineReport,
+                jobs: list[dict[str, Any]], n_ctx: int,
+                figures: Callable[[dict[str, Any]], dict[str, Any]]) -> int:
+    """Run IronLM then each baseline on ``jobs`` (each in its own process), turn each result
+    into the command's figures plus those of the process (peak RSS, load time, others' CPU
+    share), print the machine, workload and ratio table, and write the JSON result.
+    Returns the command's exit status (1 when an engine failed)."""
+    engines: dict[str, dict[str, Any]] = {}
+    for spec in runner_specs(args, n_ctx):
+        print(f"running {spec['kind']}: {report.running}...", file=sys.stderr)
+        try:
+            result = run_engine(spec, args.threads, jobs)
+        except WorkerError as exc:
+            print(f"ironlm bench {report.kind}: {exc}", file=sys.stderr)
+            return 1
+        fig = figures(result)
+        fig["peak_rss_mib"] = mib(result["peak_rss_bytes"])
+        fig["load_s"] = result["load_seconds"]
+        fig["foreign_cpu_share"] = result["foreign_cpu_share"]
+        fig["info"] = result["info"]
+        engines[result["runner"]] = fig
+    ctx.machine["load_average_at_end"] = list(os.getloadavg())
+    rows = [(key, *METRIC_LABELS[key]) for key in report.metrics]
+    table, ratios = comparison_table(rows, engines)
+    print(ctx.describe())
+    print(f"workload: {report.workload}")
+    print(table)
+    payload = {"kind": report.kind, **ctx.to_dict(), "args": args_dict(args),
+               "engines": engines, "ratios": ratios}
+    path = write_result(
+        args.result_file or result_path(args.result_dir, report.kind, args.model), payload)
+    print(f"result: {path}")
+    return 0

@@ -1,0 +1,121 @@
+"""Timed generation: the ``Runner`` protocol, the ``BatchTiming`` it returns, and IronLM's runner.
+
+Every runner generates exactly ``output_len`` greedy tokens per prompt (EOS ignored) and
+records, per request, when its first token and its last token came, relative to the moment
+the batch was handed over.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+
+@dataclass
+class BatchTiming:
+    ttft: list[float]  # seconds from batch start to each request's first token
+    e2e: list[float]  # seconds from batch start to each request's last token
+    prompt_tokens: list[int]
+    output_tokens: list[int]
+
+    @property
+    def elapsed(self) -> float:
+        return max(self.e2e)
+
+    def decode_tok_s(self) -> list[float]:
+        """Per request: tokens after the first over the time after the first token."""
+        return [
+            (n - 1) / (e - t) if n > 1 and e > t else float("nan")
+            for n, t, e in zip(self.output_tokens, self.ttft, self.e2e)
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> BatchTiming:
+        return cls(d["ttft"], d["e2e"], d["prompt_tokens"], d["output_tokens"])
+
+
+class Runner(Protocol):
+    name: str
+
+    def info(self) -> dict[str, Any]:
+        """What was loaded: dtype, KV-cache size, batch policy... (goes into the result)."""
+        ...
+
+    def run(self, prompts: list[list[int]], output_len: int) -> BatchTiming:
+        """Generate ``output_len`` tokens for every prompt; time each request."""
+        ...
+
+
+class IronlmRunner:
+    """Drives ``LLMEngine.step`` directly, so first-token times are those of the step."""
+
+    def __init__(self, model: str, engine_kwargs: dict[str, Any], detokenize: bool = True,
+                 name: str = "ironlm") -> None:
+        import torch
+
+        self.name = name
+        from ironlm.config import EngineConfig
+        from ironlm.engine.llm_engine import LLMEngine
+
+        config = EngineConfig(model=model, **engine_kwargs)
+        torch.manual_seed(config.seed)
+        self.engine = LLMEngine(config)
+        self.detokenize = detokenize
+        self._ids = itertools.count()
+
+    def info(self) -> dict[str, Any]:
+        bytes_per_block = self.engine.executor.collective_rpc("kv_cache_bytes_per_block")[0]
+        num_kv_blocks = self.engine.block_manager.num_kv_blocks
+        return {
+            "num_kv_blocks": num_kv_blocks,
+            "kv_cache_bytes": int(bytes_per_block) * num_kv_blocks,
+            "max_model_len": self.engine.max_model_len,
+            "max_num_seqs": self.engine.config.max_num_seqs,
+            "dtype": self.engine.config.dtype,
+            "detokenize": self.detokenize,
+            "world_size": self.engine.config.world_size,
+            # per rank: seconds in all-reduce / all-gather / pipeline send-recv, and steps
+            "collective": self.engine.executor.collective_rpc("collective_stats"),
+        }
+
+    def run(self, prompts: list[list[int]], output_len: int) -> BatchTiming:
+        from ironlm.sampling_params import SamplingParams
+
+        params = SamplingParams(
+            temperature=0.0, max_tokens=output_len, ignore_eos=True, detokenize=self.detokenize
+        )
+        n = len(prompts)
+        index: dict[str, int] = {}
+        first: list[float | None] = [None] * n
+        last: list[float | None] = [None] * n
+        produced = [0] * n
+        start = time.perf_counter()
+        for i, p in enumerate(prompts):
+            rid = f"bench-{next(self._ids)}"
+            self.engine.add_request(rid, {"prompt_token_ids": p}, params)
+            index[rid] = i
+        while self.engine.has_unfinished_requests():
+            outputs = self.engine.step()
+            now = time.perf_counter() - start
+            for out in outputs:
+                i = index.get(out.request_id, -1)
+                if i < 0 or not out.outputs:
+                    continue
+                tokens = len(out.outputs[0].token_ids)
+                if tokens and first[i] is None:
+                    first[i] = now
+                if out.finished:
+                    last[i], produced[i] = now, tokens
+        if any(t is None for t in last):
+            raise RuntimeError("the engine stopped with requests unfinished")
+        return BatchTiming(
+            ttft=[t if t is not None else float("nan") for t in first],
+            e2e=[t for t in last if t is not None],
+            prompt_tokens=[len(p) for p in prompts],
+            output_tokens=produced,
+        )

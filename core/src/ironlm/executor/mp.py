@@ -1,0 +1,243 @@
+"""Executor ``mp``: one worker process per rank on this machine, the driver (rank 0) in the
+engine's own process, as vLLM lays them out.
+
+Start-up: every other rank is spawned (``multiprocessing`` spawn: a fresh interpreter that
+discovers its own plugins) and reports its construction; then ``init_device`` (the
+torch.distributed rendezvous at ``tcp://127.0.0.1:<free port>``) and ``load_model`` run on
+every rank. A worker that fails reports its exception, which the engine raises with the
+worker's traceback as its cause; nothing waits on a rank that is gone.
+
+Steps: ``collective_rpc`` sends the call to every child (one pickled message, the same bytes
+to each), runs it on the driver, then collects one reply per child. A monitor thread watches
+the children; when one dies unexpectedly the executor is dead: the other children are
+stopped (so no rank waits forever in a collective), every later call raises, and
+``check_health`` says which rank died and how. Children are daemonic and also leave when the
+engine's end of their pipe closes, so none outlives the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import pickle
+import socket
+import threading
+import time
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from typing import Any, Callable, ClassVar
+
+from ironlm.config import EngineConfig
+from ironlm.distributed.layout import ParallelLayout
+from ironlm.executor.worker_process import STOP, RemoteTraceback, run_worker
+from ironlm.interfaces.executor import Executor
+from ironlm.interfaces.step import ModelInput, ModelOutput
+from ironlm.interfaces.worker import WorkerBase, WorkerRank
+from ironlm.plugin_manager import PluginManager
+
+log = logging.getLogger("ironlm.executor.mp")
+STOP_TIMEOUT_S = 5.0  # a child that does not leave in time after STOP is terminated
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class WorkerDiedError(RuntimeError):
+    """A worker process of the executor is gone; the engine cannot run steps any more."""
+
+
+class _Child:
+    """The engine's handle on one worker process."""
+
+    def __init__(self, rank: int, proc: BaseProcess, conn: Connection) -> None:
+        self.rank = rank
+        self.proc = proc
+        self.conn = conn
+
+    def reply(self, dead: Callable[[], str | None]) -> Any:
+        """The child's next reply; raises its exception, or WorkerDiedError when it is gone."""
+        try:
+            status, payload = self.conn.recv()
+        except (EOFError, OSError):
+            self.proc.join(timeout=1.0)
+            raise WorkerDiedError(
+                dead() or f"worker rank {self.rank} (pid {self.proc.pid}) exited with code "
+                f"{self.proc.exitcode}"
+            ) from None
+        if status == "error":
+            exc, text = payload
+            raise exc from RemoteTraceback(f"in worker rank {self.rank}:\n{text}")
+        return payload
+
+
+class MultiprocExecutor(Executor):
+    name: ClassVar[str] = "mp"
+
+    def __init__(
+        self, config: EngineConfig, plugins: PluginManager, worker_cls: type[WorkerBase]
+    ) -> None:
+        super().__init__(config, plugins, worker_cls)
+        self.layout = ParallelLayout(config.tensor_parallel_size, config.pipeline_parallel_size)
+        self.driver: WorkerBase | None = None
+        self.children: list[_Child] = []
+        self.dead: str | None = None  # why the executor cannot run steps any more
+        self._stopping = threading.Event()
+        self._monitor: threading.Thread | None = None
+
+    # -- start-up ------------------------------------------------------------------------
+    def start(self) -> None:
+        world = self.layout.world_size
+        platform = self.plugins.select_platform(self.config.device)
+        count = platform.device_count()
+        if count is not None and world > count:
+            raise ValueError(
+                f"tensor_parallel_size x pipeline_parallel_size = {world} ranks, but platform "
+                f"{platform.name!r} has {count} device(s) on this machine; use fewer ranks, or "
+                "distributed_executor_backend='ray' across machines"
+            )
+        init_method = f"tcp://127.0.0.1:{free_port()}"
+        ranks = [WorkerRank(r, world, r, init_method, local_world_size=world)
+                 for r in range(world)]
+        ctx = multiprocessing.get_context("spawn")
+        try:
+            for rank in ranks[1:]:
+                parent_end, child_end = ctx.Pipe(duplex=True)
+                proc = ctx.Process(
+                    target=run_worker, args=(self.config, rank, self.worker_cls, child_end),
+                    name=f"ironlm-worker-{rank.rank}", daemon=True,
+                )  # fmt: skip
+                proc.start()
+                child_end.close()
+                self.children.append(_Child(rank.rank, proc, parent_end))
+            for child in self.children:  # each reports its construction (or its error)
+                child.reply(lambda: self.dead)
+            self.driver = self.worker_cls(self.config, ranks[0], self.plugins)
+            self._monitor = threading.Thread(
+                target=self._watch, name="ironlm-mp-monitor", daemon=True
+            )
+            self._monitor.start()
+            self._startup_rpc("init_device")
+            self._startup_rpc("load_model")
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _startup_rpc(self, method: str) -> None:
+        """``method`` on every rank; the driver's call runs on a helper thread, so that a
+        child failing first (the driver then waits in the rendezvous) is raised at once."""
+        payload = pickle.dumps((method, (), {}))
+        for child in self.children:
+            child.conn.send_bytes(payload)
+        outcome: list[BaseException | None] = []
+
+        def run_driver() -> None:
+            try:
+                getattr(self.driver, method)()
+                outcome.append(None)
+            except BaseException as exc:
+                outcome.append(exc)
+
+        helper = threading.Thread(target=run_driver, name=f"ironlm-driver-{method}", daemon=True)
+        helper.start()
+        pending = {child.conn: child for child in self.children}
+        while pending or helper.is_alive():
+            if outcome and outcome[0] is not None:
+                raise outcome[0]  # the children wait for the driver: do not wait for them
+            for conn in wait(list(pending), timeout=0.2) if pending else []:
+                pending.pop(conn).reply(lambda: self.dead)  # type: ignore[call-overload]
+            if not pending:
+                helper.join(timeout=0.2)
+        if outcome and outcome[0] is not None:
+            raise outcome[0]
+
+    # -- steps ---------------------------------------------------------------------------
+    def execute_model(self, model_input: ModelInput) -> ModelOutput:
+        output = self.collective_rpc("execute_model", model_input)[self.layout.sampling_rank]
+        assert output is not None, "the sampling rank returns the step's output"
+        return output
+
+    def collective_rpc(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        self.check_health()
+        if self.driver is None:
+            raise RuntimeError("executor is not started (or was shut down)")
+        payload = pickle.dumps((method, args, kwargs))
+        try:
+            for child in self.children:
+                child.conn.send_bytes(payload)
+            results = [getattr(self.driver, method)(*args, **kwargs)]
+            results += [child.reply(lambda: self.dead) for child in self.children]
+        except BaseException as exc:
+            # ranks may now disagree on which call they are in: the workers cannot go on
+            gone = self._exited_child()
+            self._mark_dead(gone or f"{method} failed: {exc!r}")
+            if gone is not None and not isinstance(exc, WorkerDiedError):
+                raise WorkerDiedError(gone) from exc  # the cause, not its echo in a collective
+            raise
+        return results
+
+    def _exited_child(self, grace_s: float = 2.0) -> str | None:
+        """Which child has exited (waiting up to ``grace_s`` for its death to be visible)."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            for child in self.children:
+                if child.proc.exitcode is not None:
+                    return (f"worker rank {child.rank} (pid {child.proc.pid}) died with exit "
+                            f"code {child.proc.exitcode}")
+            if time.monotonic() > deadline:
+                return self.dead
+            time.sleep(0.05)
+
+    def check_health(self) -> None:
+        if self.dead is not None:
+            raise WorkerDiedError(self.dead)
+
+    # -- failure and shutdown --------------------------------------------------------------
+    def _watch(self) -> None:
+        sentinels = {child.proc.sentinel: child for child in self.children}
+        while sentinels and not self._stopping.is_set():
+            for sentinel in wait(list(sentinels), timeout=0.5):
+                child = sentinels.pop(sentinel)  # type: ignore[call-overload]
+                if self._stopping.is_set():
+                    return
+                child.proc.join(timeout=1.0)
+                self._mark_dead(
+                    f"worker rank {child.rank} (pid {child.proc.pid}) died with exit code "
+                    f"{child.proc.exitcode}"
+                )
+                return
+
+    def _mark_dead(self, reason: str) -> None:
+        if self.dead is None:
+            self.dead = reason
+            log.error("executor mp: %s; stopping the other workers", reason)
+        for child in self.children:  # ranks blocked in a collective with the dead one leave
+            if child.proc.is_alive():
+                child.proc.terminate()
+
+    def shutdown(self) -> None:
+        self._stopping.set()
+        for child in self.children:
+            try:
+                if child.proc.is_alive():
+                    child.conn.send(STOP)
+            except (OSError, ValueError):
+                pass
+        for child in self.children:
+            child.proc.join(timeout=STOP_TIMEOUT_S)
+            if child.proc.is_alive():
+                child.proc.terminate()
+                child.proc.join(timeout=STOP_TIMEOUT_S)
+            if child.proc.is_alive():
+                child.proc.kill()
+                child.proc.join()
+            child.conn.close()
+        self.children = []
+        if self.driver is not None:
+            self.driver.shutdown()
+            self.driver = None
+        if self._monitor is not None:
+            self._monitor.join(timeout=2.0)
+            self._monitor = None

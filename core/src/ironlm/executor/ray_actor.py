@@ -1,0 +1,48 @@
+"""RayWorkerActor: the Ray actor that hosts one worker rank (made remote by the ``ray``
+executor; this module imports nothing of Ray, so it loads without the extra)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+from ironlm.config import EngineConfig
+from ironlm.interfaces.worker import WorkerBase, WorkerRank
+
+
+class RayWorkerActor:
+    def __init__(self) -> None:
+        self.worker: WorkerBase | None = None
+
+    def node_info(self, device_key: str) -> tuple[str, str, list[str]]:
+        """(node id, node IP, ids of the ``device_key`` devices Ray gave this actor)."""
+        import ray
+
+        ctx = ray.get_runtime_context()
+        ids = [str(i) for i in ctx.get_accelerator_ids().get(device_key, [])]
+        return ctx.get_node_id(), ray.util.get_node_ip_address(), ids
+
+    def free_port(self) -> int:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))
+            return int(s.getsockname()[1])
+
+    def create(
+        self,
+        config: EngineConfig,
+        rank: WorkerRank,
+        worker_cls: type[WorkerBase],
+        env: dict[str, str],
+    ) -> int:
+        """Set ``env`` (e.g. the node's visible devices), then build the worker; its pid."""
+        os.environ.update(env)
+        self.worker = worker_cls(config, rank, None)  # discovers plugins in this process
+        return os.getpid()
+
+    def call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        assert self.worker is not None, "create() first"
+        return getattr(self.worker, method)(*args, **kwargs)
+
+    def ping(self) -> bool:
+        return True

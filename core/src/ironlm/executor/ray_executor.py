@@ -1,0 +1,228 @@
+"""Executor ``ray``: every rank a Ray actor, placed with a placement group (one bundle per
+rank asking for one of the platform's devices, ``Platform.ray_device_key``), on a running
+cluster (``ray start --head``; ``RAY_ADDRESS``) or a local one Ray starts for the run.
+
+Start-up checks that the cluster has enough devices (naming how many it has), waits for the
+placement group, builds the workers with their node's visible devices and local ranks, and
+runs ``init_device`` (rendezvous at rank 0's node IP and a free port there) and
+``load_model`` on all of them. Steps call every actor and take the sampling rank's output.
+A monitor thread pings the actors; an actor that dies makes the executor dead: the other
+actors are killed (none waits forever in a collective) and every later call raises.
+Ray is an optional extra: ``pip install 'ironlm[ray]'``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import threading
+from collections import defaultdict
+from typing import Any, ClassVar
+
+from ironlm.config import EngineConfig
+from ironlm.distributed.layout import ParallelLayout
+from ironlm.executor.mp import WorkerDiedError
+from ironlm.executor.ray_actor import RayWorkerActor
+from ironlm.interfaces.executor import Executor
+from ironlm.interfaces.platform import Availability
+from ironlm.interfaces.step import ModelInput, ModelOutput
+from ironlm.interfaces.worker import WorkerBase, WorkerRank
+from ironlm.plugin_manager import PluginManager
+
+log = logging.getLogger("ironlm.executor.ray")
+INSTALL_HINT = "pip install 'ironlm[ray]' (or: pip install ray)"
+PLACEMENT_TIMEOUT_S = 120.0
+PING_INTERVAL_S = 1.0
+
+
+class RayExecutor(Executor):
+    name: ClassVar[str] = "ray"
+
+    @classmethod
+    def is_available(cls) -> Availability:
+        if importlib.util.find_spec("ray") is None:
+            return Availability.no(f"Ray is not installed; install it with: {INSTALL_HINT}")
+        return Availability.yes("Ray is installed")
+
+    def __init__(
+        self, config: EngineConfig, plugins: PluginManager, worker_cls: type[WorkerBase]
+    ) -> None:
+        super().__init__(config, plugins, worker_cls)
+        self.layout = ParallelLayout(config.tensor_parallel_size, config.pipeline_parallel_size)
+        self.actors: list[Any] = []
+        self.placement_group: Any = None
+        self.dead: str | None = None
+        self._owns_ray = False  # this executor connected (or started) Ray: it disconnects
+        self._stopping = threading.Event()
+        self._monitor: threading.Thread | None = None
+
+    # -- start-up ------------------------------------------------------------------------
+    def start(self) -> None:
+        import ray
+
+        platform = self.plugins.select_platform(self.config.device)
+        key, world = platform.ray_device_key, self.layout.world_size
+        if not ray.is_initialized():
+            # RAY_ADDRESS or a cluster already running on this machine, else a local one
+            ray.init(log_to_driver=False)
+            self._owns_ray = True
+        try:
+            have = ray.cluster_resources().get(key, 0)
+            if have < world:
+                raise ValueError(
+                    f"tensor_parallel_size x pipeline_parallel_size = {world} ranks need "
+                    f"{world} {key} in the Ray cluster (one per rank for platform "
+                    f"{platform.name!r}), but it has {have:g}"
+                )
+            self._place_actors(ray, key, world)
+            self._create_workers(ray, platform.visible_devices_env, key)
+            self._monitor = threading.Thread(target=self._watch, name="ironlm-ray-monitor",
+                                             daemon=True)
+            self._monitor.start()
+            self.collective_rpc("init_device")
+            self.collective_rpc("load_model")
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _place_actors(self, ray: Any, key: str, world: int) -> None:
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self.placement_group = placement_group([{key: 1.0}] * world, strategy="PACK")
+        ready, _ = ray.wait([self.placement_group.ready()], timeout=PLACEMENT_TIMEOUT_S)
+        if not ready:
+            raise ValueError(
+                f"Ray could not place {world} workers with one {key} each within "
+                f"{PLACEMENT_TIMEOUT_S:g} s (cluster resources: {ray.cluster_resources()})"
+            )
+        actor_cls = ray.remote(RayWorkerActor)
+        resources: dict[str, Any] = {"num_cpus": 0}
+        if key == "CPU":
+            resources = {"num_cpus": 1}
+        elif key == "GPU":
+            resources["num_gpus"] = 1
+        else:
+            resources["resources"] = {key: 1}
+        self.actors = [
+            actor_cls.options(
+                **resources,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=self.placement_group, placement_group_bundle_index=i
+                ),
+            ).remote()
+            for i in range(world)
+        ]
+
+    def _create_workers(self, ray: Any, visible_env: str | None, key: str) -> None:
+        infos = ray.get([a.node_info.remote(key) for a in self.actors])
+        # per node: its ranks in rank order and the union of their device ids
+        by_node: dict[str, list[int]] = defaultdict(list)
+        for rank, (node, _, _) in enumerate(infos):
+            by_node[node].append(rank)
+        host = infos[0][1]
+        port = ray.get(self.actors[0].free_port.remote())
+        init_method = f"tcp://{host}:{port}"
+        calls = []
+        for rank, (node, _, ids) in enumerate(infos):
+            peers = by_node[node]
+            node_ids = sorted({i for r in peers for i in infos[r][2]}, key=_device_order)
+            env: dict[str, str] = {}
+            if visible_env and node_ids:  # each rank sees its node's devices, uses its own
+                env[visible_env] = ",".join(node_ids)
+                local_rank = node_ids.index(ids[0])
+            else:
+                local_rank = peers.index(rank)
+            worker_rank = WorkerRank(rank, len(infos), local_rank, init_method,
+                                     local_world_size=len(peers))
+            calls.append(self.actors[rank].create.remote(self.config, worker_rank,
+                                                         self.worker_cls, env))
+        self._get_all(calls)
+
+    # -- steps ---------------------------------------------------------------------------
+    def execute_model(self, model_input: ModelInput) -> ModelOutput:
+        output = self.collective_rpc("execute_model", model_input)[self.layout.sampling_rank]
+        assert output is not None, "the sampling rank returns the step's output"
+        return output
+
+    def collective_rpc(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        self.check_health()
+        if not self.actors:
+            raise RuntimeError("executor is not started (or was shut down)")
+        return self._get_all([a.call.remote(method, args, kwargs) for a in self.actors])
+
+    def _get_all(self, refs: list[Any]) -> list[Any]:
+        """Every result in rank order; the first failure (a worker's exception, or a dead
+        actor) makes the executor dead and is raised without waiting for the others."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        index = {ref: i for i, ref in enumerate(refs)}
+        results: list[Any] = [None] * len(refs)
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            try:
+                results[index[done[0]]] = ray.get(done[0])
+            except RayActorError as exc:
+                self._mark_dead(f"Ray worker rank {index[done[0]]} died: {exc}")
+                raise WorkerDiedError(self.dead) from None
+            except BaseException as exc:  # the worker's own exception (a RayTaskError)
+                self._mark_dead(f"Ray worker rank {index[done[0]]} failed: {exc!r}")
+                raise
+        return results
+
+    def check_health(self) -> None:
+        if self.dead is not None:
+            raise WorkerDiedError(self.dead)
+
+    # -- failure and shutdown --------------------------------------------------------------
+    def _watch(self) -> None:
+        import ray
+        from ray.exceptions import RayActorError
+
+        while not self._stopping.wait(PING_INTERVAL_S) and self.dead is None:
+            for rank, actor in enumerate(list(self.actors)):
+                try:
+                    ray.get(actor.ping.remote())  # answers after a running step
+                except RayActorError as exc:
+                    if not self._stopping.is_set():
+                        self._mark_dead(f"Ray worker rank {rank} died: {exc}")
+                    return
+                except Exception:  # Ray is shutting down under us
+                    return
+
+    def _mark_dead(self, reason: str) -> None:
+        import ray
+
+        if self.dead is None:
+            self.dead = reason
+            log.error("executor ray: %s; killing the other workers", reason)
+        for actor in self.actors:
+            ray.kill(actor)
+
+    def shutdown(self) -> None:
+        self._stopping.set()
+        if importlib.util.find_spec("ray") is None:
+            return
+        import ray
+
+        if ray.is_initialized():
+            for actor in self.actors:
+                ray.kill(actor)
+            if self.placement_group is not None:
+                from ray.util.placement_group import remove_placement_group
+
+                remove_placement_group(self.placement_group)
+        self.actors = []
+        self.placement_group = None
+        if self._monitor is not None:
+            self._monitor.join(timeout=5.0)
+            self._monitor = None
+        if self._owns_ray and ray.is_initialized():
+            ray.shutdown()
+            self._owns_ray = False
+
+
+def _device_order(device_id: str) -> tuple[int, str]:
+    return (int(device_id), device_id) if device_id.isdigit() else (1 << 30, device_id)

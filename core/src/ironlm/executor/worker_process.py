@@ -1,0 +1,73 @@
+"""One worker rank in a child process of the ``mp`` executor, and its end of the channel.
+
+The channel is a duplex pipe carrying pickled messages in lockstep: the executor sends one
+call ``(method, args, kwargs)`` (or None: stop) and waits for its one reply before sending
+the next, so at most one message is in flight each way (a bounded channel).
+
+Replies: ``("ok", result)`` or ``("error", (exception, traceback text))``. The child first
+replies to its construction. A step that fails leaves the process groups unusable, so the
+child exits after reporting it (the other ranks' collectives then fail instead of waiting).
+The child also exits when the engine's end of the pipe closes (the engine process is gone).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any
+
+from ironlm.config import EngineConfig
+from ironlm.interfaces.worker import WorkerBase, WorkerRank
+
+STOP = None
+
+
+class RemoteTraceback(Exception):
+    """The traceback of an exception raised in a worker process (its ``__cause__``)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+def error_reply(exc: BaseException) -> tuple[str, Any]:
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    try:
+        pickle.dumps(exc)
+        payload: BaseException = exc
+    except Exception:  # an exception that cannot cross processes: keep its text
+        payload = RuntimeError(f"{type(exc).__name__}: {exc}")
+    return "error", (payload, text)
+
+
+def run_worker(
+    config: EngineConfig, rank: WorkerRank, worker_cls: type[WorkerBase], conn: Connection
+) -> None:
+    """The child's main function (``multiprocessing`` spawn target)."""
+    try:
+        worker = worker_cls(config, rank, None)  # discovers plugins in this process
+    except BaseException as exc:
+        conn.send(error_reply(exc))
+        return
+    conn.send(("ok", os.getpid()))
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):  # the engine is gone
+            break
+        if message is STOP:
+            break
+        method, args, kwargs = message
+        try:
+            result = getattr(worker, method)(*args, **kwargs)
+        except BaseException as exc:
+            conn.send(error_reply(exc))
+            if method == "execute_model":
+                break  # collectives are out of step now: leave, so the peers fail fast
+            continue
+        conn.send(("ok", result))
+    try:
+        worker.shutdown()
+    finally:
+        conn.close()

@@ -1,0 +1,154 @@
+"""What every decoder-only causal LM here shares: the stack of one pipeline stage and the LM
+head, with HF checkpoint names.
+
+``StageDecoder`` (the HF ``model.*`` module) holds the token embedding on the first stage, the
+decoder layers of its stage (the others are ``MissingLayer`` placeholders, so layer ``i`` keeps
+the name ``layers.i`` of the checkpoint) and the final norm on the last stage.
+``StageCausalLM`` adds the LM head on the last stage; a tied LM head shares the embedding when
+both sit on one stage, and otherwise loads its own copy of ``model.embed_tokens.weight``.
+A model family subclasses both, supplying its layers, its norm, its embedding scale and which
+rotary table each layer reads.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+import torch
+
+from ironlm.distributed.layout import stage_layers
+from ironlm.interfaces.attention import AttentionLayerSpec
+from ironlm.interfaces.model import ModelArchitecture, ModelContext
+from ironlm.layers.layernorm import RMSNorm
+from ironlm.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
+from ironlm.layers.weight_loading import load_named_weights
+
+EMBED_NAME = "model.embed_tokens.weight"
+LM_HEAD_NAME = "lm_head.weight"
+CosSin = tuple[torch.Tensor, torch.Tensor]
+
+
+class MissingLayer(torch.nn.Module):
+    """A decoder layer another pipeline stage holds (keeps the layer indices of the names)."""
+
+
+class StageDecoder(torch.nn.Module):
+    def __init__(
+        self,
+        hf_config: Any,
+        ctx: ModelContext,
+        make_layer: Callable[[int], torch.nn.Module],
+        make_norm: Callable[[], RMSNorm],
+    ) -> None:
+        super().__init__()
+        self.stage = stage_layers(int(hf_config.num_hidden_layers), ctx.pp_rank, ctx.pp_size)
+        self.is_first = ctx.is_first_stage
+        self.is_last = ctx.is_last_stage
+        self.embed_tokens: VocabParallelEmbedding | None = (
+            VocabParallelEmbedding(hf_config.vocab_size, hf_config.hidden_size, ctx)
+            if self.is_first else None
+        )  # fmt: skip
+        self.layers = torch.nn.ModuleList(
+            make_layer(i) if i in self.stage else MissingLayer()
+            for i in range(hf_config.num_hidden_layers)
+        )
+        self.norm: RMSNorm | None = make_norm() if self.is_last else None
+
+    def stage_layers(self) -> list[torch.nn.Module]:
+        return [self.layers[i] for i in self.stage]
+
+    # -- what a family changes ------------------------------------------------------------
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        assert self.embed_tokens is not None
+        return self.embed_tokens(input_ids)  # (num_tokens, hidden_size)
+
+    def rotary_for(self, positions: torch.Tensor) -> Callable[[torch.nn.Module], CosSin]:
+        """Looks the rotary tables up once per step; returns each layer's (cos, sin)."""
+        raise NotImplementedError
+
+    # -- one stage ---------------------------------------------------------------------------
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # (num_tokens,)
+        positions: torch.Tensor,  # (num_tokens,)
+        kv_caches: list[torch.Tensor],  # one per layer of this stage
+        attn_metadata: Any,
+        intermediate: dict[str, torch.Tensor] | None = None,
+    ) -> torch.Tensor | dict[str, torch.Tensor]:
+        residual: torch.Tensor | None
+        if self.is_first:
+            hidden, residual = self.embed(input_ids), None
+        else:
+            assert intermediate is not None, "a later pipeline stage needs the previous one's"
+            hidden, residual = intermediate["hidden"], intermediate["residual"]
+        cos_sin = self.rotary_for(positions)
+        for layer, kv_cache in zip(self.stage_layers(), kv_caches, strict=True):
+            hidden, residual = layer(hidden, residual, cos_sin(layer), kv_cache, attn_metadata)
+        if not self.is_last:
+            assert residual is not None
+            return {"hidden": hidden, "residual": residual}
+        assert self.norm is not None
+        return self.norm(hidden, residual)[0]
+
+
+class StageCausalLM(ModelArchitecture):
+    """A causal LM over a ``StageDecoder`` (``self.model``) with HF names."""
+
+    def __init__(self, hf_config: Any, ctx: ModelContext, model: StageDecoder, tied: bool) -> None:
+        super().__init__()
+        self.config = hf_config
+        self.model = model
+        self.tie_word_embeddings = tied
+        self.lm_head: ParallelLMHead | None = None
+        if model.is_last:
+            share = model.embed_tokens if tied and model.is_first else None
+            self.lm_head = ParallelLMHead(
+                hf_config.vocab_size, hf_config.hidden_size, ctx, tie_to=share
+            )
+
+    def attention_layers(self) -> list[AttentionLayerSpec]:
+        return [layer.self_attn.spec for layer in self.model.stage_layers()]
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        attn_metadata: Any,
+        intermediate: dict[str, torch.Tensor] | None = None,
+    ) -> torch.Tensor | dict[str, torch.Tensor]:
+        return self.model(input_ids, positions, kv_caches, attn_metadata, intermediate)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        assert self.lm_head is not None, "only the last pipeline stage computes logits"
+        return self.lm_head(hidden)  # (num_rows, vocab_size) float32
+
+    def skip_weight(self, name: str) -> bool:
+        """Checkpoint tensors this rank does not hold (other stages', recomputed tables)."""
+        return name.endswith("rotary_emb.inv_freq")
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        load_named_weights(self, self._stage_weights(weights), self.skip_weight)
+
+    def _stage_weights(
+        self, weights: Iterable[tuple[str, torch.Tensor]]
+    ) -> Iterable[tuple[str, torch.Tensor]]:
+        """The checkpoint's tensors this stage holds, under the names it holds them by."""
+        m = self.model
+        own_head = self.lm_head is not None and not self.lm_head.tied
+        for name, tensor in weights:
+            if name.startswith("model.layers."):
+                if int(name.split(".")[2]) not in m.stage:
+                    continue
+            elif name == EMBED_NAME:
+                if self.tie_word_embeddings and own_head:  # the last stage's copy of it
+                    yield LM_HEAD_NAME, tensor
+                if not m.is_first:
+                    continue
+            elif name == LM_HEAD_NAME:
+                # tied checkpoints sometimes carry a copy of the embedding as lm_head
+                if not own_head or self.tie_word_embeddings:
+                    continue
+            elif name.startswith("model.norm.") and not m.is_last:
+                continue
+            yield name, tensor

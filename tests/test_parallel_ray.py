@@ -1,0 +1,88 @@
+"""The ``ray`` executor on a Ray head started on 127.0.0.1 for this module (``ray start
+--head``, reached through RAY_ADDRESS): SmolLM2 at tp=3 and pp=2 gives the greedy tokens of
+one rank, through ``LLM`` and through ``ironlm serve`` with the openai client (streaming
+included); a killed Ray worker makes the engine dead."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from parallel_utils import (
+    ENGINE_ARGS,
+    MAX_TOKENS,
+    PROMPTS,
+    RayHead,
+    greedy_outputs,
+    greedy_tokens,
+)
+from server_utils import RemoteServer
+
+from ironlm import LLM, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def ray_address() -> Iterator[str]:
+    head = RayHead()
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("RAY_ADDRESS", head.address)
+            mp.setenv("RAY_USAGE_STATS_ENABLED", "0")
+            yield head.address
+    finally:
+        head.close()
+
+
+@pytest.fixture(scope="module")
+def one_rank(smollm2_dir: Path) -> tuple[list[list[int]], list[str]]:
+    llm = LLM(str(smollm2_dir), **ENGINE_ARGS)
+    try:
+        return greedy_outputs(llm)
+    finally:
+        llm.shutdown()
+
+
+def _ray_llm(model: Path, **kwargs: Any) -> LLM:
+    return LLM(str(model), **ENGINE_ARGS, distributed_executor_backend="ray", **kwargs)
+
+
+def test_ray_tp3_matches_one_rank_and_a_dead_worker_kills_the_engine(
+    ray_address: str, smollm2_dir: Path, one_rank: tuple[list[list[int]], list[str]]
+) -> None:
+    import ray
+
+    llm = _ray_llm(smollm2_dir, tensor_parallel_size=3)
+    try:
+        assert greedy_tokens(llm) == one_rank[0]
+        executor = llm.engine.executor
+        assert len(executor.actors) == 3
+        ray.kill(executor.actors[1])  # one rank's process is gone
+        with pytest.raises(RuntimeError, match="rank 1"):
+            llm.generate(PROMPTS[:1], SamplingParams(max_tokens=4), use_tqdm=False)
+        with pytest.raises(RuntimeError, match="rank 1"):
+            llm.engine.check_health()
+    finally:
+        llm.shutdown()
+
+
+def test_ray_pp2_server_matches_one_rank_streaming_included(
+    ray_address: str, smollm2_dir: Path, one_rank: tuple[list[list[int]], list[str]]
+) -> None:
+    args = ["--dtype", "float32", "--max-model-len", "256", "--kv-cache-memory", "32MiB",
+            "--enforce-eager", "-pp", "2", "--distributed-executor-backend", "ray"]
+    with RemoteServer(smollm2_dir, args, env={"RAY_ADDRESS": ray_address}) as server:
+        client = server.openai_client()
+        expected = one_rank[1]
+        for prompt, text in zip(PROMPTS[:2], expected):
+            out = client.completions.create(
+                model=str(smollm2_dir), prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
+                extra_body={"ignore_eos": True},
+            )
+            assert out.choices[0].text == text
+        stream = client.completions.create(
+            model=str(smollm2_dir), prompt=PROMPTS[2], max_tokens=MAX_TOKENS, temperature=0,
+            stream=True, extra_body={"ignore_eos": True},
+        )
+        assert "".join(c.choices[0].text for c in stream) == expected[2]
+    assert server.proc.returncode is not None
