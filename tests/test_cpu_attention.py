@@ -141,6 +141,14 @@ def test_mixed_batch() -> None:
     _run_both(ctx, qs, num_heads=8, num_kv_heads=1, block_size=32, head_dim=128, seed=8)
 
 
+def test_padded_bucket_beside_decode_rows() -> None:
+    # A padded bucket (queries 4 and 6) whose padded row count equals the batch's token count
+    # because two decode rows sit in their own bucket: it still needs its gather and scatter
+    # (speculative decoding verifies drafts in batches like this one).
+    _run_both([24, 20, 42, 67], [4, 6, 1, 1], num_heads=9, num_kv_heads=3, seed=15)
+    _run_both([124, 120, 42, 67], [4, 6, 1, 1], num_heads=9, num_kv_heads=3, seed=16)
+
+
 @pytest.mark.parametrize("window", [1, 4, 19, 1000])
 def test_sliding_window(window: int) -> None:
     ctx = [0, 40, 17, 100, 3]

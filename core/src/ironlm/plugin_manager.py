@@ -24,6 +24,7 @@ from ironlm.interfaces import (
     ModelArchitecture,
     Platform,
     QuantizationMethod,
+    SpeculativeProposer,
     ToolParser,
 )
 from ironlm.interfaces.platform import Availability
@@ -60,6 +61,9 @@ class Registries:
     models: Registry[type[ModelArchitecture]] = field(
         default_factory=lambda: Registry("model architecture", "architecture")
     )
+    speculative_proposers: Registry[type[SpeculativeProposer]] = field(
+        default_factory=lambda: Registry("speculative proposer", "speculative_model")
+    )
 
 
 # hook name -> (Registries attribute, base class the registered object must subclass)
@@ -71,6 +75,7 @@ _HOOKS: dict[str, tuple[str, type]] = {
     "register_tool_parsers": ("tool_parsers", ToolParser),
     "register_executors": ("executors", Executor),
     "register_models": ("models", ModelArchitecture),
+    "register_speculative_proposers": ("speculative_proposers", SpeculativeProposer),
 }
 
 
@@ -287,6 +292,33 @@ class PluginManager:
             f"model architecture(s) {architectures} are not supported; registered "
             f"architectures: {', '.join(reg.names()) or 'none'}"
         )
+
+    def select_speculative_proposer(
+        self, speculative_model: str, model_type: str | None = None
+    ) -> type[SpeculativeProposer]:
+        """The proposer for ``speculative_model``: ``"[name]"`` names one; a model path goes to
+        the proposer whose ``model_types`` holds ``model_type`` (the path's config.json),
+        else to ``draft_model``."""
+        reg = self.registries.speculative_proposers
+        if speculative_model.startswith("[") and speculative_model.endswith("]"):
+            name = speculative_model[1:-1]
+            if name not in reg:
+                raise UnknownNameError(
+                    f"unknown speculative_model {speculative_model!r}; installed speculative "
+                    f"proposers: {', '.join(f'[{n}]' for n in reg.names()) or 'none'} "
+                    "(or give a draft model path)"
+                )
+            cls = reg.get(name)
+            if cls.needs_model:
+                raise ValueError(
+                    f"speculative proposer {name!r} loads a model: pass the model's path as "
+                    "speculative_model instead of its name"
+                )
+            return cls
+        for entry in reg:
+            if model_type is not None and model_type in entry.obj.model_types:
+                return entry.obj
+        return reg.get("draft_model")
 
     # -- listing ---------------------------------------------------------------------------
     def describe(self) -> list[dict[str, Any]]:
