@@ -2,6 +2,7 @@
 
     step():  plan = scheduler.schedule()
              output = executor.execute_model(inputs_for(plan))
+             scheduler.on_step_done(plan, output)
              return outputs.update(plan, output)
 """
 
@@ -17,9 +18,10 @@ from ironlm.engine.guided_manager import GuidedManager
 from ironlm.engine.input_processor import InputProcessor, PromptType
 from ironlm.engine.output_processor import OutputProcessor
 from ironlm.engine.request import Request, RequestStatus
-from ironlm.engine.scheduler import Scheduler
+from ironlm.engine.scheduler import Scheduler, SchedulerOutput
+from ironlm.engine.speculation import SpeculationPolicy
 from ironlm.interfaces.executor import Executor
-from ironlm.interfaces.step import ModelInput, NewRequestData, ScheduledSeq
+from ironlm.interfaces.step import ModelInput, ModelOutput, NewRequestData, ScheduledSeq
 from ironlm.model_loader import resolve_model
 from ironlm.outputs import RequestOutput
 from ironlm.plugin_manager import PluginManager
@@ -45,6 +47,7 @@ class LLMEngine:
         # a model that cannot be split this way fails here, before any worker starts
         check_model_fits(source.hf_config, config.tensor_parallel_size,
                          config.pipeline_parallel_size)
+        self.spec = self._speculation(config)
         executor_cls = self.pm.select_executor(config.distributed_executor_backend or "uni")
         self.executor: Executor = executor_cls(config, self.pm, Worker)
         self.executor.start()
@@ -72,7 +75,8 @@ class LLMEngine:
         )
         self.scheduler = Scheduler(
             self.block_manager, config.max_num_seqs, budget, config.enable_chunked_prefill,
-            use_priority=config.scheduling_policy == "priority",
+            use_priority=config.scheduling_policy == "priority", spec=self.spec,
+            num_scheduler_steps=config.num_scheduler_steps, max_model_len=self.max_model_len,
         )
         self.inputs = InputProcessor(
             self.tokenizer, self.vocab_size, self.max_model_len, config.max_logprobs
@@ -82,6 +86,26 @@ class LLMEngine:
         )
         self.outputs = OutputProcessor(self.tokenizer, self.max_model_len)
         self._new: list[NewRequestData] = []
+
+    def _speculation(self, config: EngineConfig) -> SpeculationPolicy | None:
+        """The speculative proposer's start-up checks (before any worker loads), and the
+        policy the scheduler follows; None without speculative decoding."""
+        spec = config.speculative_model
+        if spec is None:
+            return None
+        model_type = None
+        if config.speculative_proposer_name is None:
+            model_type = getattr(resolve_model(spec, config.trust_remote_code).hf_config,
+                                 "model_type", None)  # fmt: skip
+        proposer_cls = self.pm.select_speculative_proposer(spec, model_type)
+        limit = config.speculative_max_model_len
+        if limit is not None and limit > self.max_model_len:
+            raise ValueError(
+                f"speculative_max_model_len ({limit}) is larger than max_model_len "
+                f"({self.max_model_len})"
+            )
+        proposer_cls.validate(config, self.tokenizer, self.vocab_size)
+        return SpeculationPolicy(config, self.max_model_len, proposer_cls.lookahead_slots)
 
     # -- requests --------------------------------------------------------------------------
     def add_request(
@@ -155,41 +179,63 @@ class LLMEngine:
             if plan.finished_ids:  # let workers drop state of requests finished while idle
                 self.executor.execute_model(ModelInput([], self._take_new(), plan.finished_ids))
             return []
-        model_input = self._model_input(plan.scheduled, plan.finished_ids)
-        output = self.executor.execute_model(model_input)
-        self.scheduler.on_step_done(plan.scheduled)
-        return self.outputs.update(plan.scheduled, output, self.scheduler)
+        output = self.executor.execute_model(self._model_input(plan))
+        self.scheduler.on_step_done(plan, output)
+        results = self.outputs.update(plan.scheduled, output, self.scheduler,
+                                      per_step=bool(plan.num_steps))  # fmt: skip
+        if self.spec is not None:
+            self._after_speculation(plan, output)
+        return results
 
     def _take_new(self) -> list[NewRequestData]:
         new, self._new = self._new, []
         return new
 
-    def _model_input(self, scheduled: list[tuple[Request, int]], finished: list[str]) -> ModelInput:
+    def _model_input(self, plan: SchedulerOutput) -> ModelInput:
         seqs = []
         sampling: list[Request] = []
-        for req, n in scheduled:
+        drafts: list[list[int]] = []
+        for req, n in plan.scheduled:
+            rid = req.request_id
             start = req.num_computed_tokens
-            sample = start + n == req.num_tokens
+            spec = plan.spec_tokens.get(rid, [])
+            real = n - len(spec)
+            sample = start + real == req.num_tokens
             seqs.append(
                 ScheduledSeq(
-                    request_id=req.request_id,
-                    token_ids=req.token_slice(start, start + n),
+                    request_id=rid,
+                    token_ids=req.token_slice(start, start + real),
                     start_pos=start,
-                    block_ids=self.block_manager.block_ids(req.request_id),
+                    block_ids=self.block_manager.block_ids(rid),
                     sample=sample,
                     num_output_tokens=len(req.output_token_ids),
                     want_prompt_logprobs=req.sampling_params.prompt_logprobs is not None
                     and start < req.num_prompt_tokens,
+                    spec_token_ids=spec,
+                    num_proposals=plan.num_proposals.get(rid, 0),
+                    num_steps=plan.num_steps.get(rid, 1),
                 )
             )
             if sample:
                 sampling.append(req)
+                drafts.append(spec)
         return ModelInput(
             seqs=seqs,
             new_requests=self._take_new(),
-            finished_ids=finished,
-            allowed_mask=self.guided.build_mask(sampling),
+            finished_ids=plan.finished_ids,
+            allowed_mask=self.guided.build_mask(sampling, drafts),
+            preempted_ids=[r.request_id for r in plan.preempted],
         )
+
+    def _after_speculation(self, plan: SchedulerOutput, output: ModelOutput) -> None:
+        """Count the step's drafting and verification; keep the new drafts for the next."""
+        assert self.spec is not None
+        self.spec.stats.draft_time += output.draft_time
+        self.spec.stats.target_time += output.target_time
+        for req, _ in plan.scheduled:
+            proposed = output.spec_token_ids.get(req.request_id)
+            if proposed and req.status == RequestStatus.RUNNING:
+                self.spec.accept_proposals(req, proposed)
 
     # -- stats -----------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
@@ -204,6 +250,7 @@ class LLMEngine:
             "prefix_cache_hits": bm.stats.hits,
             "num_preemptions": self.scheduler.stats.num_preemptions,
             "time": time.time(),
+            **(self.spec.stats.to_dict() if self.spec is not None else {}),
         }
 
     def check_health(self) -> None:

@@ -2,7 +2,10 @@
 
 Engine gauges (running / waiting requests, KV usage and blocks, prefix-cache hit rate) are read
 from the engine's stats at scrape time; request histograms (TTFT, inter-token latency, e2e)
-and token counters are fed by ``RequestTracker`` as outputs stream through the server.
+and token counters are fed by ``RequestTracker`` as outputs stream through the server. With
+speculative decoding, vLLM's speculative metrics (draft acceptance rate, efficiency, drafted /
+accepted / emitted token counters) plus the mean accepted length and the seconds spent drafting
+and in the target are read from the engine's stats too.
 """
 
 from __future__ import annotations
@@ -72,6 +75,28 @@ class ServerMetrics:
             "ironlm:e2e_request_latency_seconds", "End-to-end request latency.", labels,
             buckets=_E2E_BUCKETS, registry=reg,
         )
+        # speculative decoding: gauges, and counters advanced by the engine counters' growth
+        self.spec_gauges = {
+            key: gauge(f"ironlm:{key}", doc) for key, doc in (
+                ("spec_decode_draft_acceptance_rate", "Accepted / drafted tokens."),
+                ("spec_decode_efficiency",
+                 "Emitted tokens / the most verifications could emit (k + 1 each)."),
+                ("spec_decode_mean_accepted_length",
+                 "Tokens one verification emits on average (1 + accepted drafts)."),
+            )
+        }
+        self.spec_counters = {
+            key: Counter(f"ironlm:{key}", doc, labels, registry=reg) for key, doc in (
+                ("spec_decode_num_drafts", "Verifications of at least one draft."),
+                ("spec_decode_num_draft_tokens", "Draft tokens verified."),
+                ("spec_decode_num_accepted_tokens", "Draft tokens accepted."),
+                ("spec_decode_num_emitted_tokens", "Tokens emitted by verifications."),
+                ("spec_decode_draft_time_seconds", "Seconds spent drafting."),
+                ("spec_decode_target_time_seconds",
+                 "Seconds in the target's forward and verification."),
+            )
+        }
+        self._spec_seen: dict[str, float] = {}
 
     def set_engine_stats(self, stats: dict[str, Any]) -> None:
         m = self.model_name
@@ -85,6 +110,14 @@ class ServerMetrics:
         self.prefix_hits.labels(m).set(hits)
         self.prefix_hit_rate.labels(m).set(hits / queries if queries else 0.0)
         self.preemptions.labels(m).set(stats.get("num_preemptions", 0))
+        if "spec_decode_num_draft_tokens" in stats:
+            for key, g in self.spec_gauges.items():
+                g.labels(m).set(stats[key])
+            for key, c in self.spec_counters.items():
+                grown = stats[key] - self._spec_seen.get(key, 0)
+                if grown > 0:
+                    c.labels(m).inc(grown)
+                    self._spec_seen[key] = stats[key]
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -166,3 +199,14 @@ async def log_stats_forever(engine: AsyncEngine, interval: float = 10.0) -> None
             s.get("num_running", 0), s.get("num_waiting", 0), 100 * s.get("kv_usage", 0.0),
             100 * (s.get("prefix_cache_hits", 0) / max(1, s.get("prefix_cache_queries", 0))),
         )
+        if "spec_decode_num_draft_tokens" in s:
+            log.info(
+                "Speculative metrics: Draft acceptance rate: %.3f, Mean accepted length: %.2f, "
+                "System efficiency: %.3f, Number of accepted tokens: %d, Number of draft "
+                "tokens: %d, Number of emitted tokens: %d, Draft time: %.1f s, Target time: "
+                "%.1f s",
+                s["spec_decode_draft_acceptance_rate"], s["spec_decode_mean_accepted_length"],
+                s["spec_decode_efficiency"], s["spec_decode_num_accepted_tokens"],
+                s["spec_decode_num_draft_tokens"], s["spec_decode_num_emitted_tokens"],
+                s["spec_decode_draft_time_seconds"], s["spec_decode_target_time_seconds"],
+            )
