@@ -10,6 +10,8 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from ironlm import LLM, SamplingParams
 from ironlm.quantization.offline.quantizer import QuantizeOptions, quantize_model
 
@@ -28,6 +30,13 @@ VARIANTS: dict[str, QuantizeOptions] = {
     "rtn_int4_sym": QuantizeOptions("weight_only_int4", group_size=GROUP, zero_points=False),
     "rtn_int4_asym": QuantizeOptions("weight_only_int4", group_size=GROUP, zero_points=True),
 }
+
+# GPTQ lowers each linear's output error on the calibration inputs (4.5x vs round to nearest on
+# SmolLM2's layer 0 q_proj), yet the model's perplexity on the test text is worse than round to
+# nearest (+45.9% vs +40.8%) and "The capital of France is" no longer completes to Paris: open
+# (docs/quantization.md). Strict: a pass fails the run until the mark is removed.
+GPTQ_OPEN = pytest.mark.xfail(strict=True, reason="GPTQ on SmolLM2 is not yet better than "
+                              "round-to-nearest 4-bit (open item of issue 15)")
 
 
 def quantize_variant(src: Path, out: Path, name: str) -> Path:

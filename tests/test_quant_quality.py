@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-from quant_fixtures import GROUP, perplexity
+from quant_fixtures import GPTQ_OPEN, GROUP, perplexity
 
 pytestmark = pytest.mark.real_model
 
@@ -45,14 +45,6 @@ def test_w8a8_smoothquant_within_5_percent(table: dict[str, float]) -> None:
 
 def test_fp8_within_5_percent(table: dict[str, float]) -> None:
     assert _ratio(table, "fp8") <= 1.05
-
-
-# GPTQ lowers each linear's output error on the calibration inputs (4.5x vs round to nearest
-# on SmolLM2's layer 0 q_proj) but the whole model's perplexity on the test text is worse than
-# round to nearest (+45.9% vs +40.8%): open, see docs/quantization.md. Strict: passing again
-# fails the run until the mark is removed.
-GPTQ_OPEN = pytest.mark.xfail(strict=True, reason="GPTQ perplexity on SmolLM2 is not yet "
-                              "better than round-to-nearest 4-bit (open issue 15 item)")
 
 
 @pytest.mark.parametrize(("method", "rtn"), [
