@@ -108,12 +108,11 @@ class LLMEngine:
             params.stop_token_ids = list(params.stop_token_ids or []) + [
                 t for t in self.extra_eos_ids if t not in (params.stop_token_ids or [])
             ]
-        grammars = []
-        for _ in range(params.best_of or 1):
-            spec = params.guided_decoding
-            grammars.append(
-                self.guided.grammar(spec, params.guided_decoding_backend) if spec else None
-            )
+        spec = params.guided_decoding
+        grammars = [
+            self.guided.grammar(spec, params.guided_decoding_backend) if spec else (None, None)
+            for _ in range(params.best_of or 1)
+        ]
         children = []
         for i in range(params.best_of or 1):
             child_params = params
@@ -126,7 +125,8 @@ class LLMEngine:
                 sampling_params=child_params,
                 eos_token_id=self.tokenizer.eos_token_id,
                 priority=priority,
-                grammar=grammars[i],
+                grammar=grammars[i][0],
+                grammar_backend=grammars[i][1],
                 pooling=pooling,
             )
             children.append(child)

@@ -51,7 +51,10 @@ class Request:
     logprobs: list[Any] = field(default_factory=list)  # per output token: {id: Logprob}
     prompt_logprobs: list[Any] = field(default_factory=list)
     grammar: Any = None  # the request's guided Grammar, when constrained
-    grammar_failed: bool = False  # the guided backend hit a dead end: abort, never emit
+    grammar_backend: str | None = None  # the guided backend that runs it
+    # Why the guided backend could not go on (a dead end): the request ends with this error,
+    # never with text that breaks the constraint.
+    grammar_error: str | None = None
     pooling: bool = False  # an embedding request: run the prompt, return its mean hidden state
     first_token_time: float | None = None
     last_token_time: float | None = None

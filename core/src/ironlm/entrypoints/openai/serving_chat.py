@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response
 
 from ironlm.entrypoints.openai.chat_prompt import render_chat_prompt
 from ironlm.entrypoints.openai.engine_response import respond
-from ironlm.entrypoints.openai.errors import APIError, from_value_error
+from ironlm.entrypoints.openai.errors import APIError, engine_error, from_value_error
 from ironlm.entrypoints.openai.logprobs import TokenNamer, chat_logprobs, prompt_logprobs_json
 from ironlm.entrypoints.openai.metrics import tracked
 from ironlm.entrypoints.openai.protocol import (
@@ -251,8 +251,8 @@ async def _stream(
             yield chunk(None)
     except ValueError as exc:
         yield sse(from_value_error(exc, KNOWN_FIELDS).body())
-    except RuntimeError as exc:  # the engine step failed
-        yield sse(APIError(str(exc), 500).body())
+    except RuntimeError as exc:  # the engine step or this request failed, or shutdown
+        yield sse(engine_error(exc).body())
     finally:
         await close_all([gen])
     yield sse("[DONE]")

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ironlm.entrypoints.openai.engine_response import respond
-from ironlm.entrypoints.openai.errors import APIError, from_value_error
+from ironlm.entrypoints.openai.errors import APIError, engine_error, from_value_error
 from ironlm.entrypoints.openai.logprobs import (
     TokenNamer,
     completion_logprobs,
@@ -201,8 +201,8 @@ async def _stream(
             })
     except ValueError as exc:
         yield sse(from_value_error(exc, KNOWN_FIELDS).body())
-    except RuntimeError as exc:  # the engine step failed
-        yield sse(APIError(str(exc), 500).body())
+    except RuntimeError as exc:  # the engine step or this request failed, or shutdown
+        yield sse(engine_error(exc).body())
     finally:
         await close_all(gens)
     yield sse("[DONE]")
