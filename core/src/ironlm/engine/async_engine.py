@@ -156,9 +156,7 @@ class AsyncEngine:
 
         spec = getattr(params, "guided_decoding", None)
         if spec is not None:  # compile off the engine thread; add_request finds it cached
-            await loop.run_in_executor(
-                None, self.engine.guided.compile, spec, params.guided_decoding_backend
-            )
+            await self.compile_guided(spec, params.guided_decoding_backend)
         self._commands.put(add)
         finished = False
         try:
@@ -180,6 +178,12 @@ class AsyncEngine:
         finally:
             if not finished:
                 self.abort(request_id)
+
+    async def compile_guided(self, spec: Any, backend: str | None) -> None:
+        """Compile a guided spec on a worker thread (cached for the request's add); ValueError
+        when it is invalid or no backend may enforce it."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.engine.guided.compile, spec, backend)
 
     def abort(self, request_id: str) -> None:
         def do() -> None:
