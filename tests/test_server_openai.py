@@ -53,10 +53,12 @@ def http(server: RemoteServer) -> Iterator[httpx.Client]:
         yield c
 
 
-def metric(text: str, name: str) -> float:
-    """Sum of a Prometheus sample over its label sets."""
+def metric(text: str, name: str, default: float | None = None) -> float:
+    """Sum of a Prometheus sample over its label sets (``default`` when it has none yet)."""
     values = [float(m.group(1)) for m in
               re.finditer(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M)]
+    if not values and default is not None:
+        return default
     assert values, f"{name} not in /metrics"
     return sum(values)
 
@@ -263,15 +265,22 @@ def test_metrics_counters_move(server: RemoteServer, client: openai.OpenAI) -> N
     before = httpx.get(server.url("/metrics"), timeout=10).text  # no key needed
     client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3, temperature=0)
     after = httpx.get(server.url("/metrics"), timeout=10).text
-    for name in ("ironlm:prompt_tokens_total", "ironlm:generation_tokens_total",
-                 "ironlm:time_to_first_token_seconds_count",
-                 "ironlm:e2e_request_latency_seconds_count"):
-        assert metric(after, name) > metric(before, name), name
-    assert metric(after, "ironlm:generation_tokens_total") - \
-        metric(before, "ironlm:generation_tokens_total") == 3
-    for name in ("ironlm:num_requests_running", "ironlm:num_requests_waiting",
-                 "ironlm:kv_cache_usage_perc", "ironlm:prefix_cache_hit_rate",
-                 "ironlm:kv_cache_total_blocks", "ironlm:time_per_output_token_seconds_count"):
+    for name in ("vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+                 "vllm:time_to_first_token_seconds_count",
+                 "vllm:e2e_request_latency_seconds_count"):
+        assert metric(after, name) > metric(before, name, 0), name
+    assert metric(after, "vllm:generation_tokens_total") - \
+        metric(before, "vllm:generation_tokens_total", 0) == 3
+    for name in ("vllm:request_prompt_tokens_count", "vllm:request_generation_tokens_count",
+                 "vllm:request_params_n_count", "vllm:request_params_best_of_count"):
+        assert metric(after, name) == metric(before, name, 0) + 1, name
+    assert metric(after, "vllm:request_generation_tokens_sum") - \
+        metric(before, "vllm:request_generation_tokens_sum", 0) == 3
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting",
+                 "vllm:num_requests_swapped", "vllm:num_preemptions_total",
+                 "vllm:gpu_cache_usage_perc", "vllm:cpu_cache_usage_perc",
+                 "vllm:gpu_prefix_cache_hit_rate", "ironlm:kv_cache_total_blocks",
+                 "vllm:time_per_output_token_seconds_count"):
         metric(after, name)
 
 
@@ -460,8 +469,8 @@ def _wait_until_idle(server: RemoteServer, seconds: float) -> str:
     while True:
         text = httpx.get(server.url("/metrics"), timeout=5).text
         used = metric(text, "ironlm:kv_cache_used_blocks")
-        busy = metric(text, "ironlm:num_requests_running") + \
-            metric(text, "ironlm:num_requests_waiting")
+        busy = metric(text, "vllm:num_requests_running") + \
+            metric(text, "vllm:num_requests_waiting")
         if used == 0 and busy == 0:
             return text
         assert time.monotonic() < deadline, f"{used} KV blocks still used, {busy} requests"
@@ -478,7 +487,7 @@ def test_health_answers_while_engine_busy(server: RemoteServer) -> None:
 
 def test_disconnects_abort_and_free_kv_blocks(server: RemoteServer,
                                                client: openai.OpenAI) -> None:
-    aborted = 'ironlm:request_success_total{finished_reason="abort",model_name="smollm2"}'
+    aborted = 'vllm:request_success_total{finished_reason="abort",model_name="smollm2"}'
     before = httpx.get(server.url("/metrics"), timeout=5).text
     results, _ = asyncio.run(_abandon_while_timing_health(server, 200, 0.5))
     assert results.count("timeout") == 200, results

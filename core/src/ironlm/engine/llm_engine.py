@@ -67,8 +67,9 @@ class LLMEngine:
                 f"({self.max_model_len}) without chunked prefill; enable chunked prefill or "
                 "raise max_num_batched_tokens"
             )
+        num_swap_blocks = self._init_swap_space()
         self.block_manager = BlockManager(
-            num_kv_blocks, config.block_size, config.enable_prefix_caching
+            num_kv_blocks, config.block_size, config.enable_prefix_caching, num_swap_blocks
         )
         self.scheduler = Scheduler(
             self.block_manager, config.max_num_seqs, budget, config.enable_chunked_prefill,
@@ -149,13 +150,27 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     # -- one step --------------------------------------------------------------------------
+    def _init_swap_space(self) -> int:
+        """Host swap blocks on every rank (the minimum over ranks; 0 without swap_space)."""
+        if self.config.swap_space <= 0:
+            return 0
+        num = min(self.executor.collective_rpc("num_swap_blocks"))
+        self.executor.collective_rpc("initialize_swap_space", num)
+        return int(num)
+
     def step(self) -> list[RequestOutput]:
         plan = self.scheduler.schedule()
         if plan.is_empty():
-            if plan.finished_ids:  # let workers drop state of requests finished while idle
-                self.executor.execute_model(ModelInput([], self._take_new(), plan.finished_ids))
+            if plan.finished_ids or plan.has_swaps:  # workers drop state / copy swapped KV
+                self.executor.execute_model(ModelInput(
+                    [], self._take_new(), plan.finished_ids,
+                    blocks_to_swap_out=plan.blocks_to_swap_out,
+                    blocks_to_swap_in=plan.blocks_to_swap_in,
+                ))
             return []
         model_input = self._model_input(plan.scheduled, plan.finished_ids)
+        model_input.blocks_to_swap_out = plan.blocks_to_swap_out
+        model_input.blocks_to_swap_in = plan.blocks_to_swap_in
         output = self.executor.execute_model(model_input)
         self.scheduler.on_step_done(plan.scheduled)
         return self.outputs.update(plan.scheduled, output, self.scheduler)
@@ -203,6 +218,10 @@ class LLMEngine:
             "prefix_cache_queries": bm.stats.queries,
             "prefix_cache_hits": bm.stats.hits,
             "num_preemptions": self.scheduler.stats.num_preemptions,
+            "num_swap_outs": self.scheduler.stats.num_swap_outs,
+            "num_swapped": self.scheduler.num_swapped,
+            "swap_usage": bm.swap_usage,
+            "num_swap_blocks": bm.num_swap_blocks,
             "time": time.time(),
         }
 

@@ -42,6 +42,11 @@ class ModelInput:
     # Guided decoding: (num_sampling_seqs, vocab) bool, True = allowed, rows in the order of
     # the seqs with sample=True; rows of unconstrained requests are all True. None: no guidance.
     allowed_mask: torch.Tensor | None = None
+    # Swap preemption, applied by every worker before the step runs, out before in:
+    # (device block, host block) pairs to copy to the host swap space, and (host block,
+    # device block) pairs to copy back.
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass

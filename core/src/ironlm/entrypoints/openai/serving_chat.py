@@ -119,7 +119,7 @@ async def create_chat_completion(
         if beams is not None else
         state.engine.generate(ctx.request_id, prompt.as_engine_prompt(), params,
                               priority=req.priority),
-        state.new_tracker(),
+        state.new_tracker(req.n, req.best_of),
     )
     return await respond(
         request, [gen],

@@ -99,7 +99,7 @@ async def create_completion(
         state.log_request(rid, p.text, p.token_ids, sp)
         gen = beam_search(state, rid, p, beams[i], req.n, req.priority) if beams is not None \
             else state.engine.generate(rid, p.as_engine_prompt(), sp, priority=req.priority)
-        gens.append(tracked(gen, state.new_tracker()))
+        gens.append(tracked(gen, state.new_tracker(req.n, req.best_of)))
     return await respond(
         request, gens,
         build=lambda finals: JSONResponse(_response(ctx, finals).model_dump()),

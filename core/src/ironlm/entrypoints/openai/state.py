@@ -90,8 +90,8 @@ class ServerState:
             f"The model `{name}` does not exist.", 404, param="model", code="model_not_found"
         )
 
-    def new_tracker(self) -> RequestTracker:
-        return RequestTracker(self.metrics)
+    def new_tracker(self, n: int = 1, best_of: int | None = None) -> RequestTracker:
+        return RequestTracker(self.metrics, n, best_of)
 
     def log_request(self, request_id: str, prompt: str | None, token_ids: list[int],
                     params: Any) -> None:
