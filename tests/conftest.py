@@ -54,3 +54,12 @@ def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) 
     LlamaForCausalLM(config).save_pretrained(out)
     AutoTokenizer.from_pretrained(smollm2_dir).save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="session")
+def smollm2_draft_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Path:
+    """A draft for SmolLM2 made of its first 4 of 30 layers (same embeddings, final norm, LM
+    head and tokenizer): speculative decoding tests."""
+    from ironlm.spec_decode.shallow_copy import write_shallow_copy
+
+    return write_shallow_copy(smollm2_dir, tmp_path_factory.mktemp("smollm2-draft"), 4)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ironlm.engine.block_manager import BlockManager
 from ironlm.engine.request import Request, RequestStatus
 from ironlm.engine.scheduler import Scheduler
+from ironlm.interfaces.step import ModelOutput
 from ironlm.sampling_params import SamplingParams
 
 
@@ -58,17 +59,17 @@ def test_scheduler_chunks_prefill_and_preempts_when_out_of_blocks() -> None:
     s.add(b)
     plan = s.schedule()
     assert [(r.request_id, n) for r, n in plan.scheduled] == [("a", 6)]
-    s.on_step_done(plan.scheduled)
+    s.on_step_done(plan, ModelOutput())  # counters advance by the tokens run
     plan = s.schedule()
     assert [(r.request_id, n) for r, n in plan.scheduled] == [("a", 1), ("b", 5)]
-    s.on_step_done(plan.scheduled)
+    s.on_step_done(plan, ModelOutput())  # counters advance by the tokens run
     # a samples a token, grows past its 2 blocks; b needs its 2nd block: 4 blocks total
     a.output_token_ids.append(5)
     b_left = b.num_tokens - b.num_computed_tokens
     plan = s.schedule()
     names = [(r.request_id, n) for r, n in plan.scheduled]
     assert ("a", 1) in names and ("b", b_left) in names
-    s.on_step_done(plan.scheduled)
+    s.on_step_done(plan, ModelOutput())  # counters advance by the tokens run
     a.output_token_ids.extend([6, 7, 8, 9])  # a now needs a third block: none free
     plan = s.schedule()
     assert plan.preempted and plan.preempted[0] is b

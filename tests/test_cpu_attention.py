@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from ironlm.attention.batch import random_paged_batch
 from ironlm.attention.reference import ReferenceAttentionBackend
 from ironlm.interfaces.attention import AttentionLayerSpec
@@ -142,6 +141,14 @@ def test_mixed_batch() -> None:
     _run_both(ctx, qs, num_heads=8, num_kv_heads=1, block_size=32, head_dim=128, seed=8)
 
 
+def test_padded_bucket_beside_decode_rows() -> None:
+    # A padded bucket (queries 4 and 6) whose padded row count equals the batch's token count
+    # because two decode rows sit in their own bucket: it still needs its gather and scatter
+    # (speculative decoding verifies drafts in batches like this one).
+    _run_both([24, 20, 42, 67], [4, 6, 1, 1], num_heads=9, num_kv_heads=3, seed=15)
+    _run_both([124, 120, 42, 67], [4, 6, 1, 1], num_heads=9, num_kv_heads=3, seed=16)
+
+
 @pytest.mark.parametrize("window", [1, 4, 19, 1000])
 def test_sliding_window(window: int) -> None:
     ctx = [0, 40, 17, 100, 3]
@@ -244,6 +251,22 @@ def test_decode_kernel_builds_here() -> None:
     kernel = PagedDecodeKernel()
     assert kernel.available, kernel.reason
     assert CpuPagedAttentionBackend().decode_path == "fused C kernel"
+
+
+@pytest.mark.parametrize(("heads", "head_dim"), [((6, 2), 64), ((9, 3), 128), ((4, 4), 48)])
+def test_decode_kernel_generic_build(
+    heads: tuple[int, int], head_dim: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The decode kernel built for the x86-64 baseline (what a CPU without AVX2 runs), forced
+    with IRONLM_CPU_ISA, against the reference."""
+    from ironlm_cpu.isa import GENERIC
+
+    monkeypatch.setenv("IRONLM_CPU_ISA", "generic")
+    cpu = CpuPagedAttentionBackend()
+    if cpu.libraries():
+        assert cpu.libraries()[0].target == GENERIC
+    _compare([5, 20, 33, 1], [1, 1, 1, 1], heads[0], heads[1], head_dim, 16, torch.float32, None,
+             None, 3, cpu)  # fmt: skip
 
 
 def test_decode_kernel_falls_back_without_compiler(

@@ -7,19 +7,25 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from ironlm.interfaces.platform import LayerOps
 from ironlm_cpu.decode_kernel import PagedDecodeKernel
 from ironlm_cpu.fused_kernels import PARALLEL_ROWS, FusedKernels
+from ironlm_cpu.isa import GENERIC, IsaTarget, host_target
 from ironlm_cpu.layer_ops import CpuLayerOps
 from ironlm_cpu.linear_kernel import PackedLinearKernel
 
 REF = LayerOps()
 
 
-@pytest.fixture(scope="module")
-def fused() -> FusedKernels:
-    fused = FusedKernels()
+def _runnable_targets() -> list[IsaTarget]:
+    best = host_target()
+    return [best] if best == GENERIC else [best, GENERIC]
+
+
+@pytest.fixture(scope="module", params=_runnable_targets(), ids=lambda t: t.name)
+def fused(request: pytest.FixtureRequest) -> FusedKernels:
+    """The fused ops built for this CPU's best target and for the generic x86-64 one."""
+    fused = FusedKernels(target=request.param)
     if not fused.available:
         pytest.skip(fused.reason)
     return fused

@@ -11,18 +11,19 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from parallel_utils import worker_pids
-
 from ironlm import LLM, hookimpl
 from ironlm.config import EngineConfig
 from ironlm.distributed.layout import ParallelLayout, check_model_fits, stage_layers
 from ironlm.entrypoints.openai.cli_args import engine_config_from_args, make_parser
 from ironlm.interfaces.platform import Availability, Platform
 from ironlm.plugin_manager import PluginManager
+from parallel_utils import worker_pids
 
 IRONLM_CONTRACT_VERSION = "1.0"
 SMALL = {"max_model_len": 128, "kv_cache_memory": 8 * 1024**2, "enforce_eager": True}
@@ -119,6 +120,14 @@ def test_worker_start_up_error_is_raised_by_the_engine(tiny_llama_dir: Path) -> 
             tensor_parallel_size=2, distributed_executor_backend="mp", **SMALL)
     assert "in worker rank 1" in str(info.value.__cause__)
     assert worker_pids(os.getpid()) == []
+    # the driver rank, left waiting in the rendezvous by rank 1, ends with the executor's store
+    # (a driver thread still waiting there once blocked the next engine in this process)
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline and any(
+        t.name.startswith("ironlm-driver") for t in threading.enumerate()
+    ):
+        time.sleep(0.1)
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("ironlm-driver")]
 
 
 def test_uni_refuses_more_than_one_rank(tiny_llama_dir: Path) -> None:

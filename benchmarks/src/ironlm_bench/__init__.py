@@ -2,8 +2,9 @@
 baselines, machine limits. Installed beside ``ironlm``, it adds the ``bench`` command to the
 ``ironlm`` CLI through the entry-point group ``ironlm.commands`` (``cli.add_parser``).
 
-One module per command (``throughput``, ``latency``, ``serve``, ``profile``, ``plot``), each with
-``add_cli_args(parser)`` and ``main(args) -> int``; shared helpers beside them:
+One module per command (``throughput``, ``latency``, ``serve``, ``profile``, ``specdec``,
+``plot``), each with ``add_cli_args(parser)`` and ``main(args) -> int``; shared helpers beside
+them:
 
 - ``common``: what throughput and latency share: flags, runner specs, the machine context, and
   the run of every engine with its report.

@@ -48,7 +48,8 @@ class _StepClock:
 class HfRunner:
     name = "hf"
 
-    def __init__(self, model: str, dummy_weights: bool, batch_size: int | None, seed: int) -> None:
+    def __init__(self, model: str, dummy_weights: bool, batch_size: int | None, seed: int,
+                 dtype: str = "float32") -> None:
         from transformers import AutoModelForCausalLM
 
         from ironlm.model_loader import resolve_model
@@ -57,10 +58,13 @@ class HfRunner:
         if source.is_gguf:
             raise ValueError("the hf baseline needs an HF folder, not a GGUF file")
         torch.manual_seed(seed)
+        self.dtype = dtype
+        torch_dtype = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
+                       "float16": torch.float16, "half": torch.float16}[dtype]  # fmt: skip
         if dummy_weights:  # same shapes, random weights (timing does not depend on values)
-            self.model = AutoModelForCausalLM.from_config(source.hf_config, dtype=torch.float32)
+            self.model = AutoModelForCausalLM.from_config(source.hf_config, dtype=torch_dtype)
         else:
-            self.model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+            self.model = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype)
         self.model.eval()
         gen = self.model.generation_config
         eos = gen.eos_token_id if gen is not None else None
@@ -70,7 +74,7 @@ class HfRunner:
         self.batch_size = batch_size
 
     def info(self) -> dict[str, Any]:
-        return {"dtype": "float32", "batch_size": self.batch_size or "all", "padding": "left",
+        return {"dtype": self.dtype, "batch_size": self.batch_size or "all", "padding": "left",
                 "transformers": _version("transformers")}
 
     @torch.inference_mode()

@@ -1,4 +1,4 @@
-"""``ironlm bench {throughput,latency,serve,profile,plot}``: vLLM's benchmark commands.
+"""``ironlm bench {throughput,latency,serve,profile,specdec,plot}``: vLLM's benchmark commands.
 
 The ``ironlm`` CLI finds ``add_parser`` through the entry-point group ``ironlm.commands``
 (benchmarks/pyproject.toml). Each subcommand is a module of this package with
@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import argparse
 
-from ironlm_bench import latency, plot, profile, serve, throughput
+from ironlm_bench import latency, plot, profile, serve, specdec, throughput
 
 _SUBCOMMANDS = (
     ("throughput", throughput, "offline batch throughput, with --baseline hf / llama-cpp"),
     ("latency", latency, "end-to-end latency of a batch (mean, p50/p90/p99), with baselines"),
     ("serve", serve, "stream completions from an OpenAI-compatible server: TTFT, TPOT, ITL"),
     ("profile", profile, "where one decode step's time goes (torch.profiler and cProfile)"),
+    ("specdec", specdec, "speculative decoding (n-gram, draft model) and multi-step vs plain"),
     ("plot", plot, "plot throughput vs batch size from throughput result files"),
 )
 

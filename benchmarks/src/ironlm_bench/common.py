@@ -22,6 +22,7 @@ from ironlm_bench.machine import (
     dtype_bytes,
     measure_limits,
     model_cost,
+    platform_details,
 )
 from ironlm_bench.results import args_dict, comparison_table, mib, result_path, write_result
 from ironlm_bench.worker import WorkerError, run_in_subprocess
@@ -97,7 +98,9 @@ def runner_specs(args: argparse.Namespace, n_ctx: int) -> list[dict[str, Any]]:
         if name == "hf":
             specs.append({"kind": "hf", "model": args.model, "seed": args.seed,
                           "dummy_weights": args.load_format == "dummy",
-                          "batch_size": args.baseline_batch_size})
+                          "batch_size": args.baseline_batch_size,
+                          # an explicit --dtype runs HF in it too; auto: HF's float32
+                          "dtype": "float32" if args.dtype == "auto" else args.dtype})
         else:
             specs.append({"kind": "llama-cpp", "gguf": gguf_path(args), "n_ctx": n_ctx,
                           "seed": args.seed, "flash_attn": args.llama_cpp_flash_attn,
@@ -246,7 +249,9 @@ def run_offline(args: argparse.Namespace, ctx: MachineContext, report: OfflineRe
     print(f"workload: {report.workload}")
     print(table)
     payload = {"kind": report.kind, **ctx.to_dict(), "args": args_dict(args),
-               "engines": engines, "ratios": ratios}
+               "engines": engines, "ratios": ratios,
+               # what the cpu platform chose for each op on this machine (tuning cache)
+               "kernel_choices": platform_details("cpu").get("kernel_choices", {})}
     path = write_result(
         args.result_file or result_path(args.result_dir, report.kind, args.model), payload)
     print(f"result: {path}")

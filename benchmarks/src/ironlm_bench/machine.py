@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-_ISA_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile")
+_ISA_FLAGS = ("avx", "avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl",
+              "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_int8", "amx_bf16")
 
 
 def _cpu_info() -> tuple[str, list[str]]:
@@ -64,8 +65,21 @@ def describe_machine(threads: int | None) -> dict[str, Any]:
         "torch": torch.__version__,
         "threads": threads,
         "load_average_at_start": [load1, load5, load15],
+        "cpu_platform": platform_details("cpu"),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+
+
+def platform_details(name: str) -> dict[str, Any]:
+    """A platform's ``describe()`` (the cpu platform: ISA target, compiler, kernel choices
+    measured on this machine), or {} when it is not installed."""
+    from ironlm.plugin_manager import PluginManager
+
+    for row in PluginManager().describe():
+        for item in row["registered"]:
+            if item["kind"] == "platform" and item["name"] == name:
+                return dict(item.get("details") or {})
+    return {}
 
 
 def _best_seconds(fn: Callable[[], Any], repeats: int) -> float:

@@ -23,7 +23,7 @@ from typing import Any
 from ironlm.entrypoints.engine_args import engine_kwargs
 
 from ironlm_bench.common import add_engine_flags
-from ironlm_bench.machine import describe_machine
+from ironlm_bench.machine import describe_machine, platform_details
 from ironlm_bench.prompts import load_tokenizer, random_token_prompts
 from ironlm_bench.results import args_dict, format_table, result_path, write_result
 
@@ -156,8 +156,12 @@ def main(args: argparse.Namespace) -> int:
         report = profile_batch(engine, prompts, args)
         print(format_report(report), end="\n\n")
         reports.append(report)
+    # what the cpu platform's start-up chose for each op (measured, cached or forced)
+    choices = platform_details("cpu").get("kernel_choices", {})
+    print(format_table(["op|dtype|shape|threads", "choice (per rows bucket) and why"],
+                       [[k, v] for k, v in choices.items()]), end="\n\n")
     payload = {"kind": "profile", "machine": machine, "args": args_dict(args),
-               "batches": reports}
+               "kernel_choices": choices, "batches": reports}
     path = write_result(args.result_file or result_path(args.result_dir, "profile", args.model),
                         payload)
     print(f"result: {path}")

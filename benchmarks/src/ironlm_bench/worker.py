@@ -81,7 +81,8 @@ def build_runner(options: dict[str, Any], threads: int) -> Runner:
         from ironlm_bench.baselines import HfRunner
 
         return HfRunner(options["model"], options.get("dummy_weights", False),
-                        options.get("batch_size"), options.get("seed", 0))
+                        options.get("batch_size"), options.get("seed", 0),
+                        options.get("dtype", "float32"))
     if kind == "llama-cpp" and options.get("batched"):
         from ironlm_bench.llama_cpp_batched import LlamaCppBatchedRunner
 

@@ -2,8 +2,8 @@
 
 Registers the pure-torch reference attention backend (runs on any platform; the oracle plugin
 kernels are tested against), the executors (``uni`` in-process, ``mp`` one process per rank,
-``ray`` Ray actors: available when the ``ray`` extra is installed), and the model
-architectures.
+``ray`` Ray actors: available when the ``ray`` extra is installed), the model
+architectures, and the speculative proposers ``ngram`` (prompt lookup) and ``draft_model``.
 Imports happen inside the hooks so that loading this module costs nothing.
 """
 
@@ -47,3 +47,12 @@ def register_models(register: Callable[[str, type], None]) -> None:
     ):
         register(arch, LlamaForCausalLM)
     register("Gemma3ForCausalLM", Gemma3ForCausalLM)
+
+
+@hookimpl
+def register_speculative_proposers(register: Callable[[type], None]) -> None:
+    from ironlm.spec_decode.draft_model import DraftModelProposer
+    from ironlm.spec_decode.ngram import NgramProposer
+
+    register(NgramProposer)
+    register(DraftModelProposer)

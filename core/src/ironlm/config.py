@@ -54,6 +54,15 @@ class EngineConfig:
     enforce_eager: bool = False
     kv_cache_dtype: str = "auto"
     disable_log_stats: bool = True
+    # Speculative decoding (vLLM's flags): a draft model's path, or "[ngram]" (prompt lookup), or
+    # "[name]" for another registered proposer. None: off.
+    speculative_model: str | None = None
+    num_speculative_tokens: int | None = None  # drafts per step (required with speculative_model)
+    speculative_max_model_len: int | None = None  # no speculation for longer sequences
+    speculative_disable_by_batch_size: int | None = None  # off while this many requests run
+    ngram_prompt_lookup_max: int | None = None  # "[ngram]": longest suffix looked up (required)
+    ngram_prompt_lookup_min: int | None = None  # "[ngram]": shortest suffix looked up (default 1)
+    num_scheduler_steps: int = 1  # multi-step: most decode steps the runner runs per plan
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", *_DTYPES):
@@ -85,6 +94,22 @@ class EngineConfig:
             )
         if self.swap_space < 0:
             raise ValueError(f"swap_space must be non-negative (GiB), got {self.swap_space}")
+        _check_speculative(self)
+        if self.num_scheduler_steps < 1:
+            raise ValueError(
+                f"num_scheduler_steps must be at least 1, got {self.num_scheduler_steps}"
+            )
+        if self.num_scheduler_steps > 1 and self.world_size > 1:
+            raise ValueError(
+                f"num_scheduler_steps={self.num_scheduler_steps} is not supported with tensor "
+                "or pipeline parallelism yet (every rank would need each step's sampled "
+                "tokens); use num_scheduler_steps=1"
+            )
+        if self.num_scheduler_steps > 1 and self.speculative_model is not None:
+            raise ValueError(
+                "speculative decoding is not supported with multi-step scheduling "
+                f"(num_scheduler_steps={self.num_scheduler_steps}); use one of them"
+            )
         if self.distributed_executor_backend is None:
             # vLLM's rule: "ray when Ray is installed and more than one device is used,
             # otherwise mp" (and the in-process executor for a single rank)
@@ -105,6 +130,62 @@ class EngineConfig:
             return platform_default
         return _DTYPES[self.dtype]
 
+    @property
+    def speculative_proposer_name(self) -> str | None:
+        """The proposer named in brackets ("[ngram]" -> "ngram"); None for a model path."""
+        spec = self.speculative_model
+        if spec is not None and spec.startswith("[") and spec.endswith("]"):
+            return spec[1:-1]
+        return None
+
     @classmethod
     def field_names(cls) -> list[str]:
         return [f.name for f in fields(cls)]
+
+
+def _check_speculative(cfg: EngineConfig) -> None:
+    """vLLM's rules for the speculative flags; a flag that would be ignored is an error."""
+    k = cfg.num_speculative_tokens
+    if cfg.speculative_model is None:
+        given = [n for n in ("num_speculative_tokens", "speculative_max_model_len",
+                             "speculative_disable_by_batch_size", "ngram_prompt_lookup_max",
+                             "ngram_prompt_lookup_min") if getattr(cfg, n) is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} given without speculative_model")
+        return
+    if not cfg.speculative_model.strip():
+        raise ValueError("speculative_model is empty: give a draft model path or '[ngram]'")
+    if k is None:
+        raise ValueError("num_speculative_tokens must be provided with speculative_model")
+    if k < 1:
+        raise ValueError(f"num_speculative_tokens must be at least 1, got {k}")
+    if cfg.speculative_max_model_len is not None and cfg.speculative_max_model_len < 1:
+        raise ValueError(
+            f"speculative_max_model_len must be at least 1, got {cfg.speculative_max_model_len}"
+        )
+    if cfg.speculative_disable_by_batch_size is not None and cfg.speculative_disable_by_batch_size < 2:
+        raise ValueError(
+            "speculative_disable_by_batch_size must be larger than 1 (speculation is off while "
+            f"that many requests run), got {cfg.speculative_disable_by_batch_size}"
+        )
+    lo, hi = cfg.ngram_prompt_lookup_min, cfg.ngram_prompt_lookup_max
+    if cfg.speculative_model != "[ngram]":
+        if lo is not None or hi is not None:
+            raise ValueError(
+                "ngram_prompt_lookup_max / ngram_prompt_lookup_min are only used with "
+                f"speculative_model '[ngram]', not {cfg.speculative_model!r}"
+            )
+        return
+    if hi is None or hi < 1:
+        raise ValueError(
+            f"ngram_prompt_lookup_max must be set to at least 1 with speculative_model "
+            f"'[ngram]', got {hi}"
+        )
+    if lo is None:
+        cfg.ngram_prompt_lookup_min = lo = 1
+    if lo < 1:
+        raise ValueError(f"ngram_prompt_lookup_min must be at least 1, got {lo}")
+    if lo > hi:
+        raise ValueError(
+            f"ngram_prompt_lookup_min ({lo}) cannot be larger than ngram_prompt_lookup_max ({hi})"
+        )

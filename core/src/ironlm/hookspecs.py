@@ -40,7 +40,8 @@ import pluggy
 
 PROJECT = "ironlm"
 # The contract's version, "MAJOR.MINOR". 1.0: executors drive WorkerBase workers
-# (``ironlm.interfaces.worker``) and are built as Executor(config, plugins, worker_cls).
+# (``ironlm.interfaces.worker``) and are built as Executor(config, plugins, worker_cls);
+# speculative proposers (``register_speculative_proposers``, ``ironlm.interfaces.spec_decode``).
 CONTRACT_VERSION = "1.0"
 # The module constant a plugin declares its contract version in.
 CONTRACT_ATTRIBUTE = "IRONLM_CONTRACT_VERSION"
@@ -147,4 +148,21 @@ def register_models(register: Callable[[str, type], None]) -> None:
     :return: ignored.
 
     Call mode: all implementations. Process: engine and every worker.
+    """
+
+
+@hookspec
+def register_speculative_proposers(register: Callable[[type], None]) -> None:
+    """Register speculative-decoding proposers (what drafts tokens for the target to verify).
+
+    :param register: call ``register(ProposerSubclass)`` once per proposer. The class must
+        subclass :class:`ironlm.interfaces.spec_decode.SpeculativeProposer`; ``name`` is the key
+        for ``speculative_model="[name]"`` (the core registers ``ngram`` and ``draft_model``);
+        a proposer that loads a model (``needs_model``) is chosen for a
+        ``speculative_model`` path whose config.json ``model_type`` is in its ``model_types``
+        (Medusa / EAGLE heads), else the built-in ``draft_model`` takes the path.
+    :return: ignored.
+
+    Call mode: all implementations. Process: engine (selection, start-up checks, KV lookahead)
+    and the worker that samples (the proposer is built there, next to the target model).
     """

@@ -8,9 +8,10 @@ points once per manager, and registries are filled on first use.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any, Callable
+from typing import Any
 
 import pluggy
 
@@ -23,6 +24,7 @@ from ironlm.interfaces import (
     ModelArchitecture,
     Platform,
     QuantizationMethod,
+    SpeculativeProposer,
     ToolParser,
 )
 from ironlm.interfaces.platform import Availability
@@ -59,6 +61,9 @@ class Registries:
     models: Registry[type[ModelArchitecture]] = field(
         default_factory=lambda: Registry("model architecture", "architecture")
     )
+    speculative_proposers: Registry[type[SpeculativeProposer]] = field(
+        default_factory=lambda: Registry("speculative proposer", "speculative_model")
+    )
 
 
 # hook name -> (Registries attribute, base class the registered object must subclass)
@@ -70,6 +75,7 @@ _HOOKS: dict[str, tuple[str, type]] = {
     "register_tool_parsers": ("tool_parsers", ToolParser),
     "register_executors": ("executors", Executor),
     "register_models": ("models", ModelArchitecture),
+    "register_speculative_proposers": ("speculative_proposers", SpeculativeProposer),
 }
 
 
@@ -294,6 +300,33 @@ class PluginManager:
             f"architectures: {', '.join(reg.names()) or 'none'}"
         )
 
+    def select_speculative_proposer(
+        self, speculative_model: str, model_type: str | None = None
+    ) -> type[SpeculativeProposer]:
+        """The proposer for ``speculative_model``: ``"[name]"`` names one; a model path goes to
+        the proposer whose ``model_types`` holds ``model_type`` (the path's config.json),
+        else to ``draft_model``."""
+        reg = self.registries.speculative_proposers
+        if speculative_model.startswith("[") and speculative_model.endswith("]"):
+            name = speculative_model[1:-1]
+            if name not in reg:
+                raise UnknownNameError(
+                    f"unknown speculative_model {speculative_model!r}; installed speculative "
+                    f"proposers: {', '.join(f'[{n}]' for n in reg.names()) or 'none'} "
+                    "(or give a draft model path)"
+                )
+            cls = reg.get(name)
+            if cls.needs_model:
+                raise ValueError(
+                    f"speculative proposer {name!r} loads a model: pass the model's path as "
+                    "speculative_model instead of its name"
+                )
+            return cls
+        for entry in reg:
+            if model_type is not None and model_type in entry.obj.model_types:
+                return entry.obj
+        return reg.get("draft_model")
+
     # -- listing ---------------------------------------------------------------------------
     def describe(self) -> list[dict[str, Any]]:
         """One dict per plugin: name, distribution, version, registered items (kind:name), and
@@ -326,6 +359,9 @@ class PluginManager:
                 if status is not None:
                     item["available"] = status.available
                     item["reason"] = status.reason
+                details = _details_of(attr[0], e.obj)
+                if details:
+                    item["details"] = details
                 rows[e.provenance.plugin]["registered"].append(item)
         return list(rows.values())
 
@@ -339,6 +375,17 @@ def _availability_of(attr: str, obj: Any) -> Availability | None:
     except Exception as exc:  # a plugin's availability check must never break the listing
         return Availability.no(f"availability check failed: {exc!r}")
     return None
+
+
+def _details_of(attr: str, obj: Any) -> dict[str, Any]:
+    """A platform's ``describe()`` (empty for other kinds, or when it fails)."""
+    if attr != "platforms":
+        return {}
+    try:
+        details = obj().describe()
+    except Exception as exc:  # a plugin's description must never break the listing
+        return {"error": f"describe() failed: {exc!r}"}
+    return details if isinstance(details, dict) else {}
 
 
 def _registrar(

@@ -38,7 +38,31 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     ).rstrip()
 
 
+def format_details(rows: list[dict[str, Any]]) -> str:
+    """Each registered item's details (a platform's ``describe()``), one ``key: value`` line
+    each; a dict value one indented line per entry."""
+    blocks = []
+    for row in rows:
+        for item in row["registered"]:
+            details = item.get("details")
+            if not details:
+                continue
+            lines = [f"{item['kind']}:{item['name']} ({row['plugin']})"]
+            for key, value in details.items():
+                if isinstance(value, dict):
+                    lines.append(f"  {key}:" + ("" if value else " (none)"))
+                    lines += [f"    {k}: {v}" for k, v in value.items()]
+                else:
+                    lines.append(f"  {key}: {value}")
+            blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
 def run(args: argparse.Namespace) -> int:
     rows = PluginManager().describe()
-    print(json.dumps(rows, indent=2) if args.json else format_table(rows))
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    details = format_details(rows)
+    print(format_table(rows) + (f"\n\n{details}" if details else ""))
     return 0

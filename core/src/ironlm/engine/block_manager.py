@@ -202,6 +202,21 @@ class BlockManager:
         self._register_full_blocks(req, req.num_computed_tokens)
         return list(zip(host, owned))
 
+    def trim(self, request_id: str, num_tokens: int) -> None:
+        """Return the request's blocks past the first ``num_tokens`` slots (blocks taken for
+        speculative tokens that were rejected). Blocks holding real tokens are never past it."""
+        owned = self._req_blocks.get(request_id)
+        keep = self.blocks_needed(num_tokens)
+        if owned is None or len(owned) <= keep:
+            return
+        for b in reversed(owned[keep:]):
+            block = self.blocks[b]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self._evict_hash(b)  # only real tokens' full blocks are hashed; none here
+                self._free[b] = None
+        del owned[keep:]
+
     def free(self, request_id: str) -> None:
         """Return the request's blocks; the last blocks are freed first so that a prefix's
         head stays cached longest."""

@@ -101,25 +101,31 @@ class GuidedManager:
         backend, compiled = self.compile(spec, backend_name)
         return backend.new_grammar(compiled), backend.name
 
-    def build_mask(self, requests: list[Any]) -> torch.Tensor | None:
-        """(len(requests), vocab) bool, True = allowed; None when no row is constrained.
-        A grammar that raises or allows nothing (a backend dead end) is dropped and its
-        request marked with ``grammar_error``: the output processor then ends that request
-        with the error rather than emit text that breaks the constraint."""
+    def build_mask(
+        self, requests: list[Any], drafts: list[list[int]] | None = None
+    ) -> torch.Tensor | None:
+        """(rows, vocab) bool, True = allowed: per request, the row after its last token and
+        one after each of its drafts (speculative decoding; the grammar is advanced through
+        them and rolled back). None when no row is constrained. A grammar that fails (a backend
+        dead end: it raises or allows nothing) is dropped and its request marked with
+        ``grammar_error``: the output processor then ends that request with the error rather
+        than emit text that breaks the constraint."""
         if all(r.grammar is None for r in requests):
             return None
-        mask = torch.ones((len(requests), self.vocab_size), dtype=torch.bool)
-        for i, req in enumerate(requests):
+        drafts = drafts if drafts is not None else [[] for _ in requests]
+        mask = torch.ones((sum(1 + len(d) for d in drafts), self.vocab_size), dtype=torch.bool)
+        at = 0
+        for req, ds in zip(requests, drafts):
+            rows = mask[at : at + 1 + len(ds)]
+            at += 1 + len(ds)
             if req.grammar is None:
                 continue
-            mask[i] = False
+            rows[:] = False
             try:
-                req.grammar.fill_mask(mask[i])
-                if not bool(mask[i].any()):
-                    raise RuntimeError("no token is allowed next")
+                _fill_rows(req.grammar, ds, rows)
             except Exception as exc:
                 mark_dead_end(req, exc)
-                mask[i] = True
+                rows[:] = True
         return mask
 
 
@@ -135,3 +141,20 @@ def mark_dead_end(req: Any, exc: BaseException) -> None:
             "so that no output breaks the constraint. Retry, or choose another backend with "
             "guided_decoding_backend."
         )
+
+
+def _fill_rows(grammar: Grammar, drafts: list[int], rows: torch.Tensor) -> None:
+    """rows[0]: the grammar's mask now; rows[j]: after drafts[:j] (the state is restored)."""
+    grammar.fill_mask(rows[0])
+    if not bool(rows[0].any()):
+        raise RuntimeError("no token is allowed next")
+    accepted = 0
+    try:
+        for j, token in enumerate(drafts, start=1):
+            if not grammar.accept_token(token):
+                raise RuntimeError(f"draft token {token} was checked but the grammar refuses it")
+            accepted += 1
+            grammar.fill_mask(rows[j])
+    finally:
+        if accepted:
+            grammar.rollback(accepted)

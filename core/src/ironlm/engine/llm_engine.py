@@ -2,11 +2,13 @@
 
     step():  plan = scheduler.schedule()
              output = executor.execute_model(inputs_for(plan))
+             scheduler.on_step_done(plan, output)
              return outputs.update(plan, output)
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -17,14 +19,17 @@ from ironlm.engine.guided_manager import GuidedManager
 from ironlm.engine.input_processor import InputProcessor, PromptType
 from ironlm.engine.output_processor import OutputProcessor
 from ironlm.engine.request import Request, RequestStatus
-from ironlm.engine.scheduler import Scheduler
+from ironlm.engine.scheduler import Scheduler, SchedulerOutput
+from ironlm.engine.speculation import SpeculationPolicy
 from ironlm.interfaces.executor import Executor
-from ironlm.interfaces.step import ModelInput, NewRequestData, ScheduledSeq
+from ironlm.interfaces.step import ModelInput, ModelOutput, NewRequestData, ScheduledSeq
 from ironlm.model_loader import resolve_model
 from ironlm.outputs import RequestOutput
 from ironlm.plugin_manager import PluginManager
 from ironlm.sampling_params import SamplingParams
 from ironlm.worker.worker import Worker
+
+log = logging.getLogger("ironlm.engine")
 
 
 class LLMEngine:
@@ -45,6 +50,7 @@ class LLMEngine:
         # a model that cannot be split this way fails here, before any worker starts
         check_model_fits(source.hf_config, config.tensor_parallel_size,
                          config.pipeline_parallel_size)
+        self.spec = self._speculation(config)
         executor_cls = self.pm.select_executor(config.distributed_executor_backend or "uni")
         self.executor: Executor = executor_cls(config, self.pm, Worker)
         self.executor.start()
@@ -73,7 +79,8 @@ class LLMEngine:
         )
         self.scheduler = Scheduler(
             self.block_manager, config.max_num_seqs, budget, config.enable_chunked_prefill,
-            use_priority=config.scheduling_policy == "priority",
+            use_priority=config.scheduling_policy == "priority", spec=self.spec,
+            num_scheduler_steps=config.num_scheduler_steps, max_model_len=self.max_model_len,
         )
         self.inputs = InputProcessor(
             self.tokenizer, self.vocab_size, self.max_model_len, config.max_logprobs
@@ -83,6 +90,26 @@ class LLMEngine:
         )
         self.outputs = OutputProcessor(self.tokenizer, self.max_model_len)
         self._new: list[NewRequestData] = []
+
+    def _speculation(self, config: EngineConfig) -> SpeculationPolicy | None:
+        """The speculative proposer's start-up checks (before any worker loads), and the
+        policy the scheduler follows; None without speculative decoding."""
+        spec = config.speculative_model
+        if spec is None:
+            return None
+        model_type = None
+        if config.speculative_proposer_name is None:
+            model_type = getattr(resolve_model(spec, config.trust_remote_code).hf_config,
+                                 "model_type", None)  # fmt: skip
+        proposer_cls = self.pm.select_speculative_proposer(spec, model_type)
+        limit = config.speculative_max_model_len
+        if limit is not None and limit > self.max_model_len:
+            raise ValueError(
+                f"speculative_max_model_len ({limit}) is larger than max_model_len "
+                f"({self.max_model_len})"
+            )
+        proposer_cls.validate(config, self.tokenizer, self.vocab_size)
+        return SpeculationPolicy(config, self.max_model_len, proposer_cls.lookahead_slots)
 
     # -- requests --------------------------------------------------------------------------
     def add_request(
@@ -151,8 +178,14 @@ class LLMEngine:
 
     # -- one step --------------------------------------------------------------------------
     def _init_swap_space(self) -> int:
-        """Host swap blocks on every rank (the minimum over ranks; 0 without swap_space)."""
+        """Host swap blocks on every rank (the minimum over ranks; 0 without swap_space).
+        Speculative decoding and multi-step scheduling preempt by recompute: a draft model's
+        KV and a multi-step window's blocks are not swapped."""
         if self.config.swap_space <= 0:
+            return 0
+        if self.spec is not None or self.config.num_scheduler_steps > 1:
+            log.info("swap_space %s GiB unused: with speculative decoding or multi-step "
+                        "scheduling, preempted requests are recomputed", self.config.swap_space)
             return 0
         num = min(self.executor.collective_rpc("num_swap_blocks"))
         self.executor.collective_rpc("initialize_swap_space", num)
@@ -166,45 +199,68 @@ class LLMEngine:
                     [], self._take_new(), plan.finished_ids,
                     blocks_to_swap_out=plan.blocks_to_swap_out,
                     blocks_to_swap_in=plan.blocks_to_swap_in,
+                    preempted_ids=_recomputed(plan),
                 ))
             return []
-        model_input = self._model_input(plan.scheduled, plan.finished_ids)
-        model_input.blocks_to_swap_out = plan.blocks_to_swap_out
-        model_input.blocks_to_swap_in = plan.blocks_to_swap_in
-        output = self.executor.execute_model(model_input)
-        self.scheduler.on_step_done(plan.scheduled)
-        return self.outputs.update(plan.scheduled, output, self.scheduler)
+        output = self.executor.execute_model(self._model_input(plan))
+        self.scheduler.on_step_done(plan, output)
+        results = self.outputs.update(plan.scheduled, output, self.scheduler,
+                                      per_step=bool(plan.num_steps))  # fmt: skip
+        if self.spec is not None:
+            self._after_speculation(plan, output)
+        return results
 
     def _take_new(self) -> list[NewRequestData]:
         new, self._new = self._new, []
         return new
 
-    def _model_input(self, scheduled: list[tuple[Request, int]], finished: list[str]) -> ModelInput:
+    def _model_input(self, plan: SchedulerOutput) -> ModelInput:
         seqs = []
         sampling: list[Request] = []
-        for req, n in scheduled:
+        drafts: list[list[int]] = []
+        for req, n in plan.scheduled:
+            rid = req.request_id
             start = req.num_computed_tokens
-            sample = start + n == req.num_tokens
+            spec = plan.spec_tokens.get(rid, [])
+            real = n - len(spec)
+            sample = start + real == req.num_tokens
             seqs.append(
                 ScheduledSeq(
-                    request_id=req.request_id,
-                    token_ids=req.token_slice(start, start + n),
+                    request_id=rid,
+                    token_ids=req.token_slice(start, start + real),
                     start_pos=start,
-                    block_ids=self.block_manager.block_ids(req.request_id),
+                    block_ids=self.block_manager.block_ids(rid),
                     sample=sample,
                     num_output_tokens=len(req.output_token_ids),
                     want_prompt_logprobs=req.sampling_params.prompt_logprobs is not None
                     and start < req.num_prompt_tokens,
+                    spec_token_ids=spec,
+                    num_proposals=plan.num_proposals.get(rid, 0),
+                    num_steps=plan.num_steps.get(rid, 1),
                 )
             )
             if sample:
                 sampling.append(req)
+                drafts.append(spec)
         return ModelInput(
             seqs=seqs,
             new_requests=self._take_new(),
-            finished_ids=finished,
-            allowed_mask=self.guided.build_mask(sampling),
+            finished_ids=plan.finished_ids,
+            allowed_mask=self.guided.build_mask(sampling, drafts),
+            blocks_to_swap_out=plan.blocks_to_swap_out,
+            blocks_to_swap_in=plan.blocks_to_swap_in,
+            preempted_ids=_recomputed(plan),
         )
+
+    def _after_speculation(self, plan: SchedulerOutput, output: ModelOutput) -> None:
+        """Count the step's drafting and verification; keep the new drafts for the next."""
+        assert self.spec is not None
+        self.spec.stats.draft_time += output.draft_time
+        self.spec.stats.target_time += output.target_time
+        for req, _ in plan.scheduled:
+            proposed = output.spec_token_ids.get(req.request_id)
+            if proposed and req.status == RequestStatus.RUNNING:
+                self.spec.accept_proposals(req, proposed)
 
     # -- stats -----------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
@@ -223,6 +279,7 @@ class LLMEngine:
             "swap_usage": bm.swap_usage,
             "num_swap_blocks": bm.num_swap_blocks,
             "time": time.time(),
+            **(self.spec.stats.to_dict() if self.spec is not None else {}),
         }
 
     def check_health(self) -> None:
@@ -231,6 +288,11 @@ class LLMEngine:
 
     def shutdown(self) -> None:
         self.executor.shutdown()
+
+
+def _recomputed(plan: SchedulerOutput) -> list[str]:
+    """Requests preempted by this plan whose KV is gone (the swapped ones keep theirs)."""
+    return [r.request_id for r in plan.preempted if r.status != RequestStatus.SWAPPED]
 
 
 def _max_model_len(config: EngineConfig, model_max: int | None) -> int:

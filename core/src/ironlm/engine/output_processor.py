@@ -72,10 +72,19 @@ class OutputProcessor:
 
     # -- per step --------------------------------------------------------------------------
     def update(
-        self, scheduled: list[tuple[Request, int]], output: ModelOutput, scheduler: Scheduler
+        self,
+        scheduled: list[tuple[Request, int]],
+        output: ModelOutput,
+        scheduler: Scheduler,
+        per_step: bool = False,
     ) -> list[RequestOutput]:
+        """Append each request's sampled tokens (several with speculative decoding or
+        multi-step), stopping at its finish; outputs after every request's tokens, or, with
+        ``per_step`` (a multi-step run), after each step's token, as one step per plan would."""
+        results: list[RequestOutput] = []
         touched: dict[str, Group] = {}
         now = time.monotonic()
+        pending: list[tuple[Group, Request, list[SampledToken]]] = []
         for req, n in scheduled:
             group = self._child_group.get(req.request_id)
             if group is None or req.is_finished:
@@ -89,15 +98,29 @@ class OutputProcessor:
                 touched[group.request_id] = group
                 scheduler.finish(req, RequestStatus.FINISHED_STOPPED)
                 continue
-            tok = output.sampled.get(req.request_id)
-            if tok is None:
+            toks = output.sampled.get(req.request_id)
+            if not toks:
                 continue
-            touched[group.request_id] = group
             req.first_token_time = req.first_token_time or now
             req.last_token_time = now
-            self._append(group, req, tok, scheduler)
-            if req.grammar_error is not None and group.error is None:
-                self._fail_group(group, req.grammar_error, scheduler)
+            pending.append((group, req, toks))
+        rounds = max((len(t) for _, _, t in pending), default=1) if per_step else 1
+        for step in range(rounds):
+            for group, req, toks in pending:
+                todo = toks[step : step + 1] if per_step else toks
+                if todo and not req.is_finished:
+                    touched[group.request_id] = group
+                for tok in todo:
+                    if req.is_finished:
+                        break  # tokens past a stop are dropped, as if never sampled
+                    self._append(group, req, tok, scheduler)
+                    if req.grammar_error is not None and group.error is None:
+                        self._fail_group(group, req.grammar_error, scheduler)
+            results += self._flush(touched)
+            touched = {}
+        return results
+
+    def _flush(self, touched: dict[str, Group]) -> list[RequestOutput]:
         results = []
         for group in touched.values():
             out = self._request_output(group)

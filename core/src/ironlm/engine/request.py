@@ -59,6 +59,12 @@ class Request:
     pooling: bool = False  # an embedding request: run the prompt, return its mean hidden state
     first_token_time: float | None = None
     last_token_time: float | None = None
+    # Speculative decoding: drafts proposed after the last step, verified in the next one.
+    spec_token_ids: list[int] = field(default_factory=list)
+    # (drafts, accepted) of its latest verifications, and steps left without speculation
+    # after it did not pay (engine.speculation.SpeculationPolicy).
+    spec_history: list[tuple[int, int]] = field(default_factory=list)
+    spec_paused_steps: int = 0
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -6,6 +6,11 @@ num_computed_tokens`` tokens, and each step pays as much of that as the token bu
 KV blocks run out, the most recently admitted running request is preempted: its KV is swapped
 to the host pool when it fits there (``swap_space``), and swapped back before new requests are
 admitted; otherwise it is freed and later recomputed.
+
+Two decode-speed features change what a decode owes: with speculative decoding
+(``SpeculationPolicy``) a decode also runs its drafts (and keeps KV slots for the proposer's
+next ones); with multi-step scheduling a plan of decodes only runs each of them for up to
+``num_scheduler_steps`` steps, its blocks allocated for all of them up front.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from dataclasses import dataclass, field
 
 from ironlm.engine.block_manager import BlockManager
 from ironlm.engine.request import Request, RequestStatus
+from ironlm.engine.speculation import SpeculationPolicy
+from ironlm.interfaces.step import ModelOutput
 
 
 @dataclass
@@ -30,6 +37,12 @@ class SchedulerOutput:
     # Swap preemption copies for the workers: (device, host) out, then (host, device) in.
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
+    # Speculative decoding: drafts each request verifies (counted in its number of tokens),
+    # and how many drafts to propose after this step.
+    spec_tokens: dict[str, list[int]] = field(default_factory=dict)
+    num_proposals: dict[str, int] = field(default_factory=dict)
+    # Multi-step: decode steps per request when the plan runs more than one (absent: one).
+    num_steps: dict[str, int] = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:
@@ -57,12 +70,18 @@ class Scheduler:
         max_num_batched_tokens: int,
         enable_chunked_prefill: bool,
         use_priority: bool = False,
+        spec: SpeculationPolicy | None = None,
+        num_scheduler_steps: int = 1,
+        max_model_len: int | None = None,
     ) -> None:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.enable_chunked_prefill = enable_chunked_prefill
         self.use_priority = use_priority
+        self.spec = spec
+        self.num_scheduler_steps = num_scheduler_steps
+        self.max_model_len = max_model_len
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()  # preempted to host swap, oldest first
@@ -108,18 +127,23 @@ class Scheduler:
         self._finished_ids = []
         budget = self.max_num_batched_tokens
         scheduled_ids: set[str] = set()
+        spec_on = self.spec is not None and self.spec.step_enabled(len(self.running))
 
         # Running requests first, in admission order; preempt from the back when out of KV.
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
-            while not self.block_manager.allocate(req, n):
-                victim = self.running[-1]
-                self._preempt(victim, out)
-                if victim is req:
-                    n = 0
-                    break
+            owed = req.num_tokens - req.num_computed_tokens
+            n = min(owed, budget)
+            if spec_on and n == owed and self._speculate(req, n, budget, out):
+                n += len(out.spec_tokens.get(req.request_id, []))
+            else:
+                while not self.block_manager.allocate(req, n):
+                    victim = self.running[-1]
+                    self._preempt(victim, out)
+                    if victim is req:
+                        n = 0
+                        break
             if n == 0:
                 break  # req itself was preempted (it was the last running request)
             out.scheduled.append((req, n))
@@ -159,9 +183,18 @@ class Scheduler:
                     break
                 n = budget
             req.num_computed_tokens = num_cached
-            if not self.block_manager.allocate(req, n, cached):
-                req.num_computed_tokens = 0
-                break
+            props = 0
+            if spec_on and num_cached + n == req.num_tokens:  # drafts right after the prompt
+                assert self.spec is not None
+                props = self.spec.plan_proposals(req, 0)
+            extra = self.spec.lookahead(props) if self.spec is not None and props else 0
+            if not (extra and self.block_manager.allocate(req, n + extra, cached)):
+                props = 0
+                if not self.block_manager.allocate(req, n, cached):
+                    req.num_computed_tokens = 0
+                    break
+            if props:
+                out.num_proposals[req.request_id] = props
             if req.status == RequestStatus.WAITING:
                 req.num_cached_tokens = num_cached
             self.block_manager.record_lookup(req.num_tokens, num_cached)
@@ -170,12 +203,56 @@ class Scheduler:
             self.running.append(req)
             out.scheduled.append((req, n))
             budget -= n
+        if self.num_scheduler_steps > 1:
+            self._plan_window(out)
         return out
+
+    def _speculate(self, req: Request, n: int, budget: int, out: SchedulerOutput) -> bool:
+        """Schedule the rest of a request (a decode, or the last chunk of its prompt) with its
+        drafts (decodes) and room for the next ones; False (nothing changed) when it has
+        neither or the blocks for them are short."""
+        assert self.spec is not None
+        drafts = self.spec.drafts(req, budget) if n == 1 else []
+        props = self.spec.plan_proposals(req, len(drafts))
+        if not drafts and not props:
+            return False
+        if not self.block_manager.allocate(req, n + len(drafts) + self.spec.lookahead(props)):
+            return False
+        if drafts:
+            out.spec_tokens[req.request_id] = drafts
+        if props:
+            out.num_proposals[req.request_id] = props
+        return True
+
+    def _plan_window(self, out: SchedulerOutput) -> None:
+        """Multi-step: a plan of decodes only runs each up to num_scheduler_steps steps (guided
+        requests one: their masks come from the engine token by token; no further than
+        max_tokens or max_model_len), as far as blocks allow."""
+        if out.preempted or not out.scheduled:
+            return
+        for req, n in out.scheduled:
+            owed = req.num_tokens - req.num_computed_tokens
+            if n != 1 or owed != 1 or not req.output_token_ids or req.pooling:
+                return  # a prefill (chunk) in the plan: one step, so its first token is not held
+        for req, _ in out.scheduled:
+            steps = self.num_scheduler_steps
+            if req.grammar is not None:
+                steps = 1
+            max_tokens = req.sampling_params.max_tokens
+            if max_tokens is not None:
+                steps = min(steps, max_tokens - len(req.output_token_ids))
+            if self.max_model_len is not None:
+                steps = min(steps, self.max_model_len - req.num_tokens)
+            while steps > 1 and not self.block_manager.allocate(req, steps):
+                steps -= 1
+            if steps > 1:
+                out.num_steps[req.request_id] = steps
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
         """Swap the request's KV to the host pool when it fits there; otherwise free it and
         put the request back at the head of the queue for recompute."""
         self.running.remove(req)
+        req.spec_token_ids = []
         req.num_preemptions += 1
         self.stats.num_preemptions += 1
         out.preempted.append(req)  # victims are never already in out.scheduled (see loop)
@@ -194,7 +271,16 @@ class Scheduler:
         req.num_computed_tokens = 0
         self.waiting.appendleft(req)
 
-    def on_step_done(self, scheduled: list[tuple[Request, int]]) -> None:
-        """Advance computed-token counters after the step ran."""
-        for req, n in scheduled:
-            req.num_computed_tokens += n
+    def on_step_done(self, plan: SchedulerOutput, output: ModelOutput) -> None:
+        """Advance computed-token counters after the step ran: rejected drafts do not count
+        (their KV is overwritten later), each extra step of a multi-step run does."""
+        for req, n in plan.scheduled:
+            rid = req.request_id
+            drafts = plan.spec_tokens.get(rid, [])
+            emitted = len(output.sampled.get(rid, ()))
+            req.num_computed_tokens += n - len(drafts) + max(emitted - 1, 0)
+            req.spec_token_ids = []
+            if self.spec is not None:
+                if drafts:
+                    self.spec.on_verified(req, len(drafts), emitted)
+                self.block_manager.trim(rid, req.num_computed_tokens + self.spec.keep_slots)

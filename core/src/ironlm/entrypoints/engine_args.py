@@ -49,6 +49,15 @@ ENGINE_HELP: dict[str, str] = {
     "max_logprobs": "most logprobs a request may ask for",
     "enforce_eager": "never capture device graphs",
     "kv_cache_dtype": "KV-cache dtype (auto: the model dtype)",
+    "speculative_model": "draft model (HF folder or GGUF sharing the tokenizer), or \"[ngram]\" "
+                         "for prompt lookup, or \"[name]\" of another speculative proposer plugin",
+    "num_speculative_tokens": "tokens to draft per step (required with --speculative-model)",
+    "speculative_max_model_len": "no speculation for sequences longer than this (None: the "
+                                 "draft's and the target's context length)",
+    "speculative_disable_by_batch_size": "no speculation while this many requests run",
+    "ngram_prompt_lookup_max": "[ngram]: longest suffix looked up in the request (required)",
+    "ngram_prompt_lookup_min": "[ngram]: shortest suffix looked up (None: 1)",
+    "num_scheduler_steps": "the maximum number of forward steps per scheduler call",
 }
 _SIZE_FIELDS = {"kv_cache_memory"}
 _SIZE = re.compile(r"^\s*([0-9.]+)\s*([kmgt]?)(i?b?)\s*$", re.I)

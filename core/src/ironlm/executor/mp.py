@@ -20,15 +20,17 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import pickle
-import socket
 import threading
 import time
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any, Callable, ClassVar
 
+from torch.distributed import TCPStore
+
 from ironlm.config import EngineConfig
 from ironlm.distributed.layout import ParallelLayout
+from ironlm.distributed.process_groups import host_rendezvous
 from ironlm.executor.worker_process import STOP, RemoteTraceback, run_worker
 from ironlm.interfaces.executor import Executor
 from ironlm.interfaces.step import ModelInput, ModelOutput
@@ -37,12 +39,6 @@ from ironlm.plugin_manager import PluginManager
 
 log = logging.getLogger("ironlm.executor.mp")
 STOP_TIMEOUT_S = 5.0  # a child that does not leave in time after STOP is terminated
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 class WorkerDiedError(RuntimeError):
@@ -86,6 +82,8 @@ class MultiprocExecutor(Executor):
         self.dead: str | None = None  # why the executor cannot run steps any more
         self._stopping = threading.Event()
         self._monitor: threading.Thread | None = None
+        self._store: TCPStore | None = None  # the rendezvous, alive as long as the workers
+        self._driver_call: threading.Thread | None = None  # the driver's start-up call
 
     # -- start-up ------------------------------------------------------------------------
     def start(self) -> None:
@@ -98,7 +96,8 @@ class MultiprocExecutor(Executor):
                 f"{platform.name!r} has {count} device(s) on this machine; use fewer ranks, or "
                 "distributed_executor_backend='ray' across machines"
             )
-        init_method = f"tcp://127.0.0.1:{free_port()}"
+        self._store = host_rendezvous("127.0.0.1", world)
+        init_method = f"tcp://127.0.0.1:{self._store.port}"
         ranks = [WorkerRank(r, world, r, init_method, local_world_size=world)
                  for r in range(world)]
         ctx = multiprocessing.get_context("spawn")
@@ -141,6 +140,7 @@ class MultiprocExecutor(Executor):
                 outcome.append(exc)
 
         helper = threading.Thread(target=run_driver, name=f"ironlm-driver-{method}", daemon=True)
+        self._driver_call = helper
         helper.start()
         pending = {child.conn: child for child in self.children}
         while pending or helper.is_alive():
@@ -238,6 +238,10 @@ class MultiprocExecutor(Executor):
         if self.driver is not None:
             self.driver.shutdown()
             self.driver = None
+        self._store = None  # a driver left waiting in a failed start-up gets an error and ends
+        if self._driver_call is not None:
+            self._driver_call.join(timeout=STOP_TIMEOUT_S)  # and resets its process state
+            self._driver_call = None
         if self._monitor is not None:
             self._monitor.join(timeout=2.0)
             self._monitor = None

@@ -4,7 +4,6 @@ executor; this module imports nothing of Ray, so it loads without the extra)."""
 from __future__ import annotations
 
 import os
-import socket
 from typing import Any
 
 from ironlm.config import EngineConfig
@@ -22,11 +21,6 @@ class RayWorkerActor:
         ctx = ray.get_runtime_context()
         ids = [str(i) for i in ctx.get_accelerator_ids().get(device_key, [])]
         return ctx.get_node_id(), ray.util.get_node_ip_address(), ids
-
-    def free_port(self) -> int:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("", 0))
-            return int(s.getsockname()[1])
 
     def create(
         self,

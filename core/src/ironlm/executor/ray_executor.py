@@ -19,8 +19,11 @@ import threading
 from collections import defaultdict
 from typing import Any, ClassVar
 
+from torch.distributed import TCPStore
+
 from ironlm.config import EngineConfig
 from ironlm.distributed.layout import ParallelLayout
+from ironlm.distributed.process_groups import host_rendezvous
 from ironlm.executor.mp import WorkerDiedError
 from ironlm.executor.ray_actor import RayWorkerActor
 from ironlm.interfaces.executor import Executor
@@ -51,6 +54,7 @@ class RayExecutor(Executor):
         self.layout = ParallelLayout(config.tensor_parallel_size, config.pipeline_parallel_size)
         self.actors: list[Any] = []
         self.placement_group: Any = None
+        self._store: TCPStore | None = None  # the rendezvous, alive as long as the workers
         self.dead: str | None = None
         self._owns_ray = False  # this executor connected (or started) Ray: it disconnects
         self._stopping = threading.Event()
@@ -120,9 +124,9 @@ class RayExecutor(Executor):
         by_node: dict[str, list[int]] = defaultdict(list)
         for rank, (node, _, _) in enumerate(infos):
             by_node[node].append(rank)
-        host = infos[0][1]
-        port = ray.get(self.actors[0].free_port.remote())
-        init_method = f"tcp://{host}:{port}"
+        host = ray.util.get_node_ip_address()  # the engine's node hosts the rendezvous
+        self._store = host_rendezvous(host, len(infos))
+        init_method = f"tcp://{host}:{self._store.port}"
         calls = []
         for rank, (node, _, ids) in enumerate(infos):
             peers = by_node[node]
@@ -216,6 +220,7 @@ class RayExecutor(Executor):
                 remove_placement_group(self.placement_group)
         self.actors = []
         self.placement_group = None
+        self._store = None
         if self._monitor is not None:
             self._monitor.join(timeout=5.0)
             self._monitor = None

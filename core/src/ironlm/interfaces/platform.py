@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -213,6 +213,12 @@ class Platform(ABC):
     def layer_ops(self) -> LayerOps:
         """The element-wise layer ops for this platform (fused kernels where they pay)."""
         return LayerOps()
+
+    def describe(self) -> dict[str, Any]:
+        """Platform-specific details for ``ironlm plugins`` (and ``GET /v1/plugins``): e.g. the
+        ISA its kernels were built for and which kernel runs each op. JSON-serialisable values;
+        cheap (no device work, no measuring); never raises. Default: none."""
+        return {}
 
     def graph_capture(self, ctx: ModelContext) -> GraphCapture | None:
         """A capture of decode forwards for the model built with ``ctx`` (its layer ops and

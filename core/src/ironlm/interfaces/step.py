@@ -2,6 +2,10 @@
 
 Workers keep per-request sampling state (generators, penalty counts) keyed by request id:
 ``new_requests`` introduces a request once; ``finished_ids`` tells workers to drop it.
+
+A step returns one or more tokens per sampling request: speculative decoding verifies drafts
+(``spec_token_ids``) and keeps the accepted ones plus one; multi-step scheduling
+(``num_steps``) runs several decode steps back to back, each sampled token the next input.
 """
 
 from __future__ import annotations
@@ -32,6 +36,16 @@ class ScheduledSeq:
     num_output_tokens: int  # generated tokens so far (min_tokens, penalties)
     # Return logprobs of the prompt tokens this chunk predicts (positions start_pos+1 ...).
     want_prompt_logprobs: bool = False
+    # Speculative decoding: drafts to verify, run after token_ids in the same forward (at
+    # positions start_pos + len(token_ids), ...); only with sample=True. The step returns the
+    # accepted drafts and one more token.
+    spec_token_ids: list[int] = field(default_factory=list)
+    # Drafts to propose for this request after this step's sampling (0: none); its block table
+    # holds the proposer's lookahead slots.
+    num_proposals: int = 0
+    # Multi-step: decode steps to run back to back (one token in each, sampled on the worker and
+    # fed to the next); block_ids cover start_pos + num_steps slots. > 1 only for pure decode.
+    num_steps: int = 1
 
 
 @dataclass
@@ -39,14 +53,20 @@ class ModelInput:
     seqs: list[ScheduledSeq]
     new_requests: list[NewRequestData] = field(default_factory=list)
     finished_ids: list[str] = field(default_factory=list)
-    # Guided decoding: (num_sampling_seqs, vocab) bool, True = allowed, rows in the order of
-    # the seqs with sample=True; rows of unconstrained requests are all True. None: no guidance.
+    # Guided decoding: (num_sampling_rows, vocab) bool, True = allowed; for each seq with
+    # sample=True in order, 1 + len(spec_token_ids) rows (the row after its last token, then
+    # the row after each draft, the grammar advanced through the drafts before it). Rows of
+    # unconstrained requests are all True. Only the first of several steps (num_steps > 1) is
+    # masked: the engine gives guided requests one step. None: no guidance.
     allowed_mask: torch.Tensor | None = None
     # Swap preemption, applied by every worker before the step runs, out before in:
     # (device block, host block) pairs to copy to the host swap space, and (host block,
     # device block) pairs to copy back.
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
+    # Requests preempted since the last step: their KV is gone (workers drop KV-derived state,
+    # e.g. a draft model's progress); they come back later, recomputed from start_pos 0.
+    preempted_ids: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -59,9 +79,17 @@ class SampledToken:
 
 @dataclass
 class ModelOutput:
-    sampled: dict[str, SampledToken] = field(default_factory=dict)
+    # Tokens sampled per request this step, in order: one normally; the accepted drafts and one
+    # more with speculative decoding; one per step of a multi-step run.
+    sampled: dict[str, list[SampledToken]] = field(default_factory=dict)
     # Per request: one entry per prompt position computed this step, in position order;
     # each entry [(token_id, logprob, rank)] with the actual prompt token first.
     prompt_logprobs: dict[str, list[list[tuple[int, float, int]]]] = field(default_factory=dict)
     # Pooled hidden states for embedding requests: request id -> (hidden_size,) float32.
     embeddings: dict[str, torch.Tensor] = field(default_factory=dict)
+    # Speculative decoding: drafts proposed after this step (ScheduledSeq.num_proposals).
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    # Seconds this step spent drafting, and in the target's forward and sampling (set when
+    # speculative decoding is configured).
+    draft_time: float = 0.0
+    target_time: float = 0.0

@@ -53,11 +53,14 @@ class KVCache:
         free, total = self.platform.memory_info(self.device_index)
         return int(total * cfg.gpu_memory_utilization) - (total - free)
 
-    def num_blocks_that_fit(self) -> int:
+    def num_blocks_that_fit(self, extra_bytes_per_block: int = 0) -> int:
+        """Blocks the budget holds; ``extra_bytes_per_block``: another cache laid out in the
+        same blocks (a draft model's) shares the budget."""
         if self.config.num_kv_blocks is not None:
             return self.config.num_kv_blocks
         budget = self.budget_bytes()
-        num_kv_blocks = budget // self.bytes_per_block() if self.layers else 0
+        per_block = self.bytes_per_block() + extra_bytes_per_block
+        num_kv_blocks = budget // per_block if self.layers else 0
         if num_kv_blocks < 1:
             raise ValueError(
                 f"no memory left for the KV cache (budget {budget} bytes); lower the model "

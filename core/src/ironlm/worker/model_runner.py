@@ -3,7 +3,10 @@ runner; the runner holds the sampler and the per-request sampling state).
 
 Each step flattens all scheduled tokens into one batch, builds the attention backend's
 metadata once, runs the model, computes logits only at positions that sample (or whose prompt
-logprobs were asked for), and samples.
+logprobs were asked for), and samples. With speculative decoding the drafts run in the same
+forward, right after their request's last token, and the ``Speculator`` (on the sampling rank)
+verifies them and asks for the next ones; with multi-step scheduling ``run_window`` runs
+several decode steps.
 
 With pipeline stages, every rank runs the same step on its own layers: a stage after the first
 receives the previous stage's activations first, a stage before the last sends its own and
@@ -13,6 +16,7 @@ tensor-parallel group); only the sampling rank samples and returns the output.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +29,9 @@ from ironlm.interfaces.attention import AttentionBackend
 from ironlm.interfaces.model import ModelArchitecture
 from ironlm.interfaces.step import ModelInput, ModelOutput, ScheduledSeq
 from ironlm.worker.decode_graphs import DecodeGraphs
+from ironlm.worker.multi_step import run_window
 from ironlm.worker.sampler import Sampler, SamplingState, top_logprobs
+from ironlm.worker.speculator import Speculator
 
 
 @dataclass
@@ -64,6 +70,7 @@ class ModelRunner:
         self.sampler = Sampler()
         self.states: dict[str, SamplingState] = {}
         self.embed_sums: dict[str, torch.Tensor] = {}  # pooling requests: running hidden sums
+        self.speculator: Speculator | None = None  # set by the worker with a proposer
 
     # -- one step --------------------------------------------------------------------------
     @torch.inference_mode()
@@ -81,14 +88,33 @@ class ModelRunner:
                     self.device,
                 )
                 self.states[nr.request_id].pooling = nr.pooling
+        if self.speculator is not None:
+            self.speculator.drop(mi.finished_ids + mi.preempted_ids)
         out = ModelOutput()
         if not mi.seqs:
             return out if stage.samples else None
         self.steps += 1
+        if any(s.num_steps > 1 for s in mi.seqs):
+            return run_window(self, mi, out)  # one rank only (EngineConfig checks)
+        start = time.perf_counter()
+        hidden_of = self._run(mi, out)
+        if not stage.samples:
+            return None
+        if self.speculator is not None:
+            mid = time.perf_counter()
+            out.spec_token_ids = self.speculator.propose(mi.seqs, out.sampled, hidden_of)
+            out.target_time, out.draft_time = mid - start, time.perf_counter() - mid
+        return out
+
+    def _run(self, mi: ModelInput, out: ModelOutput) -> dict[str, torch.Tensor] | None:
+        """This rank's part of the step: the forward, then on the sampling rank sampling (or
+        verification); returns each request's accepted rows of hidden states when the
+        proposer reads them."""
+        stage = self.stage
         logits = self._decode_graph_logits(mi.seqs)
         if logits is not None:  # every sequence samples its next token
             self._sample(out, mi, logits, mi.seqs)
-            return out
+            return None
         input_ids, positions, batch = self._flatten(mi.seqs)
         meta = self.attention.build_metadata(batch)
         intermediate = None
@@ -121,14 +147,24 @@ class ModelRunner:
                 out.prompt_logprobs[seq.request_id] = self._prompt_logprobs(
                     seq, hidden[starts[i] : starts[i + 1]], state
                 )
-            if seq.sample:
-                sample_rows.append(starts[i + 1] - 1)
+            if seq.sample:  # the last real token's row, then one row per draft
+                end = starts[i + 1]
+                sample_rows += range(end - 1 - len(seq.spec_token_ids), end)
                 sample_seqs.append(seq)
         if sample_rows:
-            logits = self.model.compute_logits(hidden[sample_rows])  # (B, V) float32
-            if stage.samples:
+            logits = self.model.compute_logits(hidden[sample_rows])  # (rows, V) float32
+            if not stage.samples:
+                return None
+            if any(s.spec_token_ids for s in sample_seqs):
+                assert self.speculator is not None, "drafts sent to a worker without a proposer"
+                for seq, toks in zip(sample_seqs, self.speculator.verify(
+                        logits, sample_seqs, mi.allowed_mask)):  # fmt: skip
+                    out.sampled[seq.request_id] = toks
+            else:
                 self._sample(out, mi, logits, sample_seqs)
-        return out if stage.samples else None
+        if self.speculator is None or not self.speculator.proposer.needs_target_hidden_states:
+            return None
+        return _accepted_hidden(hidden, starts, mi.seqs, out)
 
     def swap(self, out: list[tuple[int, int]], into: list[tuple[int, int]]) -> None:
         """Swap preemption: preempted requests' blocks to the host swap space, then resumed
@@ -150,7 +186,7 @@ class ModelRunner:
         if self.graphs is None or not self.graphs.accepts(len(seqs)):
             return None
         for s in seqs:
-            if len(s.token_ids) != 1 or not s.sample or s.want_prompt_logprobs:
+            if len(s.token_ids) != 1 or not s.sample or s.want_prompt_logprobs or s.spec_token_ids:
                 return None
             if self.states[s.request_id].pooling:
                 return None
@@ -167,17 +203,29 @@ class ModelRunner:
         if mask is not None and mask.shape[1] != logits.shape[1]:
             raise ValueError("guided mask width differs from the model's vocabulary")
         for seq, tok in zip(seqs, self.sampler(logits, states, mask)):
-            out.sampled[seq.request_id] = tok
+            out.sampled[seq.request_id] = [tok]
+
+    def decode_logits(self, seqs: list[ScheduledSeq]) -> torch.Tensor:
+        """(B, V) logits of a pure decode step (one token per sequence), through a decode graph
+        when one applies."""
+        logits = self._decode_graph_logits(seqs)
+        if logits is not None:
+            return logits
+        input_ids, positions, batch = self._flatten(seqs)
+        hidden = self.model(input_ids, positions, self.kv_caches,
+                            self.attention.build_metadata(batch))  # fmt: skip
+        return self.model.compute_logits(hidden)
 
     def _flatten(self, seqs: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, Any]:
         ids: list[int] = []
         pos: list[int] = []
         for s in seqs:
             ids.extend(s.token_ids)
-            pos.extend(range(s.start_pos, s.start_pos + len(s.token_ids)))
+            ids.extend(s.spec_token_ids)
+            pos.extend(range(s.start_pos, s.start_pos + len(s.token_ids) + len(s.spec_token_ids)))
         batch = build_attention_batch(
             [s.start_pos for s in seqs],
-            [len(s.token_ids) for s in seqs],
+            [len(s.token_ids) + len(s.spec_token_ids) for s in seqs],
             [s.block_ids for s in seqs],
             self.config.block_size,
             self.device,
@@ -203,3 +251,18 @@ class ModelRunner:
         return [
             top_logprobs(lps[j], prompt[seq.start_pos + r + 1], k) for j, r in enumerate(rows)
         ]
+
+
+def _accepted_hidden(
+    hidden: torch.Tensor, starts: list[int], seqs: list[ScheduledSeq], out: ModelOutput
+) -> dict[str, torch.Tensor]:
+    """Per sampling request: its rows whose tokens are now part of the sequence (a prefill
+    chunk's rows; a decode's last token and its accepted drafts)."""
+    rows: dict[str, torch.Tensor] = {}
+    for i, s in enumerate(seqs):
+        sampled = out.sampled.get(s.request_id)
+        if sampled is None:
+            continue
+        keep = len(s.token_ids) + len(sampled) - 1  # real tokens, then the accepted drafts
+        rows[s.request_id] = hidden[starts[i] : starts[i] + keep]
+    return rows

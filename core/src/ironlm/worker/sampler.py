@@ -8,7 +8,7 @@ generator, so a seeded request samples the same tokens alone or in any batch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -59,6 +59,22 @@ class SamplingState:
         if self.output_token_ids is not None:
             self.output_token_ids.append(token_id)
 
+    def extended(self, tokens: list[int]) -> SamplingState:
+        """This state as if ``tokens`` had been sampled too (what penalties, min_tokens and
+        bad words see at a draft's position); ``self`` when no rule reads the history."""
+        p = self.params
+        if not tokens or (
+            self.output_counts is None and p.min_tokens == 0 and not p._bad_words_token_ids
+        ):
+            return self
+        counts = self.output_counts
+        if counts is not None:
+            counts = counts.clone()
+            ids = torch.tensor(tokens, dtype=torch.long, device=counts.device)
+            counts.index_add_(0, ids, torch.ones_like(ids, dtype=counts.dtype))
+        return replace(self, output_counts=counts,
+                       output_token_ids=list(self.output_token_ids or []) + tokens)
+
 
 class Sampler:
     def __call__(
@@ -76,13 +92,7 @@ class Sampler:
         greedy = torch.tensor([s.params.sampling_type_greedy for s in states], device=x.device)
         tokens = x.argmax(dim=-1)  # (B,)
         if not bool(greedy.all()):
-            probs = torch.softmax(x, dim=-1)
-            noise = torch.empty_like(probs).exponential_()  # unseeded rows: shared generator
-            for i, s in enumerate(states):
-                if s.generator is not None and not s.params.sampling_type_greedy:
-                    noise[i].exponential_(generator=s.generator)
-            sampled = (probs / noise).argmax(dim=-1)  # exponential race == categorical draw
-            tokens = torch.where(greedy, tokens, sampled)
+            tokens = torch.where(greedy, tokens, draw(torch.softmax(x, dim=-1), states))
         if raw_logprobs is not None:
             chosen_lp = raw_logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)  # (B,)
         else:
@@ -164,6 +174,16 @@ class Sampler:
         if allowed is not None:
             x = x.masked_fill(~allowed, _NEG_INF)
         return x
+
+
+def draw(probs: torch.Tensor, states: list[SamplingState]) -> torch.Tensor:
+    """(B,) one categorical draw per row of ``probs`` ((B, V), rows summing to 1), from the
+    row's request generator when seeded (an exponential race: argmax of p / Exp(1) noise)."""
+    noise = torch.empty_like(probs).exponential_()  # unseeded rows: the shared generator
+    for i, s in enumerate(states):
+        if s.generator is not None and not s.params.sampling_type_greedy:
+            noise[i].exponential_(generator=s.generator)
+    return (probs / noise).argmax(dim=-1)
 
 
 def _apply_penalties(x: torch.Tensor, states: list[SamplingState]) -> torch.Tensor:

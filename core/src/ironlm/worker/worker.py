@@ -11,14 +11,18 @@ from ironlm.interfaces.attention import AttentionBackend
 from ironlm.interfaces.model import ModelArchitecture, ModelContext
 from ironlm.interfaces.platform import LayerOps, Platform
 from ironlm.interfaces.quantization import QuantizationMethod, UnquantizedMethod
+from ironlm.interfaces.spec_decode import SpeculativeProposer
 from ironlm.interfaces.step import ModelInput, ModelOutput
 from ironlm.interfaces.worker import WorkerBase, WorkerRank
 from ironlm.model_loader import ModelSource, load_model, resolve_model
 from ironlm.plugin_manager import PluginManager
 from ironlm.registry import UnavailableError
 from ironlm.worker.decode_graphs import DecodeGraphs
+from ironlm.worker.draft_runner import DraftModelRunner
 from ironlm.worker.kv_cache import KVCache
 from ironlm.worker.model_runner import ModelRunner, StageInfo
+from ironlm.worker.proposer_context import WorkerProposerContext
+from ironlm.worker.speculator import Speculator
 
 
 class Worker(WorkerBase):
@@ -31,6 +35,7 @@ class Worker(WorkerBase):
         self._platform: Platform | None = None
         self._runner: ModelRunner | None = None
         self._kv: KVCache | None = None
+        self._proposer: SpeculativeProposer | None = None
         self.layout = ParallelLayout(config.tensor_parallel_size, config.pipeline_parallel_size)
         self.dist: Distributed | None = None  # process groups when world_size > 1
 
@@ -102,19 +107,52 @@ class Worker(WorkerBase):
                 dtype=self.dtype,
             ),
         )  # fmt: skip
+        # the proposer sits next to the sampling rank's target: it verifies and drafts there
+        if self.config.speculative_model is not None and rank == self.layout.sampling_rank:
+            self._load_proposer(self._runner)
+
+    def _load_proposer(self, runner: ModelRunner) -> None:
+        """The speculative proposer, next to the target (this worker samples)."""
+        spec = self.config.speculative_model
+        assert spec is not None
+        model_type = None
+        if self.config.speculative_proposer_name is None:
+            model_type = getattr(resolve_model(spec, self.config.trust_remote_code).hf_config,
+                                 "model_type", None)  # fmt: skip
+        proposer_cls = self.plugins.select_speculative_proposer(spec, model_type)
+
+        def load_draft(path: str) -> DraftModelRunner:
+            return DraftModelRunner(path, self.config, self.plugins, self.platform,
+                                    self._attention_backend(self.platform), self.dtype,
+                                    self.device, self.rank.local_rank)  # fmt: skip
+
+        ctx = WorkerProposerContext(self.config, runner.model, self.device, self.dtype,
+                                    runner.vocab_size, runner.sampler, runner.states,
+                                    load_draft)  # fmt: skip
+        proposer = proposer_cls(ctx)
+        proposer.load()
+        self._proposer = proposer
+        runner.speculator = Speculator(proposer, runner.sampler, runner.states, runner.vocab_size)
 
     def determine_num_kv_blocks(self) -> int:
-        return self.kv_cache.num_blocks_that_fit()
+        extra = self._proposer.kv_cache_bytes_per_block() if self._proposer else 0
+        return self.kv_cache.num_blocks_that_fit(extra)
 
     def kv_cache_bytes_per_block(self) -> int:
-        """Bytes one KV block takes on this rank, over all its attention layers."""
-        return self.kv_cache.bytes_per_block()
+        """Bytes one KV block takes on this rank, over all its attention layers (and the
+        speculative proposer's cache, when it has one)."""
+        extra = self._proposer.kv_cache_bytes_per_block() if self._proposer else 0
+        return self.kv_cache.bytes_per_block() + extra
 
     def initialize_kv_cache(self, num_kv_blocks: int) -> None:
         kv_caches = self.kv_cache.allocate(num_kv_blocks)
+        if self._proposer is not None:
+            self._proposer.initialize_kv_cache(num_kv_blocks)
         runner = self.runner
         runner.kv_caches = kv_caches
         capture = None if self.config.enforce_eager else self.platform.graph_capture(self.ctx)
+        if self._proposer is not None and self._proposer.needs_target_hidden_states:
+            capture = None  # decode graphs do not expose the hidden states it reads
         if capture is not None:
             # the longest context a sequence can reach: the model's limit, or the whole cache
             cache_tokens = num_kv_blocks * self.config.block_size
@@ -160,6 +198,7 @@ class Worker(WorkerBase):
     def shutdown(self) -> None:
         self._runner = None
         self._kv = None
+        self._proposer = None
         if self.dist is not None:
             self.dist.close()
             self.dist = None

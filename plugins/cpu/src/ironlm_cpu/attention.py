@@ -21,9 +21,9 @@ from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
-
 from ironlm.interfaces.attention import AttentionBackend, AttentionBatch, AttentionLayerSpec
 from ironlm.interfaces.graphs import GraphCaptureError
+
 from ironlm_cpu.attention_metadata import (
     Bucket,
     CpuAttentionMetadata,
@@ -31,7 +31,9 @@ from ironlm_cpu.attention_metadata import (
     build_graph_metadata,
 )
 from ironlm_cpu.cbuild import KernelLibrary
+from ironlm_cpu.decode_choice import choose_decode_path
 from ironlm_cpu.decode_kernel import PagedDecodeKernel
+from ironlm_cpu.tuner import KernelTuner
 
 _COMPUTE_DTYPE = torch.float32  # fp32 is both the reference's precision and fastest on AVX2
 
@@ -60,16 +62,20 @@ class CpuPagedAttentionBackend(AttentionBackend):
             "fused C kernel" if self._kernel is not None
             else kernel.reason if kernel is not None else "torch (native_decode=False)"
         )  # fmt: skip
+        # C kernel or torch for decode rows: measured at the first forward (a prefill: nothing
+        # decodes before it), from the first layer's shape; None until then
+        self._tuner = KernelTuner(self._kernel.target) if self._kernel is not None else None
+        self._decode_c: bool | None = None if self._kernel is not None else False
         # dtype -> flat buffer the KV gathers write into, grown on demand and reused by every
         # layer and step (fresh multi-MB allocations per layer cost page faults)
         self._workspace: dict[torch.dtype, torch.Tensor] = {}
 
     def build_metadata(self, batch: AttentionBatch) -> CpuAttentionMetadata:
-        return build_cpu_metadata(batch, unpadded_decode=self._kernel is not None)
+        return build_cpu_metadata(batch, unpadded_decode=self._decode_c is not False)
 
     def graph_metadata(self, batch: AttentionBatch) -> CpuAttentionMetadata | None:
         # decode graphs replay the C kernel's calls; the torch path cannot be recorded
-        return build_graph_metadata(batch) if self._kernel is not None else None
+        return build_graph_metadata(batch) if self._decode_c is not False else None
 
     def refresh_graph_metadata(self, metadata: CpuAttentionMetadata, batch: AttentionBatch) -> None:
         rows = metadata.buckets[0].decode
@@ -89,7 +95,9 @@ class CpuPagedAttentionBackend(AttentionBackend):
         kv_cache: torch.Tensor,  # (2, num_blocks, block_size, num_kv_heads, head_dim)
         metadata: CpuAttentionMetadata,
     ) -> torch.Tensor:  # (num_tokens, num_heads, head_dim)
-        native = self._kernel is not None and _kernel_fits(layer, q, kv_cache)
+        if self._decode_c is None and not metadata.graph:
+            self._decode_c = self._choose_decode(layer, q, kv_cache)
+        native = self._decode_c is not False and _kernel_fits(layer, q, kv_cache)
         c_write = self._kernel is not None and PagedDecodeKernel.write_kv_fits(kv_cache, k, v)
         if metadata.graph and not (native and c_write):
             # checked before any write: graph metadata holds padding rows with slot -1
@@ -125,6 +133,27 @@ class CpuPagedAttentionBackend(AttentionBackend):
                 padded = padded.index_select(0, bucket.out_rows)  # drop padding rows
             out.index_copy_(0, bucket.out_tokens, padded.to(q.dtype))
         return out
+
+    def _choose_decode(
+        self, layer: AttentionLayerSpec, q: torch.Tensor, kv_cache: torch.Tensor
+    ) -> bool:
+        """Whether decode rows run on the C kernel (``decode_choice``); only asked when the
+        kernel built and fits this layer."""
+        assert self._kernel is not None and self._tuner is not None
+        if not _kernel_fits(layer, q, kv_cache):
+            return True  # the torch path runs this layer anyway; others may fit
+        torch_path = CpuPagedAttentionBackend(native_decode=False)
+
+        def run(native: bool, batch: AttentionBatch, q: torch.Tensor, kv: torch.Tensor,
+                cache: torch.Tensor) -> torch.Tensor:  # fmt: skip
+            backend = self if native else torch_path
+            return backend.forward(layer, q, kv, kv, cache, backend.build_metadata(batch))
+
+        self._decode_c = True  # measuring runs this backend's C path
+        decision = choose_decode_path(self._tuner, layer, q.dtype, run)
+        self.decode_path = f"{'fused C kernel' if decision['impl'] == 'c' else 'torch'} " \
+            f"({decision['why']})"
+        return decision["impl"] == "c"
 
     # -- one bucket --------------------------------------------------------------------------
     def _attend_bucket(

@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-
 from ironlm.interfaces.attention import AttentionBatch
 
 # Cost model for bucketing, in "key-row" units (one query row against one key position).
@@ -147,8 +146,13 @@ def _make_bucket(
     t = torch.arange(max_q, dtype=torch.int64).unsqueeze(0)  # (1, max_q)
     real = torch.minimum(t, q_len - 1)  # (n, max_q)
     valid = (t < q_len).reshape(-1)  # (n * max_q,)
-    # identity: the padded rows are exactly tokens 0..num_tokens-1 in order
-    identity = seq_ids == list(range(len(seq_ids))) and len(seq_ids) * max_q == batch.num_tokens
+    # identity: the padded rows are exactly tokens 0..num_tokens-1 in order (no padding row,
+    # and no other bucket: n * max_q == num_tokens alone can hold by chance in a mixed batch)
+    identity = (
+        seq_ids == list(range(len(seq_ids)))
+        and all(q_lens[i] == max_q for i in seq_ids)
+        and len(seq_ids) * max_q == batch.num_tokens
+    )
     return Bucket(
         seq_ids=seq_ids,
         max_q=max_q,

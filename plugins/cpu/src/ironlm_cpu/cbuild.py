@@ -1,9 +1,11 @@
 """Build a C source into a shared library once, cache it, and load it with ctypes.
 
 The cpu plugin's kernels (paged decode attention, packed linear, fused layer ops) are small C
-files compiled on first use with the system compiler. Libraries are cached under
-``$IRONLM_CACHE_DIR/kernels`` (default ~/.cache/ironlm), named by a hash of source and flags,
-and written atomically, so concurrent builders race harmlessly.
+files compiled on first use with the system compiler, for the ISA target ``isa`` picks (the
+same source for every target: ISA-specific code sits behind the compiler's macros). Libraries
+are cached under ``$IRONLM_CACHE_DIR/kernels`` (default ~/.cache/ironlm), named by target and a
+hash of source, flags and compiler, and written atomically, so concurrent builders race
+harmlessly.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -19,17 +20,18 @@ from typing import Any
 
 import torch
 
+from ironlm_cpu.isa import GENERIC, IsaTarget, IsaUnavailable, compiler, host_target
+
 # ctypes signature of one exported C function: (argument types, return type or None)
 Signature = tuple[list[Any], Any]
 
+BASE_FLAGS = ("-O3", "-fPIC", "-shared", "-fno-math-errno", "-march=x86-64", "-mtune=generic")
 
-def compile_flags() -> list[str]:
-    # AVX2+FMA when torch's own dispatcher found them here; else the compiler's baseline ISA
-    isa = torch.backends.cpu.get_cpu_capability()
-    simd = ["-mavx2", "-mfma"] if isa in ("AVX2", "AVX512") else []
+
+def compile_flags(target: IsaTarget) -> list[str]:
     # -fopenmp links libgomp.so.1; torch has already loaded its own copy of that soname, so the
     # loader binds ours to it and both share one thread team
-    return ["-O3", "-fPIC", "-shared", "-fno-math-errno", "-fopenmp", *simd]
+    return [*BASE_FLAGS, "-fopenmp", *target.cc_flags]
 
 
 def heads_contiguous(x: torch.Tensor) -> bool:
@@ -41,44 +43,86 @@ def heads_contiguous(x: torch.Tensor) -> bool:
     )  # fmt: skip
 
 
-def has_avx2() -> bool:
-    return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+def load_library(name: str, source: str, target: IsaTarget) -> ctypes.CDLL:
+    """The compiled ``source`` for ``target`` (building it on first use). Raises OSError,
+    RuntimeError or subprocess.SubprocessError when it cannot be built or loaded."""
+    return ctypes.CDLL(str(build_library(name, source, target)))
 
 
-def load_library(name: str, source: str) -> ctypes.CDLL:
-    """The compiled ``source`` (building it on first use). Raises OSError, RuntimeError or
-    subprocess.SubprocessError when it cannot be built or loaded."""
-    flags = compile_flags()
-    digest = hashlib.sha256((source + " ".join(flags)).encode()).hexdigest()[:16]
+def build_library(name: str, source: str, target: IsaTarget) -> Path:
+    """Path of the shared library of ``source`` built for ``target`` (compiled when not cached);
+    building does not need a CPU that runs the target."""
+    cc = compiler()
+    if cc is None:
+        raise RuntimeError("no C compiler (cc/gcc) found")
+    flags = compile_flags(target)
+    digest = hashlib.sha256((source + " ".join(flags) + cc).encode()).hexdigest()[:16]
     root = os.environ.get("IRONLM_CACHE_DIR") or os.path.join("~", ".cache", "ironlm")
-    lib = Path(root).expanduser() / "kernels" / f"{name}_{digest}.so"
+    lib = Path(root).expanduser() / "kernels" / f"{name}_{target.name}_{digest}.so"
     if not lib.exists():
-        _compile(source, flags, lib)
-    return ctypes.CDLL(str(lib))
+        _compile(cc, source, flags, lib)
+    return lib
 
 
-class KernelLibrary:
-    """One C source built and loaded with the ctypes signatures of the functions it exports.
-    ``available`` / ``reason`` say whether it runs here; ``lib`` is the loaded library. The
-    plugin's kernel classes subclass it.
+class Recordable:
+    """Something whose calls a decode-graph capture records (``graphs.CpuGraphCapture``): while
+    ``recorder`` is set, every ``call`` is appended to it, and a replay runs the recorded calls
+    again in order. The C libraries are recordable; so are torch ops written as calls that
+    store into a preallocated output (``torch_kernels``)."""
 
-    Kernel wrappers call through ``call``, so that while a decode graph is being captured
-    (``graphs.CpuGraphCapture``) every call is also appended to ``recorder``, a list of
-    (function, arguments) that a replay runs again in order.
+    def __init__(self) -> None:
+        self.recorder: Recording | None = None
+
+    def call(self, fn: Any, *args: Any) -> Any:
+        """``fn(*args)``, recorded when a capture is on. For C functions the arguments are plain
+        ints / floats / None (pointers, sizes, scalars); for torch calls, the tensors the call
+        reads and the output it writes, which the recording keeps alive."""
+        if self.recorder is None:
+            return fn(*args)
+        self.recorder.calls.append((fn, args))
+        self.recorder.trusted += 1  # the capture guard lets the call's own torch ops through
+        try:
+            return fn(*args)
+        finally:
+            self.recorder.trusted -= 1
+
+
+class Recording:
+    """The calls one capture recorded; ``trusted`` > 0 while a recorded call runs."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, tuple[Any, ...]]] = []
+        self.trusted = 0
+
+
+class KernelLibrary(Recordable):
+    """One C source built for an ISA target and loaded with the ctypes signatures of the
+    functions it exports. ``available`` / ``reason`` say whether it runs here; ``lib`` is the
+    loaded library; ``target`` what it was built for (``isa.host_target()`` unless given: the
+    best this CPU and compiler share, or what ``IRONLM_CPU_ISA`` forces). Sources guard
+    ISA-specific code with the compiler's macros (``#ifdef __AVX512F__``, ``__AVX512VNNI__``,
+    ``__AVX512BF16__``, ``__AMX_TILE__``, ...). The plugin's kernel classes subclass it and call
+    their functions through ``call`` (see ``Recordable``).
     """
 
     def __init__(
         self, name: str, source: str, signatures: dict[str, Signature], what: str,
-        needs_avx2: bool = False,
+        needs_avx2: bool = False, target: IsaTarget | None = None,
     ) -> None:  # fmt: skip
+        super().__init__()
         self.reason = ""
         self.lib: ctypes.CDLL | None = None
-        self.recorder: list[tuple[Any, tuple[Any, ...]]] | None = None
-        if needs_avx2 and not has_avx2():
-            self.reason = f"{what} needs AVX2 + FMA"
+        try:
+            self.target = target if target is not None else host_target()
+        except IsaUnavailable as exc:
+            self.target = GENERIC
+            self.reason = f"{what} unavailable: {exc}"
+            return
+        if needs_avx2 and not self.target.has("avx2"):
+            self.reason = f"{what} needs AVX2 + FMA (target: {self.target.describe()})"
             return
         try:
-            lib = load_library(name, source)
+            lib = load_library(name, source, self.target)
             for fn_name, (argtypes, restype) in signatures.items():
                 fn = getattr(lib, fn_name)
                 fn.argtypes, fn.restype = argtypes, restype
@@ -90,18 +134,8 @@ class KernelLibrary:
     def available(self) -> bool:
         return self.lib is not None
 
-    def call(self, fn: Any, *args: Any) -> Any:
-        """``fn(*args)``, recorded when a capture is on (arguments are plain ints / floats /
-        None: pointers, sizes and scalars, so a replay needs nothing else)."""
-        if self.recorder is not None:
-            self.recorder.append((fn, args))
-        return fn(*args)
 
-
-def _compile(source: str, flags: list[str], target: Path) -> None:
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        raise RuntimeError("no C compiler (cc/gcc) found")
+def _compile(cc: str, source: str, flags: list[str], target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         src, so = Path(tmp) / "kernel.c", Path(tmp) / "kernel.so"

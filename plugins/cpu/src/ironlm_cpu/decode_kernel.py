@@ -22,6 +22,7 @@ import ctypes
 import torch
 
 from ironlm_cpu.cbuild import KernelLibrary, heads_contiguous
+from ironlm_cpu.isa import IsaTarget
 
 _SOURCE = r"""
 #include <math.h>
@@ -253,7 +254,7 @@ class PagedDecodeKernel(KernelLibrary):
     """Loads (building if needed) the C kernel; ``available`` / ``reason`` say whether it can
     run here. Calling it runs decode attention for one bucket of decode sequences."""
 
-    def __init__(self) -> None:
+    def __init__(self, target: IsaTarget | None = None) -> None:
         ptr, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
         super().__init__(
             "cpu_paged_decode", _SOURCE,
@@ -261,7 +262,7 @@ class PagedDecodeKernel(KernelLibrary):
                 "ironlm_paged_decode_f32": ([ptr] * 7 + [i64] + [i32] * 7 + [f32, f32, i32], i32),
                 "ironlm_write_kv_f32": ([ptr, i64, ptr, i64] + [ptr] * 3 + [i32, i32, i64], i32),
             },
-            "C decode kernel",
+            "C decode kernel", target=target,
         )  # fmt: skip
         lib = self.lib
         self._fn = None if lib is None else lib.ironlm_paged_decode_f32

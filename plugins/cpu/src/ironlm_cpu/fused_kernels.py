@@ -23,6 +23,7 @@ import ctypes
 import torch
 
 from ironlm_cpu.cbuild import KernelLibrary, heads_contiguous
+from ironlm_cpu.isa import IsaTarget
 from ironlm_cpu.linear_kernel import PANEL
 
 PARALLEL_ROWS = 64  # fewer rows run on the calling thread
@@ -166,7 +167,7 @@ class FusedKernels(KernelLibrary):
     """Loads (building if needed) the C ops; ``available`` / ``reason`` say whether they run
     here. Callers check ``fits`` before calling; everything else uses the torch reference."""
 
-    def __init__(self) -> None:
+    def __init__(self, target: IsaTarget | None = None) -> None:
         ptr, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
         super().__init__(
             "cpu_fused", _SOURCE,
@@ -176,7 +177,7 @@ class FusedKernels(KernelLibrary):
                 "ironlm_gated_act_f32": ([ptr, i64, ptr] + [i32] * 4, None),
                 "ironlm_gather_rows_f32": ([ptr] * 3 + [i32, i32, i64, i32], i32),
             },
-            "fused C layer ops",
+            "fused C layer ops", target=target,
         )  # fmt: skip
         self._lib = self.lib
 

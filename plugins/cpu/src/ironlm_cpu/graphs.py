@@ -5,8 +5,10 @@ in Python around ~300 kernel calls (module calls, dispatch checks, output alloca
 argument conversion). Every compute op of a float32 decode forward on this platform is one of
 the plugin's C kernels, called with pointers, sizes and scalars only; with static inputs, a
 static KV cache and outputs kept alive, the same calls with the same arguments compute the next
-step. ``capture`` runs the forward once while every ``KernelLibrary.call`` is recorded; a replay
-runs the recorded calls in order, nothing else.
+step. ``capture`` runs the forward once while every ``Recordable.call`` is recorded (the C
+libraries' calls, and the torch ops the kernel choice picked, written as calls that store into
+a preallocated output: ``torch_kernels``); a replay runs the recorded calls in order, nothing
+else.
 
 What makes a recording faithful is checked while capturing, through a torch function mode
 (``_CaptureGuard``) that sees every torch call the forward makes: anything that would compute
@@ -23,10 +25,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from ironlm.interfaces.graphs import GraphCapture, GraphCaptureError, StepGraph
 from torch.overrides import TorchFunctionMode
 
-from ironlm.interfaces.graphs import GraphCapture, GraphCaptureError, StepGraph
-from ironlm_cpu.cbuild import KernelLibrary
+from ironlm_cpu.cbuild import Recordable, Recording
 
 # torch functions that allocate without computing (their results are kernel outputs)
 _ALLOCATORS = frozenset({torch.empty, torch.empty_like})
@@ -53,8 +55,9 @@ class _CaptureGuard(TorchFunctionMode):
     """Keeps every tensor the forward touches; ``problem`` names the first op that a replay
     of the C calls would not reproduce."""
 
-    def __init__(self) -> None:
+    def __init__(self, recording: Recording) -> None:
         super().__init__()
+        self.recording = recording
         self.kept: list[torch.Tensor] = []
         self.problem: str | None = None
 
@@ -67,7 +70,8 @@ class _CaptureGuard(TorchFunctionMode):
         inputs = _tensors(args) + _tensors(kwargs)
         outputs = _tensors(result)
         self.kept += inputs + outputs
-        if self.problem is None:
+        # ops inside a recorded call (``Recordable.call``) are replayed with it
+        if self.problem is None and not self.recording.trusted:
             self.problem = self._check(func, name, kwargs, inputs, outputs)
         return result
 
@@ -116,14 +120,14 @@ class CpuGraphCapture(GraphCapture):
 
     max_batch_size = 64
 
-    def __init__(self, libraries: list[KernelLibrary]) -> None:
+    def __init__(self, libraries: list[Recordable]) -> None:
         self.libraries = libraries
 
     def capture(self, forward: Callable[[], torch.Tensor]) -> tuple[StepGraph, torch.Tensor]:
-        calls: list[tuple[Any, tuple[Any, ...]]] = []
-        guard = _CaptureGuard()
+        recording = Recording()
+        guard = _CaptureGuard(recording)
         for lib in self.libraries:
-            lib.recorder = calls
+            lib.recorder = recording
         try:
             with guard:
                 out = forward()
@@ -132,6 +136,6 @@ class CpuGraphCapture(GraphCapture):
                 lib.recorder = None
         if guard.problem is not None:
             raise GraphCaptureError(guard.problem)
-        if not calls:
+        if not recording.calls:
             raise GraphCaptureError("the forward called none of the cpu plugin's C kernels")
-        return CpuStepGraph(calls, guard.kept + [out]), out
+        return CpuStepGraph(recording.calls, guard.kept + [out]), out

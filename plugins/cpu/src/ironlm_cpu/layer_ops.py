@@ -1,37 +1,56 @@
-"""The cpu platform's layer ops: float32 linears on panel-packed weights (``linear_kernel``),
-RMSNorm, rotary, the gated MLP activations and row lookups as single C calls
-(``fused_kernels``).
+"""The cpu platform's layer ops: linears on panel-packed weights (``linear_kernel``, float32
+and bfloat16) or torch's matmul, whichever measured faster for the weight's shape here
+(``op_choice``); RMSNorm, rotary, the gated MLP activations and row lookups as single C calls
+(``fused_kernels``), RMSNorm against torch by measurement too.
 
-Weights the kernel cannot take (not float32, output size not a multiple of 16) stay row-major
-and use the core's torch reference; so do inputs the fused ops do not fit, and everything when
-the C code cannot be built here.
+Weights no C kernel takes (float16, output size not a multiple of 16) stay row-major and use
+torch; so do inputs the fused ops do not fit, and everything when the C code cannot be built
+here. Every implementation runs as a recordable call, so decode graphs record whatever was
+chosen.
 """
 
 from __future__ import annotations
 
 import torch
-
 from ironlm.interfaces.platform import LayerOps
-from ironlm_cpu.cbuild import KernelLibrary
+
+from ironlm_cpu.cbuild import Recordable
 from ironlm_cpu.fused_kernels import FusedKernels
-from ironlm_cpu.linear_kernel import PANEL, PackedLinearKernel
+from ironlm_cpu.linear_kernel import PackedLinearKernel
+from ironlm_cpu.op_choice import OpChooser, OpPlan
+from ironlm_cpu.torch_kernels import TorchKernels
+from ironlm_cpu.tuner import KernelTuner
 
 
 class CpuLayerOps(LayerOps):
     def __init__(
-        self, kernel: PackedLinearKernel | None = None, fused: FusedKernels | None = None
-    ) -> None:
+        self, kernel: PackedLinearKernel | None = None, fused: FusedKernels | None = None,
+        tuner: KernelTuner | None = None,
+    ) -> None:  # fmt: skip
         self.kernel = kernel if kernel is not None else PackedLinearKernel()
         self.fused = fused if fused is not None else FusedKernels()
+        self.torch_ops = TorchKernels()
+        self.tuner = tuner if tuner is not None else KernelTuner(self.kernel.target)
+        self.chooser = OpChooser(self.tuner, self.kernel, self.fused, self.torch_ops)
+        # (weight shape as stored, dtype) -> plan, for every weight pack_linear_weight saw
+        self._linear: dict[tuple[torch.Size, torch.dtype], OpPlan] = {}
+        self._norm: dict[tuple[int, bool], OpPlan | None] = {}
 
-    def libraries(self) -> list[KernelLibrary]:
-        """The C libraries these ops call (what a decode-graph capture records)."""
-        return [lib for lib in (self.kernel, self.fused) if lib.available]
+    def libraries(self) -> list[Recordable]:
+        """What these ops call through (what a decode-graph capture records)."""
+        libs: list[Recordable] = [lib for lib in (self.kernel, self.fused) if lib.available]
+        return libs + [self.torch_ops]
 
     def rms_norm(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.fused.rms_norm_fits(x, residual):
+            key = (x.shape[1], residual is not None)
+            if key not in self._norm and self.fused.recorder is None:  # never inside a capture
+                self._norm[key] = self.chooser.norm_plan(*key)
+            plan = self._norm.get(key)
+            if plan is not None and plan.impl_for(x.shape[0]) == "torch":
+                return self.torch_ops.rms_norm(x, weight, eps, residual)
             return self.fused.rms_norm(x, weight, eps, residual)
         return super().rms_norm(x, weight, eps, residual)
 
@@ -53,21 +72,33 @@ class CpuLayerOps(LayerOps):
         return super().gelu_tanh_and_mul(gate_up)
 
     def pack_linear_weight(self, weight: torch.Tensor) -> torch.Tensor:
-        if self.kernel.available and self.kernel.can_pack(weight):
-            return self.kernel.pack(weight)  # (out / 16, in, 16)
-        return weight
+        """Measures (or reads the cached choice for) the weight's shape, then packs it into
+        panels when a C kernel won, else keeps it row-major for torch."""
+        if weight.dim() != 2 or weight.device.type != "cpu":
+            return weight
+        n, k = weight.shape
+        plan = self.chooser.linear_plan(n, k, weight.dtype)
+        stored = self.kernel.pack(weight) if plan.layout == "panel" else weight
+        self._linear[(stored.shape, stored.dtype)] = plan
+        return stored
 
     def linear(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
-        if weight.dim() == 3:
+        plan = self._linear.get((weight.shape, weight.dtype))
+        if plan is not None:
+            return self.chooser.run_linear(plan.impl_for(x.shape[0]), x, weight, bias)
+        if weight.dim() > 2:  # packed by another instance of these ops
             return self.kernel(x, weight, bias)
         return super().linear(x, weight, bias)
 
     def embedding(self, ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if self.fused.gather_fits(ids, weight):
             return self.fused.gather_rows(ids, weight)  # (T, hidden), packed or row-major
-        if weight.dim() == 3:
-            # row v of the (vocab, hidden) matrix is column v % 16 of panel v // 16
-            return weight[ids // PANEL, :, ids % PANEL]  # (T, hidden)
+        if weight.dim() > 2:
+            return self.kernel.rows(weight, ids)  # (T, hidden) from the panels
         return super().embedding(ids, weight)
+
+    def describe(self) -> dict[str, object]:
+        """The ISA target and the choices made in this process (for logs and profiles)."""
+        return {"isa_target": self.kernel.target.describe(), "choices": self.tuner.decisions}

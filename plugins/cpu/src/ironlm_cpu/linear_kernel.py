@@ -1,22 +1,31 @@
-"""A float32 linear layer over a panel-packed weight, in C (AVX2 + FMA, torch's OpenMP team).
+"""Linear layers over panel-packed weights, in C (torch's OpenMP team): float32 and bfloat16.
 
-Why: on this kind of CPU, torch's ``F.linear`` is far from the machine's limits at the shapes
-decoding produces. Measured on the 2-core AVX2 box (benchmarks/linear_cpu.py, SmolLM2's
-3072 x 576 gate/up weight): one row reads the weight at ~9.5 GB/s (MKL gemv) against ~18 GB/s
-a plain sum reaches, and 64 rows run at ~40 GFLOP/s against a ~65 GFLOP/s matmul peak, because
-MKL repacks the weight on every call. Packing it once, at load time, fixes both: this kernel
-reads 19 GB/s at one row and 68 GFLOP/s at 64 rows, and matches MKL for prefill-sized inputs.
+Why: at the shapes decoding produces, torch's ``F.linear`` can be far from the machine's limits.
+Measured on the 2-core AVX2 EPYC (SmolLM2's 3072 x 576 gate/up weight): one row reads the
+weight at ~9.5 GB/s (MKL gemv) against ~18 GB/s a plain sum reaches, and 64 rows run at ~40
+GFLOP/s against a ~65 GFLOP/s matmul peak, because MKL repacks the weight on every call. Packing
+it once, at load time, fixes both: 19 GB/s at one row, 68 GFLOP/s at 64 rows. Whether that holds
+on another CPU is measured at start-up (``tuner``): torch stays where it is faster.
 
-Layout: the weight (N, K) is stored as N/16 panels of (K, 16) floats, contiguous
+Layout: a float32 weight (N, K) is stored as N/16 panels of (K, 16) floats, contiguous
 (``pack``): panel p holds output columns 16p..16p+15, row k of a panel is those columns' k-th
-input weights. One tile of the output is up to 6 rows of x times one panel: 12 accumulators of
-8 floats, per k two panel loads and six broadcasts of x. Work is split over (chunk of x rows,
-group of panels); the x chunk is sized to stay in L2 while its panels stream past it. With at
-most 6 rows (decode of small batches), each thread takes one contiguous run of panels, so it
-streams the weight at full bandwidth.
+input weights. Two register tiles read it, written with GNU vector types so that one source
+serves every ISA target (``isa``):
+- narrow: up to 6 rows of x times one panel, 12 accumulators of 8 floats (ymm with AVX2);
+- wide: up to 12 rows times two adjacent panels, 24 accumulators of 16 floats (zmm with
+  AVX-512, where it has 32 registers; on AVX2 it spills and the tuner leaves it out).
+Work is split over (chunk of x rows, group of panels); the x chunk is sized to stay in L2
+while its panels stream past it. With at most one tile of rows (decode of small batches), each
+thread takes one contiguous run of panels, so it streams the weight at full bandwidth.
 
-Scope: float32, N a multiple of 16 (other weights stay row-major and use torch). Same numerics
-as a matmul up to summation order.
+bfloat16 weights are packed as (N/16, K/2, 16, 2): row kk of a panel holds each column's
+weights of inputs 2kk and 2kk+1, the pairs an AVX-512 BF16 ``vdpbf16ps`` multiplies (12 rows x
+16 columns per tile); without AVX-512 BF16 the same 32-bit lanes are widened to float32 by a
+shift and a mask (4 x 16 tiles), so bf16 weights halve the bytes a decode step reads on any
+CPU. Sums are float32, the output rounded to bf16 to nearest even, as torch does.
+
+Scope: N a multiple of 16 (bf16: K even too); other weights stay row-major and use torch.
+Same numerics as a matmul up to summation order.
 """
 
 from __future__ import annotations
@@ -26,127 +35,311 @@ import ctypes
 import torch
 
 from ironlm_cpu.cbuild import KernelLibrary
+from ironlm_cpu.isa import IsaTarget
 
 PANEL = 16  # output columns per panel
 
 _SOURCE = r"""
-#include <immintrin.h>
+#include <stddef.h>
 #include <stdint.h>
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
 
-/* y[i, 0:16] = x[i, :] @ panel (k, 16) for i < MR. The accumulators are named variables,
-   not arrays: gcc kept arrays in memory (a store per FMA), which halved the speed. */
+/* GNU vector types (alignment 4: loads from packed panels need not be vector-aligned). The
+   compiler maps them to the target's registers: v8 is one ymm with AVX2, v16 one zmm with
+   AVX-512 (two ymm with AVX2, four xmm on the x86-64 baseline); a * b + c becomes an FMA
+   where the target has one. */
+typedef float v8 __attribute__((vector_size(32), aligned(4)));
+typedef float v16 __attribute__((vector_size(64), aligned(4)));
+typedef uint32_t v8u __attribute__((vector_size(32), aligned(4)));
+typedef uint16_t v8h __attribute__((vector_size(16), aligned(2)));
+
+/* One register tile: rows [0, MR) of x times 2 vectors' worth of columns, over all k. The
+   columns come from b0 = p[16 kk + 0 : W] and b1 = p[16 kk + off1 : W]: one 16-column panel
+   as two v8 (narrow, off1 = 8) or two adjacent panels as two v16 (wide, off1 = 16 k). The
+   accumulators are named variables, not arrays: gcc kept arrays in memory (a store per FMA). */
+#define DECL(V, I) V a##I = {0}, b##I = {0};
 #define ROW(I)                                                                                 \
-    if (rows > I) {                                                                              \
-        const __m256 a = _mm256_broadcast_ss(x + I * ldx + kk);                                \
-        lo##I = _mm256_fmadd_ps(a, b0, lo##I);                                                 \
-        hi##I = _mm256_fmadd_ps(a, b1, hi##I);                                                 \
+    if (rows > I) {                                                                            \
+        const float xs = x[I * ldx + kk];                                                      \
+        a##I += xs * w0;                                                                       \
+        b##I += xs * w1;                                                                       \
     }
-#define OUT(I)                                                                                 \
-    if (rows > I) {                                                                              \
-        _mm256_storeu_ps(y + I * ldy, lo##I);                                                  \
-        _mm256_storeu_ps(y + I * ldy + 8, hi##I);                                              \
+#define OUT(V, I)                                                                              \
+    if (rows > I) {                                                                            \
+        *(V *)(y + I * ldy) = a##I;                                                            \
+        *(V *)(y + I * ldy + sizeof(V) / 4) = b##I;                                            \
     }
-#define TILE(MR)                                                                               \
-static void tile_##MR(const float *x, int64_t ldx, const float *p, int k, float *y,           \
-                      int64_t ldy) {                                                           \
+#define TILE(NAME, V, MR)                                                                      \
+static void NAME##_##MR(const float *x, int64_t ldx, const float *p, int64_t off1, int k,     \
+                        float *y, int64_t ldy) {                                               \
     const int rows = MR;                                                                       \
-    __m256 lo0 = _mm256_setzero_ps(), hi0 = lo0, lo1 = lo0, hi1 = lo0, lo2 = lo0, hi2 = lo0;  \
-    __m256 lo3 = lo0, hi3 = lo0, lo4 = lo0, hi4 = lo0, lo5 = lo0, hi5 = lo0;                   \
+    DECL(V, 0) DECL(V, 1) DECL(V, 2) DECL(V, 3) DECL(V, 4) DECL(V, 5)                          \
+    DECL(V, 6) DECL(V, 7) DECL(V, 8) DECL(V, 9) DECL(V, 10) DECL(V, 11)                        \
     for (int kk = 0; kk < k; kk++) {                                                           \
-        const __m256 b0 = _mm256_loadu_ps(p + 16 * kk), b1 = _mm256_loadu_ps(p + 16 * kk + 8); \
-        ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5)                                              \
+        const V w0 = *(const V *)(p + 16 * (int64_t)kk);                                       \
+        const V w1 = *(const V *)(p + 16 * (int64_t)kk + off1);                                \
+        ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5) ROW(6) ROW(7) ROW(8) ROW(9) ROW(10) ROW(11)   \
     }                                                                                          \
-    OUT(0) OUT(1) OUT(2) OUT(3) OUT(4) OUT(5)                                                  \
+    OUT(V, 0) OUT(V, 1) OUT(V, 2) OUT(V, 3) OUT(V, 4) OUT(V, 5)                                \
+    OUT(V, 6) OUT(V, 7) OUT(V, 8) OUT(V, 9) OUT(V, 10) OUT(V, 11)                              \
 }
-TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
+TILE(narrow, v8, 1) TILE(narrow, v8, 2) TILE(narrow, v8, 3)
+TILE(narrow, v8, 4) TILE(narrow, v8, 5) TILE(narrow, v8, 6)
+TILE(wide, v16, 1) TILE(wide, v16, 2) TILE(wide, v16, 3) TILE(wide, v16, 4)
+TILE(wide, v16, 5) TILE(wide, v16, 6) TILE(wide, v16, 7) TILE(wide, v16, 8)
+TILE(wide, v16, 9) TILE(wide, v16, 10) TILE(wide, v16, 11) TILE(wide, v16, 12)
 
-static void tile(int mr, const float *x, int64_t ldx, const float *p, int k, float *y,
-                 int64_t ldy) {
-    switch (mr) {
-    case 1: tile_1(x, ldx, p, k, y, ldy); break;
-    case 2: tile_2(x, ldx, p, k, y, ldy); break;
-    case 3: tile_3(x, ldx, p, k, y, ldy); break;
-    case 4: tile_4(x, ldx, p, k, y, ldy); break;
-    case 5: tile_5(x, ldx, p, k, y, ldy); break;
-    default: tile_6(x, ldx, p, k, y, ldy); break;
+typedef void (*tile_fn)(const float *, int64_t, const float *, int64_t, int, float *, int64_t);
+static const tile_fn NARROW[7] = {0, narrow_1, narrow_2, narrow_3, narrow_4, narrow_5, narrow_6};
+static const tile_fn WIDE[13] = {0, wide_1, wide_2, wide_3, wide_4, wide_5, wide_6, wide_7,
+                                 wide_8, wide_9, wide_10, wide_11, wide_12};
+
+/* rows [m0, m1) of one unit: `np` panels (1 or 2) starting at panel pi */
+static void unit(const float *x, const float *wp, const float *bias, float *y, int m0, int m1,
+                 int n, int k, int pi, int np, int wide) {
+    const float *p = wp + (int64_t)pi * k * 16;
+    if (np == 2 && wide) {
+        for (int i = m0; i < m1; i += 12) {
+            const int mr = m1 - i < 12 ? m1 - i : 12;
+            WIDE[mr](x + (int64_t)i * k, k, p, 16 * (int64_t)k, k, y + (int64_t)i * n + pi * 16, n);
+        }
+    } else {
+        for (int q = 0; q < np; q++)
+            for (int i = m0; i < m1; i += 6) {
+                const int mr = m1 - i < 6 ? m1 - i : 6;
+                NARROW[mr](x + (int64_t)i * k, k, p + (int64_t)q * k * 16, 8, k,
+                           y + (int64_t)i * n + (pi + q) * 16, n);
+            }
     }
+    if (bias != NULL)
+        for (int i = m0; i < m1; i++)
+            for (int c = pi * 16; c < (pi + np) * 16; c++) y[(int64_t)i * n + c] += bias[c];
 }
 
-/* y (m, n) = x (m, k) @ W^T (+ bias), W packed as (n / 16, k, 16); n % 16 == 0 */
+/* y (m, n) = x (m, k) @ W^T (+ bias), W packed as (n / 16, k, 16); n % 16 == 0. Work items are
+   (chunk of x rows, group of units); a unit is one panel (narrow) or two (wide). The x chunk
+   (~256 KiB) stays in L2 while its panels stream past; with at most one tile of rows (decode),
+   each thread takes one contiguous run of panels, so it streams the weight at full bandwidth. */
 void ironlm_linear_f32(const float *x, const float *wp, const float *bias, float *y, int m,
-                       int n, int k, int threads) {
-    const int panels = n / 16;
-    int mc = (65536 / k) / 6 * 6; /* rows of x per chunk: ~256 KiB of x stays in L2 */
-    if (mc < 6) mc = 6;
+                       int n, int k, int threads, int wide) {
+    const int panels = n / 16, mr = wide ? 12 : 6, step = wide ? 2 : 1;
+    int mc = (65536 / k) / mr * mr;
+    if (mc < mr) mc = mr;
     if (mc > m) mc = m;
     const int chunks = (m + mc - 1) / mc;
-    /* panels per work item: one contiguous run per thread when the weight read dominates */
-    const int group = m <= 6 ? (panels + threads - 1) / threads : 4;
+    const int units = (panels + step - 1) / step;
+    const int group = m <= mr ? (units + threads - 1) / threads : 4 / step;
+    const int groups = (units + group - 1) / group;
+    #pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
+    for (int c = 0; c < chunks; c++) {
+        for (int g = 0; g < groups; g++) {
+            const int m0 = c * mc, m1 = m0 + mc < m ? m0 + mc : m;
+            const int u1 = (g + 1) * group < units ? (g + 1) * group : units;
+            for (int u = g * group; u < u1; u++) {
+                const int pi = u * step, np = panels - pi < step ? panels - pi : step;
+                unit(x, wp, bias, y, m0, m1, n, k, pi, np, wide);
+            }
+        }
+    }
+}
+
+/* -- bfloat16: W packed as (n / 16, k / 2, 16, 2), x and y bf16 (m, k) / (m, n), f32 sums --- */
+static inline float bf16_f32(uint16_t h) {
+    union { uint32_t u; float f; } v = {(uint32_t)h << 16};
+    return v.f;
+}
+
+/* round to nearest even, as torch converts float32 to bfloat16 */
+static inline void store_bf16(uint16_t *y, v8 a) {
+    v8u u = (v8u)a;
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    *(v8h *)y = __builtin_convertvector(u, v8h);
+}
+
+#if defined(__AVX512BF16__)
+#define BF_MR 12
+/* 16 columns x MR rows: per k pair, one load of the panel row (16 columns x 2 bf16) and one
+   vdpbf16ps per row against that row's (x[k], x[k+1]) pair */
+static void bf_tile(int rows, const uint16_t *x, int64_t ldx, const uint16_t *p, int k,
+                    const uint16_t *bias, uint16_t *y, int64_t ldy) {
+    __m512 acc[BF_MR];
+    for (int i = 0; i < BF_MR; i++) acc[i] = _mm512_setzero_ps();
+    for (int kk = 0; kk < k / 2; kk++) {
+        const __m512i w = _mm512_loadu_si512((const void *)(p + 32 * (int64_t)kk));
+        for (int i = 0; i < BF_MR; i++)
+            if (i < rows) {
+                const __m512i xp = _mm512_set1_epi32(*(const int32_t *)(x + i * ldx + 2 * kk));
+                acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)xp, (__m512bh)w);
+            }
+    }
+    for (int i = 0; i < rows; i++) {
+        __attribute__((aligned(64))) float out[16];
+        _mm512_store_ps(out, acc[i]);
+        v8 lo, hi;
+        for (int c = 0; c < 8; c++) {
+            lo[c] = out[c] + (bias ? bf16_f32(bias[c]) : 0.0f);
+            hi[c] = out[c + 8] + (bias ? bf16_f32(bias[c + 8]) : 0.0f);
+        }
+        store_bf16(y + i * ldy, lo);
+        store_bf16(y + i * ldy + 8, hi);
+    }
+}
+#else
+#define BF_MR 4
+/* 16 columns x MR rows: a panel row's 32-bit lane c holds (W[c, k], W[c, k+1]); shifting the
+   lane left by 16 gives W[c, k] as a float, masking the low half gives W[c, k+1] */
+static void bf_tile(int rows, const uint16_t *x, int64_t ldx, const uint16_t *p, int k,
+                    const uint16_t *bias, uint16_t *y, int64_t ldy) {
+    v8 a0 = {0}, b0 = {0}, a1 = {0}, b1 = {0}, a2 = {0}, b2 = {0}, a3 = {0}, b3 = {0};
+    const v8u hi_mask = (v8u){0} + 0xffff0000u;
+    for (int kk = 0; kk < k / 2; kk++) {
+        const v8u wa = *(const v8u *)(p + 32 * (int64_t)kk);
+        const v8u wb = *(const v8u *)(p + 32 * (int64_t)kk + 16);
+        const v8 la = (v8)(wa << 16), ha = (v8)(wa & hi_mask);
+        const v8 lb = (v8)(wb << 16), hb = (v8)(wb & hi_mask);
+#define BF_ROW(I)                                                                              \
+        if (rows > I) {                                                                        \
+            const float x0 = bf16_f32(x[I * ldx + 2 * kk]);                                    \
+            const float x1 = bf16_f32(x[I * ldx + 2 * kk + 1]);                                \
+            a##I += x0 * la + x1 * ha;                                                         \
+            b##I += x0 * lb + x1 * hb;                                                         \
+        }
+        BF_ROW(0) BF_ROW(1) BF_ROW(2) BF_ROW(3)
+    }
+    v8 bl = {0}, bh = {0};
+    if (bias)
+        for (int c = 0; c < 8; c++) { bl[c] = bf16_f32(bias[c]); bh[c] = bf16_f32(bias[c + 8]); }
+#define BF_OUT(I)                                                                              \
+    if (rows > I) {                                                                            \
+        store_bf16(y + I * ldy, a##I + bl);                                                    \
+        store_bf16(y + I * ldy + 8, b##I + bh);                                                \
+    }
+    BF_OUT(0) BF_OUT(1) BF_OUT(2) BF_OUT(3)
+}
+#endif
+
+/* y (m, n) = x (m, k) @ W^T (+ bias) in bfloat16 (float32 sums); n % 16 == 0, k % 2 == 0 */
+void ironlm_linear_bf16(const uint16_t *x, const uint16_t *wp, const uint16_t *bias,
+                        uint16_t *y, int m, int n, int k, int threads) {
+    const int panels = n / 16;
+    int mc = (65536 / k) / BF_MR * BF_MR;
+    if (mc < BF_MR) mc = BF_MR;
+    if (mc > m) mc = m;
+    const int chunks = (m + mc - 1) / mc;
+    const int group = m <= BF_MR ? (panels + threads - 1) / threads : 4;
     const int groups = (panels + group - 1) / group;
     #pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
     for (int c = 0; c < chunks; c++) {
         for (int g = 0; g < groups; g++) {
             const int m0 = c * mc, m1 = m0 + mc < m ? m0 + mc : m;
             const int p1 = (g + 1) * group < panels ? (g + 1) * group : panels;
-            for (int pi = g * group; pi < p1; pi++) {
-                const float *p = wp + (int64_t)pi * k * 16;
-                for (int i = m0; i < m1; i += 6) {
-                    const int mr = m1 - i < 6 ? m1 - i : 6;
-                    tile(mr, x + (int64_t)i * k, k, p, k, y + (int64_t)i * n + pi * 16, n);
-                }
-                if (bias != NULL)
-                    for (int i = m0; i < m1; i++)
-                        for (int q = 0; q < 16; q++) y[(int64_t)i * n + pi * 16 + q] += bias[pi * 16 + q];
-            }
+            for (int pi = g * group; pi < p1; pi++)
+                for (int i = m0; i < m1; i += BF_MR)
+                    bf_tile(m1 - i < BF_MR ? m1 - i : BF_MR, x + (int64_t)i * k, k,
+                            wp + (int64_t)pi * k * 16, k, bias ? bias + pi * 16 : NULL,
+                            y + (int64_t)i * n + pi * 16, n);
         }
     }
+}
+
+/* the bf16 path this build runs: 1 AVX-512 BF16 dot products, 0 widening to float32 */
+int ironlm_linear_bf16_native(void) {
+#if defined(__AVX512BF16__)
+    return 1;
+#else
+    return 0;
+#endif
 }
 """
 
 
 class PackedLinearKernel(KernelLibrary):
-    """Loads (building if needed) the C kernel; ``available`` / ``reason`` say whether it can
-    run here. ``pack`` lays a weight out for it; calling it computes x @ W^T (+ bias)."""
+    """Loads (building if needed) the C kernels for an ISA target (the host's by default);
+    ``available`` / ``reason`` say whether they run here. ``pack`` lays a weight out for them;
+    calling computes x @ W^T (+ bias) with the narrow (6 x 16) or wide (12 x 32) float32 tile,
+    or the bfloat16 kernel for a bf16 weight."""
 
-    def __init__(self) -> None:
+    def __init__(self, target: IsaTarget | None = None) -> None:
         ptr, i32 = ctypes.c_void_p, ctypes.c_int
         super().__init__(
-            "cpu_linear", _SOURCE, {"ironlm_linear_f32": ([ptr] * 4 + [i32] * 4, None)},
-            "packed linear kernel", needs_avx2=True,
+            "cpu_linear", _SOURCE,
+            {
+                "ironlm_linear_f32": ([ptr] * 4 + [i32] * 5, None),
+                "ironlm_linear_bf16": ([ptr] * 4 + [i32] * 4, None),
+                "ironlm_linear_bf16_native": ([], i32),
+            },
+            "packed linear kernel", target=target,
         )  # fmt: skip
-        self._fn = None if self.lib is None else self.lib.ironlm_linear_f32
+        lib = self.lib
+        self._f32 = None if lib is None else lib.ironlm_linear_f32
+        self._bf16 = None if lib is None else lib.ironlm_linear_bf16
+        # how this build multiplies bf16: AVX-512 BF16 dot products, or widening to float32
+        self.bf16_path = (
+            "" if lib is None else "avx512_bf16 dot products" if lib.ironlm_linear_bf16_native()
+            else "widened to float32"
+        )  # fmt: skip
 
     @staticmethod
     def can_pack(weight: torch.Tensor) -> bool:
         return (
             weight.dim() == 2
-            and weight.dtype == torch.float32
+            and weight.dtype in (torch.float32, torch.bfloat16)
             and weight.device.type == "cpu"
             and weight.shape[0] % PANEL == 0
+            and (weight.dtype == torch.float32 or weight.shape[1] % 2 == 0)
         )
 
     @staticmethod
     def pack(weight: torch.Tensor) -> torch.Tensor:
-        """(N, K) -> (N / 16, K, 16) contiguous: panel p, row k = W[16p:16p+16, k]."""
+        """float32 (N, K) -> (N / 16, K, 16): panel p, row k = W[16p:16p+16, k].
+        bfloat16 (N, K) -> (N / 16, K / 2, 16, 2): row kk of panel p holds, per column, the
+        weights of inputs 2kk and 2kk + 1 (the pairs AVX-512 BF16 dot products take)."""
         n, k = weight.shape
+        if weight.dtype == torch.bfloat16:
+            return weight.reshape(n // PANEL, PANEL, k // 2, 2).transpose(1, 2).contiguous()
         return weight.reshape(n // PANEL, PANEL, k).transpose(1, 2).contiguous()
+
+    @staticmethod
+    def unpack(packed: torch.Tensor) -> torch.Tensor:
+        """The (N, K) row-major weight back from ``pack``'s layout."""
+        if packed.dim() == 4:
+            panels, half, _, _ = packed.shape
+            return packed.transpose(1, 2).reshape(panels * PANEL, half * 2)
+        panels, k, _ = packed.shape
+        return packed.transpose(1, 2).reshape(panels * PANEL, k)
+
+    @staticmethod
+    def rows(packed: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """(T,) row ids -> (T, K) rows of the weight in ``pack``'s layout (embedding lookups):
+        row v is column v % 16 of panel v // 16."""
+        if packed.dim() == 4:
+            return packed[ids // PANEL, :, ids % PANEL, :].reshape(ids.numel(), -1)
+        return packed[ids // PANEL, :, ids % PANEL]
 
     def __call__(
         self,
-        x: torch.Tensor,  # (M, K) float32
-        packed: torch.Tensor,  # (N / 16, K, 16) float32 from ``pack``
-        bias: torch.Tensor | None,  # (N,) float32
-    ) -> torch.Tensor:  # (M, N) float32
-        assert self._fn is not None, self.reason
-        panels, k, _ = packed.shape
+        x: torch.Tensor,  # (M, K) in the weight's dtype
+        packed: torch.Tensor,  # from ``pack``: (N / 16, K, 16) f32 or (N / 16, K / 2, 16, 2) bf16
+        bias: torch.Tensor | None,  # (N,) in the weight's dtype
+        wide: bool = False,  # float32: 12 x 32 tiles (16-wide vectors) instead of 6 x 16
+    ) -> torch.Tensor:  # (M, N) in the weight's dtype
+        assert self._f32 is not None and self._bf16 is not None, self.reason
+        bf16 = packed.dim() == 4
+        panels, k = packed.shape[0], packed.shape[1] * (2 if bf16 else 1)
         x = x.contiguous()
         m, n = x.shape[0], panels * PANEL
-        y = torch.empty(m, n, dtype=torch.float32)
+        y = torch.empty(m, n, dtype=packed.dtype)
         if m == 0:
             return y
-        b = None if bias is None else bias.contiguous()
-        self.call(
-            self._fn, x.data_ptr(), packed.data_ptr(), None if b is None else b.data_ptr(),
-            y.data_ptr(), m, n, k, torch.get_num_threads(),
-        )  # fmt: skip
+        bias = None if bias is None else bias.contiguous()
+        b = None if bias is None else bias.data_ptr()
+        threads = torch.get_num_threads()
+        if bf16:
+            self.call(self._bf16, x.data_ptr(), packed.data_ptr(), b, y.data_ptr(), m, n, k,
+                      threads)  # fmt: skip
+        else:
+            self.call(self._f32, x.data_ptr(), packed.data_ptr(), b, y.data_ptr(), m, n, k,
+                      threads, int(wide))  # fmt: skip
         return y

@@ -1,15 +1,24 @@
-"""Platform ``cpu``: always available; computes in float32 by default."""
+"""Platform ``cpu``: always available; computes in bfloat16 where the CPU has bf16 arithmetic
+(AVX-512 BF16 or AMX), else in float32.
+
+Its C kernels are built for the ISA target ``isa.host_target()`` picks (``IRONLM_CPU_ISA``
+forces a lower one); which kernel runs each op is measured at start-up (``tuner``).
+"""
 
 from __future__ import annotations
 
+import logging
 import os
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
-
 from ironlm.interfaces.graphs import GraphCapture
 from ironlm.interfaces.model import ModelContext
 from ironlm.interfaces.platform import Availability, LayerOps, Platform, usable_cores
+
+from ironlm_cpu.isa import ENV_VAR, IsaTarget, IsaUnavailable, compiler, host_cpu, host_target
+
+logger = logging.getLogger(__name__)
 
 
 class CpuPlatform(Platform):
@@ -29,33 +38,46 @@ class CpuPlatform(Platform):
     supports_graph_capture: ClassVar[bool] = True
 
     def is_available(self) -> Availability:
-        return Availability.yes(f"{os.cpu_count()} CPU cores")
+        try:
+            target = host_target()
+        except IsaUnavailable as exc:
+            return Availability.no(str(exc))
+        return Availability.yes(f"{os.cpu_count()} CPU cores, kernels for {target.describe()}")
 
     def memory_info(self, device_index: int = 0) -> tuple[int, int]:
         page = os.sysconf("SC_PAGE_SIZE")
         return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
 
     def default_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
-        # bf16/fp16 matmuls run several times slower than fp32 on AVX2 CPUs without AMX.
-        return torch.float32
+        return auto_dtype(host_target())
 
     def configure_process(self, local_world_size: int = 1) -> None:
         """Torch threads: ``IRONLM_CPU_THREADS`` (default: the usable cores) shared by the
-        ``local_world_size`` ranks on this machine, at least one each."""
+        ``local_world_size`` ranks on this machine, at least one each; warns when the C
+        kernels run their generic build."""
         threads = int(os.environ.get("IRONLM_CPU_THREADS", "0")) or usable_cores()
         torch.set_num_threads(max(1, threads // local_world_size))
+        target = host_target()  # raises IsaUnavailable for a bad IRONLM_CPU_ISA
+        if not target.has("avx2"):
+            logger.warning(
+                "cpu platform: %s; the C kernels run their generic x86-64 builds and the "
+                "measured kernel choice will mostly pick torch",
+                "IRONLM_CPU_ISA=generic" if os.environ.get(ENV_VAR)
+                else f"this CPU ({host_cpu().model}) has no AVX2 + FMA",
+            )
 
     def device_count(self) -> int | None:
         return None  # ranks share the host's cores
 
     def layer_ops(self) -> LayerOps:
-        """Float32 linears on packed weights through a C kernel (``CpuLayerOps``)."""
+        """Linears on packed weights through C kernels or torch, chosen by measurement
+        (``CpuLayerOps``)."""
         from ironlm_cpu.layer_ops import CpuLayerOps
 
         return CpuLayerOps()
 
     def graph_capture(self, ctx: ModelContext) -> GraphCapture | None:
-        """Decode graphs as recorded C kernel calls (``graphs``), when the model's layer ops
+        """Decode graphs as recorded kernel calls (``graphs``), when the model's layer ops
         and attention backend are this plugin's and one process holds the whole model (the
         recording cannot hold tensor-parallel collectives nor pipeline sends)."""
         from ironlm_cpu.attention import CpuPagedAttentionBackend
@@ -66,5 +88,48 @@ class CpuPlatform(Platform):
             return None
         if not isinstance(ctx.attention, CpuPagedAttentionBackend):
             return None
-        libraries = ctx.layer_ops.libraries() + ctx.attention.libraries()
-        return CpuGraphCapture(libraries) if libraries else None
+        return CpuGraphCapture(ctx.layer_ops.libraries() + ctx.attention.libraries())
+
+    def describe(self) -> dict[str, Any]:
+        """CPU, ISA target, compiler and the kernel choices measured on this machine (read from
+        the tuning cache, so another process's start-up shows here too)."""
+        from ironlm_cpu.tuner import KernelTuner
+
+        cpu = host_cpu()
+        out: dict[str, Any] = {"cpu": cpu.model, "isa_groups_on_cpu": list(cpu.groups()),
+                               "compiler": compiler() or "none"}  # fmt: skip
+        try:
+            target = host_target()
+        except IsaUnavailable as exc:
+            return {**out, "isa_target": f"unavailable: {exc}"}
+        out["isa_target"] = target.describe()
+        out["isa_forced"] = os.environ.get(ENV_VAR) or None
+        out["default_dtype"] = str(self.default_dtype(torch.float32)).removeprefix("torch.")
+        tuner = KernelTuner(target)
+        out["kernel_choices_file"] = str(tuner.path)
+        out["kernel_choices"] = {key: format_choice(d) for key, d in sorted(tuner.cached().items())}
+        return out
+
+
+def auto_dtype(target: IsaTarget) -> torch.dtype:
+    """bfloat16 where the target has bf16 dot products (AVX-512 BF16; every AMX CPU has it
+    too), float32 elsewhere: without bf16 arithmetic a bf16 matmul widens to float32 first and
+    torch's runs several times slower than its float32 one."""
+    return torch.bfloat16 if target.has("avx512_bf16") else torch.float32
+
+
+def format_choice(decision: dict[str, Any]) -> str:
+    """One line: layout, implementation per bucket with its time and torch's, and why."""
+    parts = []
+    for bucket, impl in decision.get("impls", {}).items():
+        times = decision.get("us", {}).get(bucket, {})
+        t = times.get(impl)
+        vs = times.get("torch")
+        timing = "" if t is None else f" {t:.0f}us" + (
+            "" if vs is None or impl == "torch" else f" vs torch {vs:.0f}us")
+        parts.append(f"M={bucket}:{impl}{timing}")
+    if not parts and "impl" in decision:
+        parts.append(decision["impl"])
+    layout = decision.get("layout")
+    head = f"{layout} layout; " if layout else ""
+    return f"{head}{', '.join(parts)}; {decision.get('why', '')}"

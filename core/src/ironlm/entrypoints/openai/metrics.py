@@ -6,6 +6,10 @@ Engine gauges (running / waiting / swapped requests, device and host KV usage, p
 rate) and the preemption counter are read from the engine's stats at scrape time; request
 histograms (TTFT, inter-token latency, e2e, prompt / generation tokens, n, best_of) and token
 counters are fed by ``RequestTracker`` as outputs stream through the server.
+With speculative decoding, vLLM's speculative metrics (draft acceptance rate, efficiency,
+drafted / accepted / emitted token counters) plus IronLM's mean accepted length, number of
+verifications and the seconds spent drafting and in the target are read from the engine's
+stats too.
 """
 
 from __future__ import annotations
@@ -31,6 +35,18 @@ _E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 
 # vLLM's 1-2-5 series up to the context length (here: up to 128k tokens)
 _TOKEN_BUCKETS = tuple(m * 10**e for e in range(6) for m in (1, 2, 5) if m * 10**e <= 200_000)
 _N_BUCKETS = (1, 2, 5, 10, 20)
+
+
+# speculative-decoding metrics vLLM has (the others are IronLM's own)
+_VLLM_SPEC = frozenset({
+    "spec_decode_draft_acceptance_rate", "spec_decode_efficiency",
+    "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens",
+    "spec_decode_num_emitted_tokens",
+})
+
+
+def _spec_prefix(key: str) -> str:
+    return "vllm" if key in _VLLM_SPEC else "ironlm"
 
 
 class ServerMetrics:
@@ -92,6 +108,28 @@ class ServerMetrics:
             "ironlm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
         )
         self.prefix_hits = gauge("ironlm:prefix_cache_hits", "Of those, tokens found cached.")
+        # speculative decoding: gauges, and counters advanced by the engine counters' growth
+        self.spec_gauges = {
+            key: gauge(f"{_spec_prefix(key)}:{key}", doc) for key, doc in (
+                ("spec_decode_draft_acceptance_rate", "Accepted / drafted tokens."),
+                ("spec_decode_efficiency",
+                 "Emitted tokens / the most verifications could emit (k + 1 each)."),
+                ("spec_decode_mean_accepted_length",
+                 "Tokens one verification emits on average (1 + accepted drafts)."),
+            )
+        }
+        self.spec_counters = {
+            key: Counter(f"{_spec_prefix(key)}:{key}", doc, labels, registry=reg) for key, doc in (
+                ("spec_decode_num_drafts", "Verifications of at least one draft."),
+                ("spec_decode_num_draft_tokens", "Draft tokens verified."),
+                ("spec_decode_num_accepted_tokens", "Draft tokens accepted."),
+                ("spec_decode_num_emitted_tokens", "Tokens emitted by verifications."),
+                ("spec_decode_draft_time_seconds", "Seconds spent drafting."),
+                ("spec_decode_target_time_seconds",
+                 "Seconds in the target's forward and verification."),
+            )
+        }
+        self._spec_seen: dict[str, float] = {}
 
     def set_engine_stats(self, stats: dict[str, Any]) -> None:
         m = self.model_name
@@ -110,6 +148,14 @@ class ServerMetrics:
         if total > self._preemptions_seen:  # the engine counts; the counter follows
             self.preemptions.labels(m).inc(total - self._preemptions_seen)
             self._preemptions_seen = total
+        if "spec_decode_num_draft_tokens" in stats:
+            for key, g in self.spec_gauges.items():
+                g.labels(m).set(stats[key])
+            for key, c in self.spec_counters.items():
+                grown = stats[key] - self._spec_seen.get(key, 0)
+                if grown > 0:
+                    c.labels(m).inc(grown)
+                    self._spec_seen[key] = stats[key]
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -198,3 +244,14 @@ async def log_stats_forever(engine: AsyncEngine, interval: float = 10.0) -> None
             s.get("num_running", 0), s.get("num_waiting", 0), 100 * s.get("kv_usage", 0.0),
             100 * (s.get("prefix_cache_hits", 0) / max(1, s.get("prefix_cache_queries", 0))),
         )
+        if "spec_decode_num_draft_tokens" in s:
+            log.info(
+                "Speculative metrics: Draft acceptance rate: %.3f, Mean accepted length: %.2f, "
+                "System efficiency: %.3f, Number of accepted tokens: %d, Number of draft "
+                "tokens: %d, Number of emitted tokens: %d, Draft time: %.1f s, Target time: "
+                "%.1f s",
+                s["spec_decode_draft_acceptance_rate"], s["spec_decode_mean_accepted_length"],
+                s["spec_decode_efficiency"], s["spec_decode_num_accepted_tokens"],
+                s["spec_decode_num_draft_tokens"], s["spec_decode_num_emitted_tokens"],
+                s["spec_decode_draft_time_seconds"], s["spec_decode_target_time_seconds"],
+            )

@@ -1,0 +1,236 @@
+"""What runs each linear weight shape and each RMSNorm, decided by measurement (``tuner``).
+
+Linear: a weight is stored in one layout, so the choice has two levels. Per layout, each
+batch-size bucket (``BUCKETS``: decode of 1 and of a few sequences, a decode batch, prefill)
+takes the fastest implementation that reads it:
+- ``panel`` (``linear_kernel.pack``): the C kernels ``c_narrow`` (6 x 16 tiles), ``c_wide``
+  (12 x 32 tiles, only offered where the target has AVX-512's 32 vector registers), ``c_bf16``;
+- ``rows`` (the checkpoint's (N, K)): ``torch`` (``torch.mm``: MKL / oneDNN).
+The panel layout is taken only when, at every bucket, its best is no slower than torch (within
+``TOLERANCE``, the timing noise) and its total (geometric mean over buckets) is lower; otherwise
+the weight stays row-major and torch runs it. So no shape runs slower than plain torch, and
+every choice is a recordable call (decode graphs work with either).
+
+Timed on random inputs of the real (N, K); for large batch buckets the weight is cut to fewer
+output rows (same K) so that one call stays under ``FLOP_CAP``: the rate per column is what is
+compared. SmolLM2-135M's five shapes take ~1-2 s on the 2-core EPYC, once per machine.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ironlm_cpu.fused_kernels import FusedKernels
+from ironlm_cpu.linear_kernel import PANEL, PackedLinearKernel
+from ironlm_cpu.torch_kernels import TorchKernels
+from ironlm_cpu.tuner import VERSION, KernelTuner
+
+BUCKETS = (1, 8, 64, 512)  # rows (tokens) per call
+_BOUNDS = (2, 22, 181)  # m <= bound -> that bucket (geometric midpoints)
+TOLERANCE = 1.05
+FLOP_CAP = 1e9
+_LAYOUT = {"c_narrow": "panel", "c_wide": "panel", "c_bf16": "panel", "torch": "rows"}
+
+
+def bucket_index(m: int) -> int:
+    return bisect_left(_BOUNDS, m)
+
+
+@dataclass(frozen=True)
+class OpPlan:
+    """The weight layout (linear) and the implementation per bucket."""
+
+    layout: str  # "panel" | "rows" ("rows" too for non-linear ops)
+    impls: tuple[str, ...]  # one per BUCKETS entry
+
+    def impl_for(self, m: int) -> str:
+        return self.impls[bucket_index(m)]
+
+
+def _plan_of(decision: dict[str, Any]) -> OpPlan:
+    return OpPlan(decision["layout"], tuple(decision["impls"][str(b)] for b in BUCKETS))
+
+
+class OpChooser:
+    """Plans for this process's linear weights and norms (measured, cached, or forced)."""
+
+    def __init__(
+        self, tuner: KernelTuner, kernel: PackedLinearKernel, fused: FusedKernels,
+        torch_ops: TorchKernels,
+    ) -> None:  # fmt: skip
+        self.tuner, self.kernel, self.fused, self.torch_ops = tuner, kernel, fused, torch_ops
+        self.forced = tuner.forced()  # raises ValueError on a bad IRONLM_CPU_KERNELS
+
+    # -- linear ------------------------------------------------------------------------------
+    def linear_candidates(self, n: int, k: int, dtype: torch.dtype) -> tuple[str, ...]:
+        """Implementations that can run an (n, k) weight of ``dtype`` here, default first."""
+        c_ok = self.kernel.available and n % PANEL == 0
+        if dtype == torch.float32 and c_ok:
+            wide = ("c_wide",) if self.kernel.target.has("avx512") else ()
+            return ("c_narrow", *wide, "torch")
+        if dtype == torch.bfloat16 and c_ok and k % 2 == 0:
+            return ("c_bf16", "torch")
+        return ("torch",)
+
+    def linear_plan(self, n: int, k: int, dtype: torch.dtype) -> OpPlan:
+        threads = torch.get_num_threads()
+        key = f"linear|{str(dtype).removeprefix('torch.')}|{n}x{k}|t{threads}|v{VERSION}"
+        names = self.linear_candidates(n, k, dtype)
+        forced = self.forced.get("linear")
+        if forced is not None:
+            pick = [c for c in names if c == forced or (forced == "c" and c != "torch")]
+            impl = pick[0] if pick else "torch"
+            why = f"forced by IRONLM_CPU_KERNELS=linear={forced}" + (
+                "" if pick else " (not available for this shape; torch)"
+            )
+            return self._fixed(key, impl, why, "forced")
+        if len(names) == 1:
+            return self._fixed(
+                key, names[0], "the only implementation for this shape/dtype", "only"
+            )
+        if not self.tuner.measuring:
+            return self._fixed(key, names[0], "IRONLM_CPU_TUNE=0: the default", "default")
+        cached = self.tuner.lookup(key)
+        if cached is not None:
+            return _plan_of(cached)
+        busy = self.tuner.busy_reason()
+        if busy is not None:
+            return self._fixed(key, names[0], busy, "busy")
+        decision = self._measure_linear(n, k, dtype, names)
+        decision.update(op="linear", dtype=str(dtype), shape=[n, k], threads=threads,
+                        target=self.kernel.target.name, source="measured")  # fmt: skip
+        self.tuner.record(key, decision)
+        return _plan_of(decision)
+
+    def _fixed(self, key: str, impl: str, why: str, source: str) -> OpPlan:
+        layout = _LAYOUT.get(impl, "rows")
+        decision = {"layout": layout, "impls": {str(b): impl for b in BUCKETS}, "why": why,
+                    "source": source}  # fmt: skip
+        self.tuner.record(key, decision, persist=False)
+        return _plan_of(decision)
+
+    def run_linear(self, impl: str, x: torch.Tensor, w: torch.Tensor,
+                   bias: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+        """One linear through ``impl`` (``w`` in that implementation's layout)."""
+        if impl == "torch":
+            return self.torch_ops.linear(x, w, bias)
+        return self.kernel(x, w, bias, wide=impl == "c_wide")
+
+    def _measure_linear(
+        self, n: int, k: int, dtype: torch.dtype, names: tuple[str, ...]
+    ) -> dict[str, Any]:
+        gen = torch.Generator().manual_seed(n * 31 + k)
+        us: dict[str, dict[str, float]] = {}
+        rejected: dict[str, str] = {}
+        for m in BUCKETS:
+            cols = n  # cut to (a multiple of 2 panels) under FLOP_CAP for large batches
+            if 2 * m * n * k > FLOP_CAP:
+                cols = max(2 * PANEL, int(FLOP_CAP / (2 * m * k)) // (2 * PANEL) * (2 * PANEL))
+            w = (torch.randn(cols, k, generator=gen) / math.sqrt(k)).to(dtype)
+            x = torch.randn(m, k, generator=gen).to(dtype)
+            ref = torch.nn.functional.linear(x.float(), w.float())
+            packed = self.kernel.pack(w) if any(_LAYOUT[c] == "panel" for c in names) else w
+            fns: dict[str, Callable[[], torch.Tensor]] = {
+                c: (lambda c=c: self.run_linear(c, x, packed if _LAYOUT[c] == "panel" else w, None))
+                for c in names if c not in rejected
+            }  # fmt: skip
+            tol = 1e-3 if dtype == torch.float32 else 3e-2
+            meas = self.tuner.measure(fns, ref, rtol=tol, atol=tol)
+            rejected.update({c: f"M={m}: {r}" for c, r in meas.rejected.items()})
+            us[str(m)] = {c: t for c, t in meas.us.items()}
+        return decide_linear(us, rejected, names)
+
+    # -- RMSNorm -----------------------------------------------------------------------------
+    def norm_plan(self, hidden: int, residual: bool) -> OpPlan | None:
+        """C or torch per rows bucket for a float32 RMSNorm of ``hidden`` (None: the fused C op
+        is not available here)."""
+        if not self.fused.available:
+            return None
+        threads = torch.get_num_threads()
+        key = f"rms_norm|float32|{hidden}|res{int(residual)}|t{threads}|v{VERSION}"
+        forced = self.forced.get("rms_norm")
+        if forced is not None:
+            return self._fixed(
+                key, forced, f"forced by IRONLM_CPU_KERNELS=rms_norm={forced}", "forced"
+            )
+        if not self.tuner.measuring:
+            return self._fixed(key, "c", "IRONLM_CPU_TUNE=0: the default", "default")
+        cached = self.tuner.lookup(key)
+        if cached is not None:
+            return _plan_of(cached)
+        busy = self.tuner.busy_reason()
+        if busy is not None:
+            return self._fixed(key, "c", busy, "busy")
+        gen = torch.Generator().manual_seed(hidden)
+        w = torch.randn(hidden, generator=gen)
+        impls, us, rejected = {}, {}, {}
+        for m in BUCKETS:
+            x = torch.randn(m, hidden, generator=gen)
+            res = torch.randn(m, hidden, generator=gen) if residual else None
+            ref = self.torch_ops.rms_norm(x, w, 1e-6, res)[0]
+            meas = self.tuner.measure(
+                {"c": lambda: self.fused.rms_norm(x, w, 1e-6, res)[0],
+                 "torch": lambda: self.torch_ops.rms_norm(x, w, 1e-6, res)[0]},
+                ref, rtol=1e-4, atol=1e-4,
+            )  # fmt: skip
+            rejected.update({c: f"M={m}: {r}" for c, r in meas.rejected.items()})
+            impls[str(m)] = meas.fastest() or "torch"
+            us[str(m)] = meas.us
+        decision = {"op": "rms_norm", "layout": "rows", "impls": impls, "us": us,
+                    "rejected": rejected, "threads": threads, "shape": [hidden],
+                    "why": "fastest per bucket", "source": "measured"}  # fmt: skip
+        self.tuner.record(key, decision)
+        return _plan_of(decision)
+
+
+def decide_linear(
+    us: dict[str, dict[str, float]], rejected: dict[str, str], names: tuple[str, ...]
+) -> dict[str, Any]:
+    """The decision from per-bucket timings (``us[bucket][impl]`` in microseconds): see the
+    module docstring. ``rejected`` candidates are out at every bucket."""
+    ok = [c for c in names if c not in rejected and all(c in us[str(b)] for b in BUCKETS)]
+    best_layout, best_score, reasons = "rows", 0.0, []
+    panel = [c for c in ok if _LAYOUT[c] == "panel"]
+    torch_ok = "torch" in ok
+    impls_panel: dict[str, str] = {}
+    if panel:
+        score = 0.0
+        slower = []
+        for b in BUCKETS:
+            row = us[str(b)]
+            pick = min(panel, key=lambda c: row[c])
+            impls_panel[str(b)] = pick
+            if torch_ok:
+                ratio = row[pick] / row["torch"]
+                score += math.log(ratio) / len(BUCKETS)
+                if ratio > TOLERANCE:
+                    slower.append(f"M={b}: {pick} {ratio:.2f}x torch's time")
+        if not torch_ok:
+            best_layout = "panel"
+            reasons.append("torch failed; the C kernels run every bucket")
+        elif slower:
+            reasons.append("panel layout rejected, slower than torch at " + ", ".join(slower))
+        elif score < best_score:
+            best_layout = "panel"
+            reasons.append(
+                f"panel layout: {math.exp(score):.2f}x torch's time (geometric mean "
+                f"over M={', '.join(map(str, BUCKETS))}), never slower than torch"
+            )
+        else:
+            reasons.append(f"panel layout no faster than torch overall ({math.exp(score):.2f}x)")
+    if best_layout == "panel":
+        impls = impls_panel
+    else:
+        impls = {str(b): "torch" for b in BUCKETS}
+        if not torch_ok:
+            reasons.append("no implementation passed its check; torch kept")
+    if rejected:
+        reasons.append("rejected: " + "; ".join(f"{c} ({r})" for c, r in rejected.items()))
+    return {"layout": best_layout, "impls": impls, "us": us, "rejected": rejected,
+            "why": "; ".join(reasons)}  # fmt: skip

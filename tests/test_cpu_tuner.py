@@ -1,0 +1,289 @@
+"""Kernel choice by measurement (``ironlm_cpu.tuner``, ``op_choice``): the decision rule, the
+candidate check that rejects a broken implementation, the per-machine cache, forced choices,
+recordable torch calls in decode graphs, and what ``ironlm plugins`` shows. No timed
+assertions: timings only feed the choice, and the tests check the choice's invariants."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from ironlm_cpu.graphs import CpuGraphCapture
+from ironlm_cpu.layer_ops import CpuLayerOps
+from ironlm_cpu.linear_kernel import PackedLinearKernel
+from ironlm_cpu.op_choice import BUCKETS, decide_linear
+from ironlm_cpu.tuner import KernelTuner, parse_forced
+
+
+@pytest.fixture(scope="module")
+def kernel() -> PackedLinearKernel:
+    k = PackedLinearKernel()
+    if not k.available:
+        pytest.skip(k.reason)
+    return k
+
+
+def _ops(kernel: PackedLinearKernel, cache: Path, mode: str = "1", forced: str = "") -> CpuLayerOps:
+    # measure however loaded the machine is and however long it takes (the tests check the
+    # mechanism, not the timings)
+    return CpuLayerOps(
+        kernel,
+        tuner=KernelTuner(
+            kernel.target,
+            cache,
+            mode=mode,
+            forced=forced,
+            min_seconds=0.002,
+            busy_limit=float("inf"),
+            budget_s=float("inf"),
+        ),
+    )
+
+
+def _times(panel: list[float], torch_us: list[float]) -> dict[str, dict[str, float]]:
+    return {str(b): {"c_narrow": p, "torch": t} for b, p, t in zip(BUCKETS, panel, torch_us)}
+
+
+def test_rule_takes_panels_only_when_never_slower_than_torch() -> None:
+    names = ("c_narrow", "torch")
+    faster = decide_linear(_times([1, 2, 3, 4], [2, 4, 6, 4.1]), {}, names)
+    assert faster["layout"] == "panel" and set(faster["impls"].values()) == {"c_narrow"}
+    # 2x faster at decode, but 1.3x slower at prefill: torch everywhere
+    mixed = decide_linear(_times([1, 2, 3, 13], [2, 4, 6, 10]), {}, names)
+    assert mixed["layout"] == "rows" and set(mixed["impls"].values()) == {"torch"}
+    assert "M=512" in mixed["why"]
+    # within the noise tolerance at one bucket, faster overall: panels
+    assert decide_linear(_times([1, 2, 3, 10.3], [2, 4, 6, 10]), {}, names)["layout"] == "panel"
+    slower = decide_linear(_times([3, 5, 7, 11], [2, 4, 6, 10]), {}, names)
+    assert slower["layout"] == "rows"
+
+
+def test_rule_picks_the_fastest_panel_kernel_per_bucket() -> None:
+    us = {
+        str(b): {"c_narrow": 2.0, "c_wide": 1.0 if b >= 64 else 3.0, "torch": 5.0} for b in BUCKETS
+    }
+    d = decide_linear(us, {}, ("c_narrow", "c_wide", "torch"))
+    assert d["layout"] == "panel"
+    assert [d["impls"][str(b)] for b in BUCKETS] == ["c_narrow", "c_narrow", "c_wide", "c_wide"]
+
+
+def test_rejected_candidates_are_never_chosen() -> None:
+    d = decide_linear(
+        _times([1, 1, 1, 1], [9, 9, 9, 9]), {"c_narrow": "M=1: wrong"}, ("c_narrow", "torch")
+    )
+    assert d["layout"] == "rows" and "rejected: c_narrow" in d["why"]
+
+
+def test_measure_rejects_raising_and_wrong_candidates(tmp_path: Path) -> None:
+    from ironlm_cpu.isa import GENERIC
+
+    tuner = KernelTuner(GENERIC, tmp_path, min_seconds=0.001)
+    x = torch.randn(4, 8)
+    ref = x * 2
+
+    def broken() -> torch.Tensor:
+        raise RuntimeError("kernel crashed")
+
+    meas = tuner.measure(
+        {"good": lambda: x * 2, "wrong": lambda: x * 3, "broken": broken}, ref, rtol=1e-5, atol=1e-5
+    )
+    assert set(meas.us) == {"good"} and meas.fastest() == "good"
+    assert "disagrees" in meas.rejected["wrong"] and "kernel crashed" in meas.rejected["broken"]
+
+
+def test_measured_choice_is_cached_and_is_a_candidate(
+    kernel: PackedLinearKernel, tmp_path: Path
+) -> None:
+    ops = _ops(kernel, tmp_path)
+    w = torch.randn(64, 48)
+    stored = ops.pack_linear_weight(w)
+    key = next(k for k in ops.tuner.decisions if k.startswith("linear|float32|64x48|"))
+    first = ops.tuner.decisions[key]
+    assert first["source"] == "measured"
+    assert set(first["impls"].values()) <= set(ops.chooser.linear_candidates(64, 48, torch.float32))
+    assert stored.dim() == (3 if first["layout"] == "panel" else 2)
+    x = torch.randn(5, 48)
+    torch.testing.assert_close(
+        ops.linear(x, stored, None), torch.nn.functional.linear(x, w), rtol=1e-4, atol=1e-4
+    )
+    cached = json.loads(ops.tuner.path.read_text())
+    assert key in cached["choices"] and cached["machine"]["target"] == kernel.target.describe()
+    # a second start-up on this machine reads the decision instead of measuring
+    again = _ops(kernel, tmp_path)
+    assert again.pack_linear_weight(w).shape == stored.shape
+    assert again.tuner.decisions[key]["source"] == "cache"
+    # refresh measures again
+    fresh = _ops(kernel, tmp_path, mode="refresh")
+    fresh.pack_linear_weight(w)
+    assert fresh.tuner.decisions[key]["source"] == "measured"
+
+
+@pytest.mark.parametrize(
+    ("forced", "layout"),
+    [("linear=torch", "rows"), ("linear=c", "panel"), ("linear=c_narrow", "panel")],
+)
+def test_forced_choice(
+    kernel: PackedLinearKernel, tmp_path: Path, forced: str, layout: str
+) -> None:
+    ops = _ops(kernel, tmp_path, forced=forced)
+    w = torch.randn(32, 16)
+    stored = ops.pack_linear_weight(w)
+    assert stored.dim() == (3 if layout == "panel" else 2)
+    decision = next(iter(ops.tuner.decisions.values()))
+    assert decision["source"] == "forced" and forced in decision["why"]
+    assert not ops.tuner.path.exists()  # forced choices are not cached
+    x = torch.randn(3, 16)
+    torch.testing.assert_close(
+        ops.linear(x, stored, None), torch.nn.functional.linear(x, w), rtol=1e-4, atol=1e-4
+    )
+
+
+def test_busy_machine_takes_the_default_without_caching(
+    kernel: PackedLinearKernel, tmp_path: Path
+) -> None:
+    tuner = KernelTuner(kernel.target, tmp_path, mode="1", forced="", busy_limit=-1.0)
+    ops = CpuLayerOps(kernel, tuner=tuner)
+    stored = ops.pack_linear_weight(torch.randn(32, 16))
+    decision = next(iter(tuner.decisions.values()))
+    assert decision["source"] == "busy" and "machine busy" in decision["why"]
+    assert stored.dim() == 3 and not tuner.path.exists()  # the C default, nothing cached
+    refresh = KernelTuner(
+        kernel.target, tmp_path, mode="refresh", forced="", busy_limit=-1.0, min_seconds=0.002
+    )
+    CpuLayerOps(kernel, tuner=refresh).pack_linear_weight(torch.randn(32, 16))
+    assert next(iter(refresh.decisions.values()))["source"] == "measured"
+
+
+def test_spent_budget_takes_the_default(kernel: PackedLinearKernel, tmp_path: Path) -> None:
+    tuner = KernelTuner(kernel.target, tmp_path, mode="refresh", forced="", budget_s=0.0)
+    ops = CpuLayerOps(kernel, tuner=tuner)
+    ops.pack_linear_weight(torch.randn(32, 16))  # measured: nothing spent yet
+    ops.pack_linear_weight(torch.randn(48, 16))  # the budget is spent now
+    sources = [d["source"] for d in tuner.decisions.values()]
+    assert sources == ["measured", "busy"]
+    assert "budget" in list(tuner.decisions.values())[1]["why"]
+
+
+def test_bad_forced_value_is_an_error(kernel: PackedLinearKernel, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="IRONLM_CPU_KERNELS"):
+        _ops(kernel, tmp_path, forced="linear=magic")
+    with pytest.raises(ValueError, match="op=impl"):
+        parse_forced("linear", {"linear": ("torch",)})
+    with pytest.raises(ValueError, match="IRONLM_CPU_TUNE"):
+        KernelTuner(kernel.target, tmp_path, mode="sometimes")
+
+
+class _BrokenKernel(PackedLinearKernel):
+    """The C kernel computing garbage: the choice must fall back to torch."""
+
+    def __call__(self, x, packed, bias, wide=False):  # type: ignore[no-untyped-def]
+        return super().__call__(x, packed, bias, wide) + 1.0
+
+
+def test_a_failing_candidate_falls_back_to_torch(tmp_path: Path) -> None:
+    broken = _BrokenKernel()
+    if not broken.available:
+        pytest.skip(broken.reason)
+    ops = _ops(broken, tmp_path)
+    w = torch.randn(32, 16)
+    assert ops.pack_linear_weight(w) is w  # row-major: torch runs it
+    decision = next(iter(ops.tuner.decisions.values()))
+    assert set(decision["impls"].values()) == {"torch"}
+    assert "c_narrow" in decision["rejected"] and "disagrees" in decision["rejected"]["c_narrow"]
+
+
+def test_norm_choice_forced_to_torch_matches(kernel: PackedLinearKernel, tmp_path: Path) -> None:
+    ops = _ops(kernel, tmp_path, forced="rms_norm=torch")
+    x, r, w = torch.randn(3, 32), torch.randn(3, 32), torch.randn(32)
+    out, res = ops.rms_norm(x, w, 1e-6, r)
+    want, want_res = CpuLayerOps.__mro__[1].rms_norm(ops, x, w, 1e-6, r)
+    torch.testing.assert_close(out, want)
+    assert res is not None and torch.equal(res, want_res)
+
+
+def test_torch_linear_is_recorded_in_decode_graphs(
+    kernel: PackedLinearKernel, tmp_path: Path
+) -> None:
+    """A torch-chosen linear runs as a recorded call: the replay computes new inputs' output."""
+    ops = _ops(kernel, tmp_path, forced="linear=torch")
+    w1, w2 = (
+        ops.pack_linear_weight(torch.randn(48, 32)),
+        ops.pack_linear_weight(torch.randn(32, 24)),
+    )
+    x = torch.randn(4, 32)
+    capture = CpuGraphCapture(ops.libraries())
+    graph, out = capture.capture(
+        lambda: ops.linear(ops.silu_and_mul(ops.linear(x, w1, None)), w2, None)
+    )
+    assert len(graph) == 3  # two torch linears and one C activation, all recorded
+    x.copy_(torch.randn(4, 32))
+    graph.replay()
+    want = torch.nn.functional.linear(ops.silu_and_mul(torch.nn.functional.linear(x, w1)), w2)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_platform_describe_and_plugins_listing(
+    kernel: PackedLinearKernel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ironlm.commands.plugins_cmd import format_details
+    from ironlm.plugin_manager import PluginManager
+    from ironlm_cpu.platform import CpuPlatform
+
+    monkeypatch.setenv("IRONLM_CACHE_DIR", str(tmp_path))
+    _ops(kernel, tmp_path / "tuning").pack_linear_weight(torch.randn(32, 16))
+    details = CpuPlatform().describe()
+    assert details["isa_target"] == kernel.target.describe()
+    assert details["default_dtype"] in ("float32", "bfloat16")
+    ((key, line),) = details["kernel_choices"].items()
+    assert key.startswith("linear|float32|32x16|") and "layout; M=1:" in line
+    rows = PluginManager().describe()
+    text = format_details(rows)
+    assert "platform:cpu" in text and "isa_target: " in text and "linear|float32|32x16|" in text
+
+
+def _decode_step(backend: object, seed: int) -> torch.Tensor:
+    from ironlm.interfaces.attention import AttentionLayerSpec
+    from ironlm_cpu.decode_choice import synthetic_decode_batch
+
+    layer = AttentionLayerSpec(
+        layer_index=0,
+        num_heads=6,
+        num_kv_heads=2,
+        head_dim=64,
+        scale=0.125,
+        sliding_window=None,
+        logits_soft_cap=None,
+    )
+    batch = synthetic_decode_batch(3, 40)
+    gen = torch.Generator().manual_seed(seed)
+    cache = torch.randn(2, int(batch.block_tables.numel()), 16, 2, 64, generator=gen)
+    q, kv = torch.randn(3, 6, 64, generator=gen), torch.randn(3, 2, 64, generator=gen)
+    return backend.forward(layer, q, kv, kv, cache, backend.build_metadata(batch))  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("forced", ["", "decode_attention=torch", "decode_attention=c"])
+def test_decode_attention_choice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, forced: str
+) -> None:
+    """Measured or forced, decode rows give the torch path's answer; a torch choice turns decode
+    graphs off (no graph metadata) instead of failing a capture."""
+    from ironlm_cpu.attention import CpuPagedAttentionBackend
+    from ironlm_cpu.decode_choice import synthetic_decode_batch
+
+    monkeypatch.setenv("IRONLM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("IRONLM_CPU_KERNELS", forced)
+    monkeypatch.setenv("IRONLM_CPU_TUNE", "refresh")  # measure even on a busy machine
+    backend = CpuPagedAttentionBackend()
+    if not backend.libraries():
+        pytest.skip(backend.decode_path)
+    got = _decode_step(backend, 5)
+    want = _decode_step(CpuPagedAttentionBackend(native_decode=False), 5)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    (decision,) = backend._tuner.decisions.values()  # type: ignore[union-attr]
+    assert decision["impl"] in ("c", "torch")
+    if forced:
+        assert decision["impl"] == forced.split("=")[1] and decision["source"] == "forced"
+    graphs = backend.graph_metadata(synthetic_decode_batch(2, 8)) is not None
+    assert graphs == (decision["impl"] == "c")

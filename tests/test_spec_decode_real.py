@@ -1,0 +1,86 @@
+"""Speculative decoding on SmolLM2-135M-Instruct: greedy outputs with n-gram drafts and with a
+draft model (its first 4 layers) equal plain decoding, offline and streamed by the real server
+(whose /metrics then report the speculation)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from server_utils import RemoteServer
+
+from ironlm import LLM, SamplingParams
+
+pytestmark = pytest.mark.real_model
+
+PARAGRAPH = ("The lighthouse stood at the end of the pier, its white paint peeling in the salt "
+             "wind. Every night the keeper climbed the ninety steps, trimmed the wick and watched "
+             "the ships pass by on their way to the harbour.")
+ASKS = [
+    f"Repeat this paragraph exactly:\n\n{PARAGRAPH}",
+    f"Rewrite this paragraph, replacing 'keeper' with 'guardian':\n\n{PARAGRAPH}",
+    "Name three colours.",
+    "def add(a, b):\n    return a + b\n\nWrite the same function for subtraction.",
+]
+KW: dict[str, Any] = {"max_model_len": 512, "kv_cache_memory": 96 << 20}
+GREEDY = SamplingParams(temperature=0, max_tokens=48)
+
+
+def _spec(kind: str, draft: Path) -> dict[str, Any]:
+    if kind == "ngram":
+        return {"speculative_model": "[ngram]", "num_speculative_tokens": 5,
+                "ngram_prompt_lookup_max": 4}
+    return {"speculative_model": str(draft), "num_speculative_tokens": 3}
+
+
+def _chats() -> list[list[dict[str, str]]]:
+    return [[{"role": "user", "content": a}] for a in ASKS]
+
+
+@pytest.fixture(scope="module")
+def plain(smollm2_dir: Path) -> list[Any]:
+    return LLM(str(smollm2_dir), **KW).chat(_chats(), GREEDY, use_tqdm=False)
+
+
+@pytest.mark.parametrize("kind", ["ngram", "draft"])
+def test_greedy_offline_equals_plain(kind: str, smollm2_dir: Path, smollm2_draft_dir: Path,
+                                     plain: list[Any]) -> None:
+    llm = LLM(str(smollm2_dir), **KW, **_spec(kind, smollm2_draft_dir))
+    got = llm.chat(_chats(), GREEDY, use_tqdm=False)
+    for w, g in zip(plain, got):
+        assert g.outputs[0].token_ids == w.outputs[0].token_ids
+        assert g.outputs[0].text == w.outputs[0].text
+    stats = llm.engine.stats()
+    assert stats["spec_decode_num_accepted_tokens"] > 0
+    assert stats["spec_decode_mean_accepted_length"] > 1.0
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("kind", ["ngram", "draft"])
+def test_server_streams_the_plain_greedy_text(kind: str, smollm2_dir: Path,
+                                              smollm2_draft_dir: Path, plain: list[Any]) -> None:
+    spec = _spec(kind, smollm2_draft_dir)
+    args = ["--max-model-len", "512", "--kv-cache-memory", "96MiB",
+            "--speculative-model", spec["speculative_model"],
+            "--num-speculative-tokens", str(spec["num_speculative_tokens"])]
+    if kind == "ngram":
+        args += ["--ngram-prompt-lookup-max", str(spec["ngram_prompt_lookup_max"])]
+    with RemoteServer(smollm2_dir, args) as server:
+        client = server.openai_client()
+        for chat, want in zip(_chats(), plain):
+            chunks = list(client.chat.completions.create(
+                model=str(smollm2_dir), messages=chat, max_tokens=48, temperature=0,
+                stream=True))  # fmt: skip
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            assert text == want.outputs[0].text
+        metrics = httpx.get(server.url("/metrics")).text
+    values = {m.group(1): float(m.group(2)) for m in re.finditer(
+        r"^ironlm:(spec_decode_\w+)\{[^}]*\} ([0-9.e+-]+)$", metrics, re.M)}
+    assert values["spec_decode_num_draft_tokens_total"] > 0
+    assert values["spec_decode_num_accepted_tokens_total"] > 0
+    assert 0 < values["spec_decode_draft_acceptance_rate"] <= 1
+    assert values["spec_decode_mean_accepted_length"] > 1
+    assert values["spec_decode_target_time_seconds_total"] > 0
