@@ -388,6 +388,28 @@ def test_oversized_body(http: httpx.Client) -> None:
     assert _error(http.post("/v1/completions", json=big), 413)["code"] == "request_too_large"
 
 
+def test_health_answers_during_huge_tokenize(server: RemoteServer) -> None:
+    """A body just under --max-request-body-size (1 MiB here) to /tokenize is parsed and
+    tokenized off the event loop: /health answers while it is being processed."""
+    prompt = "lorem ipsum dolor sit amet, " * (1000 * 1024 // 28)
+
+    async def run() -> tuple[dict, int]:  # type: ignore[type-arg]
+        async with httpx.AsyncClient(timeout=120, headers=server.headers()) as h:
+            big = asyncio.ensure_future(h.post(server.url("/tokenize"), json={"prompt": prompt}))
+            answered = 0
+            while not big.done():
+                r = await h.get(server.url("/health"))
+                if not big.done():
+                    assert r.status_code == 200
+                    answered += 1
+                await asyncio.sleep(0.01)
+            return (await big).json(), answered
+
+    body, answered = asyncio.run(run())
+    assert body["count"] > 100_000
+    assert answered > 0  # /health was served while the big request was still in work
+
+
 def test_api_key(server: RemoteServer) -> None:
     body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 1}
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY}):
