@@ -355,7 +355,7 @@ def test_out_of_range_completion_params(client: openai.OpenAI, field: str, value
 
 @pytest.mark.parametrize(("body", "param"), [
     ({"top_logprobs": 3}, "top_logprobs"),  # without logprobs=true
-    ({"logprobs": True, "top_logprobs": 100}, "logprobs"),  # over --max-logprobs
+    ({"logprobs": True, "top_logprobs": 100}, "top_logprobs"),  # over --max-logprobs
     ({"max_completion_tokens": 0}, "max_completion_tokens"),
     ({"temperature": 9.0, "top_p": 0.0}, "top_p"),
     ({"messages": [{"content": "no role"}]}, "messages"),
