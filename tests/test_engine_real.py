@@ -67,14 +67,16 @@ def test_batched_cached_chunked_and_preempted_runs_match(
 ) -> None:
     model_dir, expected = model_case
     # All at once, prefix caching on, a small token budget (chunked prefill), and a KV cache
-    # of 12 blocks x 16 tokens for 8 sequences of ~45 tokens: preemption must happen.
+    # of 12 blocks x 16 tokens for 8 sequences of ~45 tokens: preemption must happen, and
+    # with the default swap_space (4 GiB) decoding victims are swapped out and back.
     llm = LLM(
         str(model_dir), dtype="float32", max_model_len=192, num_kv_blocks=12,
         enable_prefix_caching=True, enable_chunked_prefill=True, max_num_batched_tokens=24,
     )
     assert _tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == expected
     stats = llm.engine.stats()
-    assert stats["num_preemptions"] > 0
+    assert stats["num_preemptions"] > 0 and stats["num_swap_outs"] > 0, stats
+    assert stats["num_swapped"] == 0 and stats["swap_usage"] == 0.0
     assert stats["num_used_blocks"] == 0
     # Prompts sharing a long prefix: the second run is served from the prefix cache (hits
     # counted) and gives the same tokens as a run without the cache.

@@ -53,10 +53,12 @@ def http(server: RemoteServer) -> Iterator[httpx.Client]:
         yield c
 
 
-def metric(text: str, name: str) -> float:
-    """Sum of a Prometheus sample over its label sets."""
+def metric(text: str, name: str, default: float | None = None) -> float:
+    """Sum of a Prometheus sample over its label sets (``default`` when it has none yet)."""
     values = [float(m.group(1)) for m in
               re.finditer(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M)]
+    if not values and default is not None:
+        return default
     assert values, f"{name} not in /metrics"
     return sum(values)
 
@@ -263,15 +265,22 @@ def test_metrics_counters_move(server: RemoteServer, client: openai.OpenAI) -> N
     before = httpx.get(server.url("/metrics"), timeout=10).text  # no key needed
     client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3, temperature=0)
     after = httpx.get(server.url("/metrics"), timeout=10).text
-    for name in ("ironlm:prompt_tokens_total", "ironlm:generation_tokens_total",
-                 "ironlm:time_to_first_token_seconds_count",
-                 "ironlm:e2e_request_latency_seconds_count"):
-        assert metric(after, name) > metric(before, name), name
-    assert metric(after, "ironlm:generation_tokens_total") - \
-        metric(before, "ironlm:generation_tokens_total") == 3
-    for name in ("ironlm:num_requests_running", "ironlm:num_requests_waiting",
-                 "ironlm:kv_cache_usage_perc", "ironlm:prefix_cache_hit_rate",
-                 "ironlm:kv_cache_total_blocks", "ironlm:time_per_output_token_seconds_count"):
+    for name in ("vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+                 "vllm:time_to_first_token_seconds_count",
+                 "vllm:e2e_request_latency_seconds_count"):
+        assert metric(after, name) > metric(before, name, 0), name
+    assert metric(after, "vllm:generation_tokens_total") - \
+        metric(before, "vllm:generation_tokens_total", 0) == 3
+    for name in ("vllm:request_prompt_tokens_count", "vllm:request_generation_tokens_count",
+                 "vllm:request_params_n_count", "vllm:request_params_best_of_count"):
+        assert metric(after, name) == metric(before, name, 0) + 1, name
+    assert metric(after, "vllm:request_generation_tokens_sum") - \
+        metric(before, "vllm:request_generation_tokens_sum", 0) == 3
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting",
+                 "vllm:num_requests_swapped", "vllm:num_preemptions_total",
+                 "vllm:gpu_cache_usage_perc", "vllm:cpu_cache_usage_perc",
+                 "vllm:gpu_prefix_cache_hit_rate", "ironlm:kv_cache_total_blocks",
+                 "vllm:time_per_output_token_seconds_count"):
         metric(after, name)
 
 
@@ -346,7 +355,7 @@ def test_out_of_range_completion_params(client: openai.OpenAI, field: str, value
 
 @pytest.mark.parametrize(("body", "param"), [
     ({"top_logprobs": 3}, "top_logprobs"),  # without logprobs=true
-    ({"logprobs": True, "top_logprobs": 100}, "logprobs"),  # over --max-logprobs
+    ({"logprobs": True, "top_logprobs": 100}, "top_logprobs"),  # over --max-logprobs
     ({"max_completion_tokens": 0}, "max_completion_tokens"),
     ({"temperature": 9.0, "top_p": 0.0}, "top_p"),
     ({"messages": [{"content": "no role"}]}, "messages"),
@@ -377,6 +386,28 @@ def test_context_length_and_suffix(client: openai.OpenAI) -> None:
 def test_oversized_body(http: httpx.Client) -> None:
     big = {"model": MODEL, "prompt": "x" * (2 * 1024 * 1024), "max_tokens": 1}
     assert _error(http.post("/v1/completions", json=big), 413)["code"] == "request_too_large"
+
+
+def test_health_answers_during_huge_tokenize(server: RemoteServer) -> None:
+    """A body just under --max-request-body-size (1 MiB here) to /tokenize is parsed and
+    tokenized off the event loop: /health answers while it is being processed."""
+    prompt = "lorem ipsum dolor sit amet, " * (1000 * 1024 // 28)
+
+    async def run() -> tuple[dict, int]:  # type: ignore[type-arg]
+        async with httpx.AsyncClient(timeout=120, headers=server.headers()) as h:
+            big = asyncio.ensure_future(h.post(server.url("/tokenize"), json={"prompt": prompt}))
+            answered = 0
+            while not big.done():
+                r = await h.get(server.url("/health"))
+                if not big.done():
+                    assert r.status_code == 200
+                    answered += 1
+                await asyncio.sleep(0.01)
+            return (await big).json(), answered
+
+    body, answered = asyncio.run(run())
+    assert body["count"] > 100_000
+    assert answered > 0  # /health was served while the big request was still in work
 
 
 def test_api_key(server: RemoteServer) -> None:
@@ -460,8 +491,8 @@ def _wait_until_idle(server: RemoteServer, seconds: float) -> str:
     while True:
         text = httpx.get(server.url("/metrics"), timeout=5).text
         used = metric(text, "ironlm:kv_cache_used_blocks")
-        busy = metric(text, "ironlm:num_requests_running") + \
-            metric(text, "ironlm:num_requests_waiting")
+        busy = metric(text, "vllm:num_requests_running") + \
+            metric(text, "vllm:num_requests_waiting")
         if used == 0 and busy == 0:
             return text
         assert time.monotonic() < deadline, f"{used} KV blocks still used, {busy} requests"
@@ -478,7 +509,7 @@ def test_health_answers_while_engine_busy(server: RemoteServer) -> None:
 
 def test_disconnects_abort_and_free_kv_blocks(server: RemoteServer,
                                                client: openai.OpenAI) -> None:
-    aborted = 'ironlm:request_success_total{finished_reason="abort",model_name="smollm2"}'
+    aborted = 'vllm:request_success_total{finished_reason="abort",model_name="smollm2"}'
     before = httpx.get(server.url("/metrics"), timeout=5).text
     results, _ = asyncio.run(_abandon_while_timing_health(server, 200, 0.5))
     assert results.count("timeout") == 200, results

@@ -36,7 +36,9 @@ class EngineConfig:
     kv_cache_memory: int | None = None
     num_kv_blocks: int | None = None  # exact override (vLLM's num_gpu_blocks_override)
     gpu_memory_utilization: float = 0.9
-    swap_space: float = 0  # GiB of host swap for preempted KV (0: preempt by recompute)
+    # GiB of host memory (per rank) that preempted requests' KV is swapped to; when it is
+    # full, or 0, preemption recomputes instead (vLLM's default: 4)
+    swap_space: float = 4
     seed: int = 0
     load_format: str = "auto"
     device: str = "auto"
@@ -90,11 +92,8 @@ class EngineConfig:
                 f"scheduling_policy {self.scheduling_policy!r} is not supported; choose "
                 "'fcfs' or 'priority'"
             )
-        if self.swap_space:
-            raise ValueError(
-                "swap_space > 0 is not supported: IronLM preempts by recomputation; "
-                "pass swap_space=0"
-            )
+        if self.swap_space < 0:
+            raise ValueError(f"swap_space must be non-negative (GiB), got {self.swap_space}")
         _check_speculative(self)
         if self.num_scheduler_steps < 1:
             raise ValueError(

@@ -8,7 +8,10 @@ understood, as vLLM and OpenAI clients send them:
   ``guided_regex``, ``guided_choice``, ``guided_grammar``, ``guided_whitespace_pattern``;
 - OpenAI ``response_format``: ``{"type": "text" | "json_object" | "json_schema",
   "json_schema": {"name", "schema", "strict"}}`` (what ``client.chat.completions.parse`` sends);
-- vLLM's newer ``structured_outputs``: ``{json | regex | choice | grammar | json_object, ...}``.
+- vLLM's newer ``structured_outputs``: ``{json | regex | choice | grammar | json_object, ...}``
+  with its options ``disable_fallback``, ``disable_any_whitespace`` (carried on the spec for
+  the backends and the selection) and ``disable_additional_properties`` (applied here: every
+  object schema that does not say otherwise gets ``"additionalProperties": false``).
 
 Exactly one constraint may be given; more than one is a ValueError naming every field used.
 Deep checks (is the regex valid, can the backend enforce the schema) belong to the backend's
@@ -17,13 +20,13 @@ Deep checks (is the regex valid, can the backend enforce the schema) belong to t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any, Mapping
 
 from ironlm.interfaces.guided import GuidedSpec
 
-# structured_outputs keys that tune a constraint rather than state one (accepted, not enforced
-# here: backends read only what GuidedSpec carries).
+# structured_outputs keys that tune a constraint rather than state one.
 _STRUCTURED_OPTIONS = frozenset(
     {
         "whitespace_pattern",
@@ -91,8 +94,66 @@ def spec_from_request(
         if not isinstance(whitespace, str):
             raise ValueError("guided_whitespace_pattern must be a string (a regex)")
         if spec.kind in ("json", "json_object"):
-            spec = GuidedSpec(spec.kind, spec.value, spec.choices, whitespace)
+            spec = dataclasses.replace(spec, whitespace_pattern=whitespace)
+    if structured_outputs is not None:
+        spec = apply_options(spec, _as_mapping(structured_outputs, "structured_outputs"))
     return spec
+
+
+def apply_options(spec: GuidedSpec, options: Mapping[str, Any]) -> GuidedSpec:
+    """``spec`` with structured_outputs' disable_* options applied (ValueError for a
+    non-boolean value or an option that contradicts the spec)."""
+    flags = {}
+    for name in ("disable_fallback", "disable_any_whitespace", "disable_additional_properties"):
+        value = options.get(name)
+        if value is not None and not isinstance(value, bool):
+            raise ValueError(f"structured_outputs.{name} must be true or false")
+        flags[name] = bool(value)
+    if flags["disable_any_whitespace"] and spec.whitespace_pattern:
+        raise ValueError("structured_outputs.disable_any_whitespace contradicts the whitespace "
+                         "pattern given; give one")
+    value = spec.value
+    if flags["disable_additional_properties"] and spec.kind == "json":
+        value = json.dumps(close_objects(json.loads(value)), separators=(",", ":"),
+                           ensure_ascii=False)
+    return dataclasses.replace(
+        spec, value=value, disable_fallback=flags["disable_fallback"],
+        disable_any_whitespace=flags["disable_any_whitespace"] and spec.kind in
+        ("json", "json_object"),
+    )
+
+
+# keywords whose value is one subschema / a list of them / a map of them
+_SUBSCHEMA = ("items", "not", "if", "then", "else", "contains", "additionalItems",
+              "unevaluatedItems", "propertyNames")
+_SUBSCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions",
+                   "dependentSchemas")
+
+
+def close_objects(schema: Any) -> Any:
+    """The schema with ``"additionalProperties": false`` on every object schema (one with
+    ``type`` object or ``properties``) that sets neither it nor ``unevaluatedProperties``."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SUBSCHEMA:
+        if key in out:
+            out[key] = close_objects(out[key])
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [close_objects(s) for s in out[key]]
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {k: close_objects(s) for k, s in out[key].items()}
+    if isinstance(out.get("additionalProperties"), dict):
+        out["additionalProperties"] = close_objects(out["additionalProperties"])
+    types = out.get("type")
+    is_object = types == "object" or (isinstance(types, list) and "object" in types) \
+        or "properties" in out
+    if is_object and "additionalProperties" not in out and "unevaluatedProperties" not in out:
+        out["additionalProperties"] = False
+    return out
 
 
 def _json_spec(value: Any, field: str) -> GuidedSpec:

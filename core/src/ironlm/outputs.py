@@ -43,6 +43,9 @@ class RequestOutput:
     num_cached_tokens: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
     embedding: list[float] | None = None  # set for pooling (encode / embeddings) requests
+    # Set when the request failed as a whole (a guided-decoding backend's dead end): the
+    # outputs then hold what was generated before, finish_reason "abort".
+    error: str | None = None
 
 
 @dataclass

@@ -289,11 +289,18 @@ class PluginManager:
         )
 
     def select_guided_backend(self, name: str) -> type[GuidedBackend]:
+        """The backend called ``name``; ``auto``: the available one of highest priority."""
+        return self.guided_backend_candidates(name)[0]
+
+    def guided_backend_candidates(self, name: str) -> list[type[GuidedBackend]]:
+        """``[backend]`` for a name; for ``auto`` every available backend, highest priority
+        first (ties by name): the order in which a request falls back."""
         reg = self.registries.guided_backends
         if name == "auto":
-            for entry in sorted(reg, key=lambda e: e.name):
-                if entry.obj.is_available().available:
-                    return entry.obj
+            ranked = sorted(reg, key=lambda e: (-e.obj.priority, e.name))
+            found = [e.obj for e in ranked if e.obj.is_available().available]
+            if found:
+                return found
             raise UnknownNameError(
                 "guided decoding needs a guided-decoding backend; none is installed and "
                 "available (install ironlm-guided: pip install ./plugins/guided). Installed: "
@@ -305,7 +312,7 @@ class PluginManager:
                 f"unknown guided_decoding_backend {name!r}; installed guided decoding "
                 f"backends: {', '.join(reg.names()) or 'none'}{hint}"
             )
-        return reg.select(name, lambda c: c.is_available())
+        return [reg.select(name, lambda c: c.is_available())]
 
     def select_tool_parser(self, name: str) -> type[ToolParser]:
         return self.registries.tool_parsers.get(name)

@@ -165,10 +165,13 @@ class GuidedDecodingParams:
     json_object: bool | None = None
     backend: str | None = None
     whitespace_pattern: str | None = None
+    disable_fallback: bool = False
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
 
     def to_spec(self) -> Any:
         """The normalised GuidedSpec (ValueError for none or several constraints)."""
-        from ironlm.guided_spec import spec_from_request
+        from ironlm.guided_spec import apply_options, spec_from_request
 
         spec = spec_from_request(
             guided_json=self.json,
@@ -181,7 +184,11 @@ class GuidedDecodingParams:
         if spec is None:
             raise ValueError("guided_decoding: give one of json, regex, choice, grammar, "
                              "json_object")
-        return spec
+        return apply_options(spec, {
+            "disable_fallback": self.disable_fallback,
+            "disable_any_whitespace": self.disable_any_whitespace,
+            "disable_additional_properties": self.disable_additional_properties,
+        })
 
 
 @dataclass

@@ -34,6 +34,16 @@ class EngineDeadError(RuntimeError):
     """The engine thread is gone; the caller should answer 500/503."""
 
 
+class RequestFailedError(RuntimeError):
+    """One request failed inside the engine (a guided-decoding backend's dead end); the others
+    go on. The caller answers 500 (an error event in a stream)."""
+
+
+class ServerShuttingDownError(RuntimeError):
+    """The server is draining for shutdown: new requests get 503; requests still running when
+    the grace period ends are aborted with this error."""
+
+
 @dataclass
 class _Stream:
     loop: asyncio.AbstractEventLoop
@@ -54,10 +64,12 @@ class AsyncEngine:
         self.on_dead = on_dead
         self.fatal_error: BaseException | None = None
         self.max_waiting = max_waiting
-        # Requests between generate() entry and their end; only touched on the event loop.
-        # Overloaded = more in flight than can run (max_num_seqs) plus may wait (max_waiting).
+        # Sequences (n / best_of per request) between generate() entry and their end; only
+        # touched on the event loop. Overloaded = more in flight than can run (max_num_seqs)
+        # plus may wait (max_waiting).
         self._in_flight = 0
-        self._capacity = engine.config.max_num_seqs + max_waiting
+        self.capacity = engine.config.max_num_seqs + max_waiting
+        self.draining = False  # set at shutdown: new requests get ServerShuttingDownError
         self._commands: queue.Queue[Callable[[], None]] = queue.Queue()
         self._streams: dict[str, _Stream] = {}
         self._stop = threading.Event()
@@ -87,18 +99,42 @@ class AsyncEngine:
         consumer (client disconnect) aborts the request and frees its blocks."""
         if not self.is_alive:
             raise EngineDeadError("the engine loop is not running")
-        if self._in_flight >= self._capacity:
+        if self.draining:
+            raise ServerShuttingDownError("the server is shutting down; retry on another "
+                                          "replica")
+        seqs = self.check_num_seqs(params)
+        if self._in_flight + seqs > self.capacity:
             raise EngineOverloadedError(
-                f"server overloaded: {self.max_waiting} requests already waiting"
+                f"server overloaded: {self._in_flight} sequences already in flight (the limit "
+                f"is {self.capacity}: max_num_seqs + --max-waiting-requests); this request "
+                f"adds {seqs}"
             )
-        self._in_flight += 1
+        self._in_flight += seqs
         inner = self._generate(request_id, prompt, params, **kwargs)
         try:
             async for out in inner:
                 yield out
         finally:
-            self._in_flight -= 1
+            self._in_flight -= seqs
             await inner.aclose()  # run its abort-on-disconnect now, not at garbage collection
+
+    @property
+    def num_in_flight(self) -> int:
+        """Sequences of the requests between generate() entry and their end."""
+        return self._in_flight
+
+    def check_num_seqs(self, params: Any) -> int:
+        """The sequences a request runs (best_of, else n); ValueError naming the field when
+        more than the server can ever hold at once (running plus waiting)."""
+        n = int(getattr(params, "n", 1) or 1)
+        best_of = int(getattr(params, "best_of", None) or n)
+        field, seqs = ("best_of", best_of) if best_of > n else ("n", n)
+        if seqs > self.capacity:
+            raise ValueError(
+                f"{field} must be at most {self.capacity} on this server (the sequences it "
+                f"can hold at once: max_num_seqs + --max-waiting-requests), got {seqs}."
+            )
+        return seqs
 
     async def _generate(
         self, request_id: str, prompt: Any, params: Any, **kwargs: Any
@@ -118,6 +154,9 @@ class AsyncEngine:
             except BaseException as exc:  # validation error: hand it to the caller
                 added.set_exception(exc)
 
+        spec = getattr(params, "guided_decoding", None)
+        if spec is not None:  # compile off the engine thread; add_request finds it cached
+            await self.compile_guided(spec, params.guided_decoding_backend)
         self._commands.put(add)
         finished = False
         try:
@@ -139,6 +178,12 @@ class AsyncEngine:
         finally:
             if not finished:
                 self.abort(request_id)
+
+    async def compile_guided(self, spec: Any, backend: str | None) -> None:
+        """Compile a guided spec on a worker thread (cached for the request's add); ValueError
+        when it is invalid or no backend may enforce it."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.engine.guided.compile, spec, backend)
 
     def abort(self, request_id: str) -> None:
         def do() -> None:
@@ -198,7 +243,7 @@ class AsyncEngine:
             for out in outputs:
                 stream = self._streams.get(out.request_id)
                 if stream is not None:
-                    stream.put(out)
+                    stream.put(RequestFailedError(out.error) if out.error else out)
                     if out.finished:
                         del self._streams[out.request_id]
             self.last_stats = self.engine.stats()
@@ -216,8 +261,12 @@ class AsyncEngine:
             return True
         return False
 
-    def _fail_all(self, exc: Exception) -> None:
-        err = RuntimeError(f"engine step failed: {exc!r}")
+    def abort_all(self, err: Exception) -> None:
+        """End every request in flight with ``err`` (raised to each consumer) and free them."""
+        self._commands.put(lambda: self._fail_all(err, as_is=True))
+
+    def _fail_all(self, exc: Exception, as_is: bool = False) -> None:
+        err = exc if as_is else RuntimeError(f"engine step failed: {exc!r}")
         for rid, stream in list(self._streams.items()):
             stream.put(err)
             self.engine.abort_request(rid)

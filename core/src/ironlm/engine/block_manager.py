@@ -3,6 +3,10 @@
 A full block's identity is the chained hash of (parent block hash, its token ids), so two
 requests with the same prefix map to the same physical blocks. Freed blocks keep their hash and
 stay reusable until the free queue hands them out again (least recently freed first).
+
+Swap preemption: a preempted request's blocks can move to a host pool of ``num_swap_blocks``
+(``swap_out`` / ``swap_in`` plan the copies the workers make; the host pool has no prefix
+cache: a swapped request owns its host blocks alone).
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ class PrefixCacheStats:
 
 
 class BlockManager:
-    def __init__(self, num_kv_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+    def __init__(self, num_kv_blocks: int, block_size: int, enable_prefix_caching: bool,
+                 num_swap_blocks: int = 0) -> None:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_kv_blocks)]
@@ -41,6 +46,9 @@ class BlockManager:
         self._req_blocks: dict[str, list[int]] = {}
         self._req_hashes: dict[str, list[int]] = {}  # hashes of the request's full blocks
         self.stats = PrefixCacheStats()
+        self.num_swap_blocks = num_swap_blocks
+        self._swap_free: list[int] = list(range(num_swap_blocks - 1, -1, -1))  # a stack
+        self._swapped: dict[str, list[int]] = {}  # request id -> its host blocks, in order
 
     # -- queries ---------------------------------------------------------------------------
     @property
@@ -58,6 +66,13 @@ class BlockManager:
     @property
     def usage(self) -> float:
         return self.num_used_blocks / self.num_kv_blocks
+
+    @property
+    def swap_usage(self) -> float:
+        """Fraction of the host swap pool in use (0 without one)."""
+        if not self.num_swap_blocks:
+            return 0.0
+        return 1 - len(self._swap_free) / self.num_swap_blocks
 
     def block_ids(self, request_id: str) -> list[int]:
         return self._req_blocks.get(request_id, [])
@@ -154,6 +169,39 @@ class BlockManager:
         self._req_blocks[child_id] = blocks
         self._req_hashes[child_id] = list(self._req_hashes.get(parent_id, []))
 
+    # -- swap preemption ----------------------------------------------------------------------
+    def can_swap_out(self, req: Request) -> bool:
+        return 0 < len(self.block_ids(req.request_id)) <= len(self._swap_free)
+
+    def swap_out(self, req: Request) -> list[tuple[int, int]]:
+        """Move the request's blocks to host blocks: the (device, host) copies to make. Its
+        device blocks are freed (they stay in the prefix cache until reused)."""
+        device = list(self.block_ids(req.request_id))
+        host = [self._swap_free.pop() for _ in device]
+        self.free(req.request_id)
+        self._swapped[req.request_id] = host
+        return list(zip(device, host))
+
+    def can_swap_in(self, req: Request, num_new_tokens: int) -> bool:
+        """Whether device blocks suffice for the swapped request plus ``num_new_tokens``."""
+        need = self.blocks_needed(req.num_computed_tokens + num_new_tokens)
+        return need <= len(self._free)
+
+    def swap_in(self, req: Request) -> list[tuple[int, int]]:
+        """Bring a swapped request's blocks back into fresh device blocks: the (host, device)
+        copies to make. The caller then allocates its new tokens as usual."""
+        host = self._swapped.pop(req.request_id)
+        owned: list[int] = []
+        for _ in host:
+            block_id, _ = self._free.popitem(last=False)
+            self._evict_hash(block_id)
+            self.blocks[block_id].ref_count = 1
+            owned.append(block_id)
+        self._req_blocks[req.request_id] = owned
+        self._swap_free.extend(reversed(host))
+        self._register_full_blocks(req, req.num_computed_tokens)
+        return list(zip(host, owned))
+
     def trim(self, request_id: str, num_tokens: int) -> None:
         """Return the request's blocks past the first ``num_tokens`` slots (blocks taken for
         speculative tokens that were rejected). Blocks holding real tokens are never past it."""
@@ -172,6 +220,7 @@ class BlockManager:
     def free(self, request_id: str) -> None:
         """Return the request's blocks; the last blocks are freed first so that a prefix's
         head stays cached longest."""
+        self._swap_free.extend(reversed(self._swapped.pop(request_id, [])))
         blocks = self._req_blocks.pop(request_id, [])
         self._req_hashes.pop(request_id, None)
         for b in reversed(blocks):

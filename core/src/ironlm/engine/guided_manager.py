@@ -1,14 +1,34 @@
-"""GuidedManager: selects guided backends by name, caches compiled specs, builds masks."""
+"""GuidedManager: picks a guided backend per spec, caches compiled specs, builds masks.
+
+Selection: a named backend compiles or refuses. ``auto`` (vLLM's behaviour) tries the available
+backends from the highest priority down and falls back to the next one only when a backend
+raises UnsupportedFeatureError (a feature it cannot enforce); an invalid spec is refused at
+once, and ``spec.disable_fallback`` keeps the first backend's refusal.
+
+Compiling may take long (an outlines index over a large regex): the server calls ``compile``
+from a worker thread before queueing the request, so the engine thread only finds it cached.
+The cache is shared with that thread under a lock; compiling itself runs outside the lock.
+
+A Grammar that fails (raises, or allows no token: a backend dead end) ends its own request
+only: ``build_mask`` and the output processor record ``grammar_error`` on the request and the
+engine finishes it with that error; every other request goes on.
+"""
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections import OrderedDict
 from typing import Any
 
 import torch
 
-from ironlm.interfaces.guided import Grammar, GuidedBackend, GuidedSpec
+from ironlm.interfaces.guided import (
+    Grammar,
+    GuidedBackend,
+    GuidedSpec,
+    UnsupportedFeatureError,
+)
 from ironlm.plugin_manager import PluginManager
 
 _CACHE_SIZE = 256
@@ -21,34 +41,65 @@ class GuidedManager:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.default = default
+        self._lock = threading.Lock()
         self._backends: dict[str, GuidedBackend] = {}
-        self._compiled: OrderedDict[tuple[str, GuidedSpec], Any] = OrderedDict()
+        # (requested backend name, spec) -> (backend that compiled it, compiled spec)
+        self._compiled: OrderedDict[tuple[str, GuidedSpec], tuple[GuidedBackend, Any]] = \
+            OrderedDict()
 
-    def backend(self, name: str | None) -> GuidedBackend:
-        cls = self.pm.select_guided_backend(name or self.default)
-        if cls.name not in self._backends:
-            self._backends[cls.name] = cls(self.tokenizer, self.vocab_size)
-        return self._backends[cls.name]
+    def backend(self, cls: type[GuidedBackend]) -> GuidedBackend:
+        """The one instance of backend ``cls`` (built on first use)."""
+        with self._lock:
+            instance = self._backends.get(cls.name)
+        if instance is None:
+            instance = cls(self.tokenizer, self.vocab_size)  # may be slow: outside the lock
+            with self._lock:
+                instance = self._backends.setdefault(cls.name, instance)
+        return instance
 
-    def grammar(self, spec: GuidedSpec, backend_name: str | None) -> Grammar:
-        """A fresh Grammar for ``spec``; compiles once per (backend, spec). ValueError when the
-        backend cannot enforce the spec."""
-        backend = self.backend(backend_name)
-        if spec.kind not in backend.supported_kinds:
-            raise ValueError(
-                f"guided decoding backend {backend.name!r} does not support {spec.kind!r} "
-                f"constraints (it supports: {', '.join(sorted(backend.supported_kinds))})"
-            )
-        key = (backend.name, spec)
-        compiled = self._compiled.get(key)
-        if compiled is None:
-            compiled = backend.compile(spec)
-            self._compiled[key] = compiled
-            if len(self._compiled) > _CACHE_SIZE:
-                self._compiled.popitem(last=False)
-        else:
-            self._compiled.move_to_end(key)
-        return backend.new_grammar(compiled)
+    def compile(self, spec: GuidedSpec, backend_name: str | None) -> tuple[GuidedBackend, Any]:
+        """The backend chosen for ``spec`` and its compiled form (cached). ValueError (a 400)
+        when the spec is invalid or no backend may enforce it; the message names each
+        backend tried and why it refused."""
+        name = backend_name or self.default
+        key = (name, spec)
+        with self._lock:
+            hit = self._compiled.get(key)
+            if hit is not None:
+                self._compiled.move_to_end(key)
+                return hit
+        candidates = self.pm.guided_backend_candidates(name)
+        if spec.disable_fallback:
+            candidates = candidates[:1]
+        refusals: list[str] = []
+        for cls in candidates:
+            if spec.kind not in cls.supported_kinds:
+                refusals.append(
+                    f"{cls.name!r} does not support {spec.kind!r} constraints (it supports: "
+                    f"{', '.join(sorted(cls.supported_kinds))})"
+                )
+                continue
+            backend = self.backend(cls)
+            try:
+                compiled = backend.compile(spec)
+            except UnsupportedFeatureError as exc:
+                refusals.append(f"{cls.name!r}: {exc}")
+                continue
+            with self._lock:
+                self._compiled[key] = (backend, compiled)
+                if len(self._compiled) > _CACHE_SIZE:
+                    self._compiled.popitem(last=False)
+            return backend, compiled
+        if len(refusals) == 1:
+            raise ValueError(f"guided decoding backend {refusals[0]}")
+        raise ValueError("no guided decoding backend can enforce this constraint: "
+                         + "; ".join(refusals))
+
+    def grammar(self, spec: GuidedSpec, backend_name: str | None) -> tuple[Grammar, str]:
+        """A fresh Grammar for ``spec`` and the name of the backend it runs on (see
+        ``compile``)."""
+        backend, compiled = self.compile(spec, backend_name)
+        return backend.new_grammar(compiled), backend.name
 
     def build_mask(
         self, requests: list[Any], drafts: list[list[int]] | None = None
@@ -56,8 +107,9 @@ class GuidedManager:
         """(rows, vocab) bool, True = allowed: per request, the row after its last token and
         one after each of its drafts (speculative decoding; the grammar is advanced through
         them and rolled back). None when no row is constrained. A grammar that fails (a backend
-        dead end) is dropped and its request marked ``grammar_failed``: the output processor
-        then aborts it rather than emit text that breaks the constraint."""
+        dead end: it raises or allows nothing) is dropped and its request marked with
+        ``grammar_error``: the output processor then ends that request with the error rather
+        than emit text that breaks the constraint."""
         if all(r.grammar is None for r in requests):
             return None
         drafts = drafts if drafts is not None else [[] for _ in requests]
@@ -72,15 +124,30 @@ class GuidedManager:
             try:
                 _fill_rows(req.grammar, ds, rows)
             except Exception as exc:
-                log.warning("guided grammar failed for request %s: %s", req.request_id, exc)
-                req.grammar_failed = True
+                mark_dead_end(req, exc)
                 rows[:] = True
         return mask
+
+
+def mark_dead_end(req: Any, exc: BaseException) -> None:
+    """Record on ``req`` that its Grammar failed (the request then ends with this error)."""
+    name = req.grammar_backend
+    log.warning("guided decoding backend %r failed for request %s: %s", name, req.request_id,
+                exc)
+    if req.grammar_error is None:
+        req.grammar_error = (
+            f"guided decoding backend {name!r} reached a dead end after "
+            f"{len(req.output_token_ids)} generated tokens ({exc}); the request was stopped "
+            "so that no output breaks the constraint. Retry, or choose another backend with "
+            "guided_decoding_backend."
+        )
 
 
 def _fill_rows(grammar: Grammar, drafts: list[int], rows: torch.Tensor) -> None:
     """rows[0]: the grammar's mask now; rows[j]: after drafts[:j] (the state is restored)."""
     grammar.fill_mask(rows[0])
+    if not bool(rows[0].any()):
+        raise RuntimeError("no token is allowed next")
     accepted = 0
     try:
         for j, token in enumerate(drafts, start=1):

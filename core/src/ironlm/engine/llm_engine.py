@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -27,6 +28,8 @@ from ironlm.outputs import RequestOutput
 from ironlm.plugin_manager import PluginManager
 from ironlm.sampling_params import SamplingParams
 from ironlm.worker.worker import Worker
+
+log = logging.getLogger("ironlm.engine")
 
 
 class LLMEngine:
@@ -70,8 +73,9 @@ class LLMEngine:
                 f"({self.max_model_len}) without chunked prefill; enable chunked prefill or "
                 "raise max_num_batched_tokens"
             )
+        num_swap_blocks = self._init_swap_space()
         self.block_manager = BlockManager(
-            num_kv_blocks, config.block_size, config.enable_prefix_caching
+            num_kv_blocks, config.block_size, config.enable_prefix_caching, num_swap_blocks
         )
         self.scheduler = Scheduler(
             self.block_manager, config.max_num_seqs, budget, config.enable_chunked_prefill,
@@ -132,12 +136,11 @@ class LLMEngine:
             params.stop_token_ids = list(params.stop_token_ids or []) + [
                 t for t in self.extra_eos_ids if t not in (params.stop_token_ids or [])
             ]
-        grammars = []
-        for _ in range(params.best_of or 1):
-            spec = params.guided_decoding
-            grammars.append(
-                self.guided.grammar(spec, params.guided_decoding_backend) if spec else None
-            )
+        spec = params.guided_decoding
+        grammars = [
+            self.guided.grammar(spec, params.guided_decoding_backend) if spec else (None, None)
+            for _ in range(params.best_of or 1)
+        ]
         children = []
         for i in range(params.best_of or 1):
             child_params = params
@@ -150,7 +153,8 @@ class LLMEngine:
                 sampling_params=child_params,
                 eos_token_id=self.tokenizer.eos_token_id,
                 priority=priority,
-                grammar=grammars[i],
+                grammar=grammars[i][0],
+                grammar_backend=grammars[i][1],
                 pooling=pooling,
             )
             children.append(child)
@@ -173,11 +177,30 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     # -- one step --------------------------------------------------------------------------
+    def _init_swap_space(self) -> int:
+        """Host swap blocks on every rank (the minimum over ranks; 0 without swap_space).
+        Speculative decoding and multi-step scheduling preempt by recompute: a draft model's
+        KV and a multi-step window's blocks are not swapped."""
+        if self.config.swap_space <= 0:
+            return 0
+        if self.spec is not None or self.config.num_scheduler_steps > 1:
+            log.info("swap_space %s GiB unused: with speculative decoding or multi-step "
+                        "scheduling, preempted requests are recomputed", self.config.swap_space)
+            return 0
+        num = min(self.executor.collective_rpc("num_swap_blocks"))
+        self.executor.collective_rpc("initialize_swap_space", num)
+        return int(num)
+
     def step(self) -> list[RequestOutput]:
         plan = self.scheduler.schedule()
         if plan.is_empty():
-            if plan.finished_ids:  # let workers drop state of requests finished while idle
-                self.executor.execute_model(ModelInput([], self._take_new(), plan.finished_ids))
+            if plan.finished_ids or plan.has_swaps:  # workers drop state / copy swapped KV
+                self.executor.execute_model(ModelInput(
+                    [], self._take_new(), plan.finished_ids,
+                    blocks_to_swap_out=plan.blocks_to_swap_out,
+                    blocks_to_swap_in=plan.blocks_to_swap_in,
+                    preempted_ids=_recomputed(plan),
+                ))
             return []
         output = self.executor.execute_model(self._model_input(plan))
         self.scheduler.on_step_done(plan, output)
@@ -224,7 +247,9 @@ class LLMEngine:
             new_requests=self._take_new(),
             finished_ids=plan.finished_ids,
             allowed_mask=self.guided.build_mask(sampling, drafts),
-            preempted_ids=[r.request_id for r in plan.preempted],
+            blocks_to_swap_out=plan.blocks_to_swap_out,
+            blocks_to_swap_in=plan.blocks_to_swap_in,
+            preempted_ids=_recomputed(plan),
         )
 
     def _after_speculation(self, plan: SchedulerOutput, output: ModelOutput) -> None:
@@ -249,6 +274,10 @@ class LLMEngine:
             "prefix_cache_queries": bm.stats.queries,
             "prefix_cache_hits": bm.stats.hits,
             "num_preemptions": self.scheduler.stats.num_preemptions,
+            "num_swap_outs": self.scheduler.stats.num_swap_outs,
+            "num_swapped": self.scheduler.num_swapped,
+            "swap_usage": bm.swap_usage,
+            "num_swap_blocks": bm.num_swap_blocks,
             "time": time.time(),
             **(self.spec.stats.to_dict() if self.spec is not None else {}),
         }
@@ -259,6 +288,11 @@ class LLMEngine:
 
     def shutdown(self) -> None:
         self.executor.shutdown()
+
+
+def _recomputed(plan: SchedulerOutput) -> list[str]:
+    """Requests preempted by this plan whose KV is gone (the swapped ones keep theirs)."""
+    return [r.request_id for r in plan.preempted if r.status != RequestStatus.SWAPPED]
 
 
 def _max_model_len(config: EngineConfig, model_max: int | None) -> int:

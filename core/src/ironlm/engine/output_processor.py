@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ironlm.engine.detokenizer import IncrementalDetokenizer
+from ironlm.engine.guided_manager import mark_dead_end
 from ironlm.engine.request import Request, RequestStatus
 from ironlm.engine.scheduler import Scheduler
 from ironlm.interfaces.step import ModelOutput, SampledToken
@@ -29,6 +30,7 @@ class Group:
     prompt_logprobs: list[PositionLogprobs | None] = field(default_factory=lambda: [None])
     arrival: float = field(default_factory=time.monotonic)
     embedding: list[float] | None = None  # pooling requests: the mean-pooled hidden state
+    error: str | None = None  # why the request failed (a guided backend's dead end)
 
 
 class OutputProcessor:
@@ -112,6 +114,8 @@ class OutputProcessor:
                     if req.is_finished:
                         break  # tokens past a stop are dropped, as if never sampled
                     self._append(group, req, tok, scheduler)
+                    if req.grammar_error is not None and group.error is None:
+                        self._fail_group(group, req.grammar_error, scheduler)
             results += self._flush(touched)
             touched = {}
         return results
@@ -139,30 +143,58 @@ class OutputProcessor:
             for tid, lp, rank in entries
         }
 
+    def _fail_group(self, group: Group, error: str, scheduler: Scheduler) -> None:
+        """One sequence failed: the whole request ends with ``error`` (siblings aborted)."""
+        group.error = error
+        for child in group.children:
+            if not child.is_finished:
+                scheduler.finish(child, RequestStatus.FINISHED_ABORTED)
+
+    def _advance_grammar(self, req: Request, token_id: int) -> None:
+        """Feed the sampled token to the request's Grammar; a failure is a dead end."""
+        if req.grammar is None or req.grammar_error is not None:
+            return
+        try:
+            if not req.grammar.accept_token(token_id):
+                raise RuntimeError(f"the backend refused the sampled token {token_id}")
+        except Exception as exc:
+            mark_dead_end(req, exc)
+
+    def _grammar_done(self, req: Request) -> bool:
+        if req.grammar is None or req.grammar_error is not None:
+            return False
+        try:
+            return bool(req.grammar.is_terminated())
+        except Exception as exc:
+            mark_dead_end(req, exc)
+            return False
+
     def _append(self, group: Group, req: Request, tok: SampledToken, scheduler: Scheduler) -> None:
         p = req.sampling_params
+        detok = group.detoks[group.children.index(req)]
+        self._advance_grammar(req, tok.token_id)
+        if req.grammar_error is not None:  # a dead end: the token is not kept
+            if detok is not None:
+                detok.flush()
+            scheduler.finish(req, RequestStatus.FINISHED_ABORTED)
+            return
         req.output_token_ids.append(tok.token_id)
         req.cumulative_logprob += tok.logprob
         if tok.top_logprobs is not None:
             req.logprobs.append(self._logprob_dict(tok.top_logprobs))
         status: RequestStatus | None = None
-        if req.grammar_failed or (
-            req.grammar is not None and not req.grammar.accept_token(tok.token_id)
-        ):
-            status = RequestStatus.FINISHED_ABORTED  # never return text that broke the grammar
-        detok = group.detoks[group.children.index(req)]
         stop_str = detok.add_token(tok.token_id) if detok is not None else None
         n_out = len(req.output_token_ids)
-        if status is not None:
-            pass
-        elif stop_str is not None:
+        if stop_str is not None:
             status, req.stop_reason = RequestStatus.FINISHED_STOPPED, stop_str
         elif n_out >= p.min_tokens and not p.ignore_eos and tok.token_id == req.eos_token_id:
             status = RequestStatus.FINISHED_STOPPED
         elif n_out >= p.min_tokens and tok.token_id in (p.stop_token_ids or []):
             status, req.stop_reason = RequestStatus.FINISHED_STOPPED, tok.token_id
-        elif req.grammar is not None and req.grammar.is_terminated():
+        elif self._grammar_done(req):
             status = RequestStatus.FINISHED_STOPPED
+        elif req.grammar_error is not None:
+            status = RequestStatus.FINISHED_ABORTED
         elif p.max_tokens is not None and n_out >= p.max_tokens:
             status = RequestStatus.FINISHED_LENGTH
         elif req.num_tokens >= self.max_model_len:
@@ -213,4 +245,5 @@ class OutputProcessor:
             num_cached_tokens=group.children[0].num_cached_tokens,
             metrics=metrics,
             embedding=group.embedding,
+            error=group.error,
         )

@@ -14,7 +14,8 @@ from ironlm.sampling_params import SamplingParams
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
-    PREEMPTED = "preempted"
+    PREEMPTED = "preempted"  # freed, waits to be recomputed
+    SWAPPED = "swapped"  # its KV is in the host swap space
     FINISHED_STOPPED = "stop"  # EOS, stop token or stop string
     FINISHED_LENGTH = "length"  # max_tokens or max_model_len
     FINISHED_ABORTED = "abort"
@@ -51,7 +52,10 @@ class Request:
     logprobs: list[Any] = field(default_factory=list)  # per output token: {id: Logprob}
     prompt_logprobs: list[Any] = field(default_factory=list)
     grammar: Any = None  # the request's guided Grammar, when constrained
-    grammar_failed: bool = False  # the guided backend hit a dead end: abort, never emit
+    grammar_backend: str | None = None  # the guided backend that runs it
+    # Why the guided backend could not go on (a dead end): the request ends with this error,
+    # never with text that breaks the constraint.
+    grammar_error: str | None = None
     pooling: bool = False  # an embedding request: run the prompt, return its mean hidden state
     first_token_time: float | None = None
     last_token_time: float | None = None

@@ -2,8 +2,10 @@
 
 One rule covers prefill, chunked prefill and decode: a request owes ``num_tokens -
 num_computed_tokens`` tokens, and each step pays as much of that as the token budget allows
-(running requests first, then waiting ones in priority/FCFS order). When KV blocks run out, the
-most recently admitted running request is preempted and later recomputed.
+(running requests first, then swapped ones, then waiting ones in priority/FCFS order). When
+KV blocks run out, the most recently admitted running request is preempted: its KV is swapped
+to the host pool when it fits there (``swap_space``), and swapped back before new requests are
+admitted; otherwise it is freed and later recomputed.
 
 Two decode-speed features change what a decode owes: with speculative decoding
 (``SpeculationPolicy``) a decode also runs its drafts (and keeps KV slots for the proposer's
@@ -32,6 +34,9 @@ class SchedulerOutput:
     preempted: list[Request] = field(default_factory=list)
     # Requests that reached a finished state since the last step (workers drop their state).
     finished_ids: list[str] = field(default_factory=list)
+    # Swap preemption copies for the workers: (device, host) out, then (host, device) in.
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
     # Speculative decoding: drafts each request verifies (counted in its number of tokens),
     # and how many drafts to propose after this step.
     spec_tokens: dict[str, list[int]] = field(default_factory=dict)
@@ -46,10 +51,15 @@ class SchedulerOutput:
     def is_empty(self) -> bool:
         return not self.scheduled
 
+    @property
+    def has_swaps(self) -> bool:
+        return bool(self.blocks_to_swap_out or self.blocks_to_swap_in)
+
 
 @dataclass
 class SchedulerStats:
     num_preemptions: int = 0
+    num_swap_outs: int = 0  # preemptions that swapped (the others recomputed)
 
 
 class Scheduler:
@@ -74,6 +84,7 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.swapped: deque[Request] = deque()  # preempted to host swap, oldest first
         self.stats = SchedulerStats()
         self._finished_ids: list[str] = []
 
@@ -90,11 +101,17 @@ class Scheduler:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
+        elif req in self.swapped:
+            self.swapped.remove(req)
         self.block_manager.free(req.request_id)
         self._finished_ids.append(req.request_id)
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.swapped)
+
+    @property
+    def num_swapped(self) -> int:
+        return len(self.swapped)
 
     @property
     def num_running(self) -> int:
@@ -134,10 +151,27 @@ class Scheduler:
             budget -= n
             i += 1
 
+        # Then swapped requests come back, before anything new is admitted.
+        while self.swapped and budget > 0 and len(self.running) < self.max_num_seqs:
+            if out.preempted:
+                break  # KV is short this step
+            req = self.swapped[0]
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            if not self.block_manager.can_swap_in(req, n):
+                break
+            self.swapped.popleft()
+            out.blocks_to_swap_in.extend(self.block_manager.swap_in(req))
+            allocated = self.block_manager.allocate(req, n)
+            assert allocated, "can_swap_in counted the new tokens' blocks"
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            out.scheduled.append((req, n))
+            budget -= n
+
         # Then waiting requests, while there is budget, room and KV.
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            if out.preempted:
-                break  # KV is short this step: do not admit more
+            if out.preempted or self.swapped:
+                break  # KV is short: do not admit more
             req = self.waiting[0]
             # Prompt logprobs need every prompt position computed: no prefix-cache reuse.
             wants_all = req.sampling_params.prompt_logprobs is not None or req.pooling
@@ -215,16 +249,27 @@ class Scheduler:
                 out.num_steps[req.request_id] = steps
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
-        """Free the request's KV and put it back at the head of the queue for recompute."""
+        """Swap the request's KV to the host pool when it fits there; otherwise free it and
+        put the request back at the head of the queue for recompute."""
         self.running.remove(req)
-        self.block_manager.free(req.request_id)
-        req.status = RequestStatus.PREEMPTED
-        req.num_computed_tokens = 0
         req.spec_token_ids = []
         req.num_preemptions += 1
         self.stats.num_preemptions += 1
-        self.waiting.appendleft(req)
         out.preempted.append(req)  # victims are never already in out.scheduled (see loop)
+        # a request whose prompt is still being computed (or that needs every prompt
+        # position again) is cheaper to recompute than to swap
+        resumable = req.num_computed_tokens >= req.num_prompt_tokens and not req.pooling \
+            and req.sampling_params.prompt_logprobs is None
+        if resumable and self.block_manager.can_swap_out(req):
+            out.blocks_to_swap_out.extend(self.block_manager.swap_out(req))
+            req.status = RequestStatus.SWAPPED
+            self.stats.num_swap_outs += 1
+            self.swapped.append(req)
+            return
+        self.block_manager.free(req.request_id)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        self.waiting.appendleft(req)
 
     def on_step_done(self, plan: SchedulerOutput, output: ModelOutput) -> None:
         """Advance computed-token counters after the step ran: rejected drafts do not count

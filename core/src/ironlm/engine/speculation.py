@@ -136,7 +136,7 @@ class SpeculationPolicy:
         if req.is_finished or not tokens:
             req.spec_token_ids = []
             return
-        if req.grammar is not None and not req.grammar_failed:
+        if req.grammar is not None and not req.grammar_error is not None:
             tokens = _grammar_prefix(req, tokens)
         req.spec_token_ids = tokens
 

@@ -38,56 +38,78 @@ def beam_score(seq: BeamSearchSequence, eos_token_id: int | None, length_penalty
     return seq.cum_logprob / (n**length_penalty)
 
 
-def run_beam_search(
-    llm: LLM, prompts: list[Any], params: BeamSearchParams
-) -> list[BeamSearchOutput]:
-    if params.temperature != 0:
-        raise ValueError(
-            "temperature must be 0 for beam search: beams are ranked by the model's raw "
-            "log-probabilities"
-        )
-    tok = llm.get_tokenizer()
-    eos = tok.eos_token_id
-    width = params.beam_width
-    step_params = SamplingParams(max_tokens=1, logprobs=2 * width, temperature=0.0)
-    starts = []
-    for p in prompts:
-        processed = llm.engine.inputs.process(p, step_params.clone())
-        starts.append(processed.token_ids)
-    live = [[BeamSearchSequence(list(ids))] for ids in starts]
-    done: list[list[BeamSearchSequence]] = [[] for _ in prompts]
-    for _ in range(params.max_tokens):
-        flat = [(i, b) for i, beams in enumerate(live) for b in beams]
-        if not flat:
-            break
-        outs = llm.generate([b.tokens for _, b in flat], step_params, use_tqdm=False)
-        candidates: list[list[BeamSearchSequence]] = [[] for _ in prompts]
+class BeamSearch:
+    """The beams of one batch of prompts, advanced one token per step by whoever runs the
+    model (``run_beam_search`` offline, the server's async driver over HTTP)."""
+
+    def __init__(self, starts: list[list[int]], params: BeamSearchParams, eos: int | None) -> None:
+        if params.temperature != 0:
+            raise ValueError(
+                "temperature must be 0 for beam search: beams are ranked by the model's raw "
+                "log-probabilities"
+            )
+        self.params = params
+        self.eos = eos
+        self.starts = starts
+        self.live = [[BeamSearchSequence(list(ids))] for ids in starts]
+        self.done: list[list[BeamSearchSequence]] = [[] for _ in starts]
+        self.steps = 0
+        # each beam asks for its 2 * width most likely next tokens
+        self.step_params = SamplingParams(max_tokens=1, logprobs=2 * params.beam_width,
+                                          temperature=0.0)
+
+    def pending(self) -> list[tuple[int, BeamSearchSequence]]:
+        """(prompt index, beam) of every beam to extend this step; [] when finished."""
+        if self.steps >= self.params.max_tokens:
+            return []
+        return [(i, b) for i, beams in enumerate(self.live) for b in beams]
+
+    def advance(self, flat: list[tuple[int, BeamSearchSequence]], outs: list[Any]) -> None:
+        """Extend each beam of ``flat`` by the candidates its step output holds; keep the
+        ``beam_width`` best per prompt."""
+        width = self.params.beam_width
+        candidates: list[list[BeamSearchSequence]] = [[] for _ in self.starts]
         for (i, beam), out in zip(flat, outs):
             for tid, lp in (out.outputs[0].logprobs or [{}])[0].items():
-                candidates[i].append(
-                    BeamSearchSequence(
-                        beam.tokens + [tid], beam.logprobs + [lp.logprob],
-                        beam.cum_logprob + lp.logprob,
-                    )
-                )
+                candidates[i].append(BeamSearchSequence(
+                    beam.tokens + [tid], beam.logprobs + [lp.logprob],
+                    beam.cum_logprob + lp.logprob,
+                ))
         for i, cands in enumerate(candidates):
             cands.sort(key=lambda s: -s.cum_logprob)
             keep: list[BeamSearchSequence] = []
             for c in cands[:width]:
-                if c.tokens[-1] == eos and not params.ignore_eos:
+                if c.tokens[-1] == self.eos and not self.params.ignore_eos:
                     c.finish_reason = "stop"
-                    done[i].append(c)
+                    self.done[i].append(c)
                 else:
                     keep.append(c)
-            live[i] = keep
-    results = []
-    for i, prompt_ids in enumerate(starts):
-        for b in live[i]:
-            b.finish_reason = "length"
-        pool = done[i] + live[i]
-        pool.sort(key=lambda s: -beam_score(s, eos, params.length_penalty))
-        best = pool[:width]
-        for s in best:
-            s.text = tok.decode(s.tokens[len(prompt_ids):], skip_special_tokens=True)
-        results.append(BeamSearchOutput(best))
-    return results
+            self.live[i] = keep
+        self.steps += 1
+
+    def results(self, tokenizer: Any) -> list[BeamSearchOutput]:
+        """Per prompt, the ``beam_width`` best beams by length-penalised score."""
+        out = []
+        for i, prompt_ids in enumerate(self.starts):
+            for b in self.live[i]:
+                b.finish_reason = "length"
+            pool = self.done[i] + self.live[i]
+            pool.sort(key=lambda s: -beam_score(s, self.eos, self.params.length_penalty))
+            best = pool[: self.params.beam_width]
+            for s in best:
+                s.text = tokenizer.decode(s.tokens[len(prompt_ids):], skip_special_tokens=True)
+            out.append(BeamSearchOutput(best))
+        return out
+
+
+def run_beam_search(
+    llm: LLM, prompts: list[Any], params: BeamSearchParams
+) -> list[BeamSearchOutput]:
+    tok = llm.get_tokenizer()
+    probe = SamplingParams(max_tokens=1, temperature=0.0)
+    starts = [llm.engine.inputs.process(p, probe.clone()).token_ids for p in prompts]
+    search = BeamSearch(starts, params, tok.eos_token_id)
+    while flat := search.pending():
+        outs = llm.generate([b.tokens for _, b in flat], search.step_params, use_tqdm=False)
+        search.advance(flat, outs)
+    return search.results(tok)

@@ -33,7 +33,8 @@ ENGINE_HELP: dict[str, str] = {
     "kv_cache_memory": "bytes for the KV cache, e.g. 512MiB, 4GiB (default: platform's)",
     "num_kv_blocks": "exact number of KV blocks (overrides the memory-based size)",
     "gpu_memory_utilization": "fraction of device memory the engine may use",
-    "swap_space": "GiB of host swap for preempted KV (IronLM preempts by recompute: 0)",
+    "swap_space": "GiB of host memory per rank that preempted requests' KV is swapped to "
+    "(0, or when full: preempt by recompute)",
     "seed": "random seed",
     "load_format": f"weights format: {', '.join(LOAD_FORMATS)}",
     "device": "device platform plugin (cpu, cuda, npu, ...; auto picks the best available)",

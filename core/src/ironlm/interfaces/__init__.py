@@ -3,7 +3,7 @@ registers which interface."""
 
 from ironlm.interfaces.attention import AttentionBackend, AttentionBatch, AttentionLayerSpec
 from ironlm.interfaces.executor import Executor
-from ironlm.interfaces.guided import Grammar, GuidedBackend, GuidedSpec
+from ironlm.interfaces.guided import Grammar, GuidedBackend, GuidedSpec, UnsupportedFeatureError
 from ironlm.interfaces.model import ModelArchitecture, ModelContext
 from ironlm.interfaces.platform import Availability, LayerOps, Platform
 from ironlm.interfaces.quantization import QuantizationMethod
@@ -36,4 +36,5 @@ __all__ = [
     "StreamDelta",
     "ToolCall",
     "ToolParser",
+    "UnsupportedFeatureError",
 ]

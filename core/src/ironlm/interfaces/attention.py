@@ -117,6 +117,23 @@ class AttentionBackend(ABC):
         forked sequences). Default for the default layout."""
         kv_cache[:, dst] = kv_cache[:, src]
 
+    def swap_blocks(
+        self,
+        src_cache: torch.Tensor,  # one layer's cache, kv_cache_shape(...) on its device
+        dst_cache: torch.Tensor,  # the same layer's cache of the other side (host or device)
+        src: list[int],  # block ids in src_cache
+        dst: list[int],  # block ids in dst_cache, one per src
+    ) -> None:
+        """Copy whole blocks ``src[i] -> dst[i]`` between the device cache and the host swap
+        space of one layer (both of ``kv_cache_shape``, in the cache dtype), either way:
+        swap preemption moves a preempted request's KV out and back. Default for the default
+        layout (blocks on dimension 1)."""
+        if not src:
+            return
+        src_ids = torch.tensor(src, dtype=torch.long, device=src_cache.device)
+        dst_ids = torch.tensor(dst, dtype=torch.long, device=dst_cache.device)
+        dst_cache[:, dst_ids] = src_cache[:, src_ids].to(dst_cache.device)
+
     @abstractmethod
     def forward(
         self,

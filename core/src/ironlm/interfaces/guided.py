@@ -31,6 +31,18 @@ class GuidedSpec:
     value: str = ""
     choices: tuple[str, ...] = ()
     whitespace_pattern: str | None = None
+    # JSON kinds: no whitespace between JSON tokens at all (vLLM's disable_any_whitespace;
+    # the default for tool calls). Otherwise backends bound each whitespace run.
+    disable_any_whitespace: bool = False
+    # "auto" backend selection: use the first backend by priority or fail, never fall back.
+    disable_fallback: bool = False
+
+
+class UnsupportedFeatureError(ValueError):
+    """Raised by ``GuidedBackend.compile`` for a valid spec that uses a feature this backend
+    cannot enforce (a JSON-schema keyword, a regex construct, a whitespace option). With
+    ``guided_decoding_backend="auto"`` the host then tries the next backend by priority; any
+    other ValueError means the spec itself is invalid and is answered at once."""
 
 
 class Grammar(ABC):
@@ -40,7 +52,9 @@ class Grammar(ABC):
     def fill_mask(self, mask: torch.Tensor) -> None:
         """Set True in ``mask`` ((vocab_size,) bool, all False on entry) at every token id the
         grammar allows next. When the text so far is a complete match, the EOS token is allowed
-        (and, when nothing else may follow, it is the only one)."""
+        (and, when nothing else may follow, it is the only one). A Grammar that cannot go on
+        (a dead end) may raise, or leave the mask empty: the host then ends only this request,
+        with an error naming the backend (the same holds for an exception from any method)."""
 
     @abstractmethod
     def accept_token(self, token_id: int) -> bool:
@@ -61,6 +75,9 @@ class GuidedBackend(ABC):
     ``tokenizer`` is the HF tokenizer and ``vocab_size`` the width of the model's logits."""
 
     name: ClassVar[str]
+    # "auto" tries available backends from the highest priority down (vLLM's order puts
+    # xgrammar first), falling back per request only on UnsupportedFeatureError.
+    priority: ClassVar[int] = 0
     # Which spec kinds this backend can enforce (the host answers 400 for others).
     supported_kinds: ClassVar[frozenset[str]] = frozenset(
         {"json", "json_object", "regex", "choice", "grammar"}
@@ -77,9 +94,13 @@ class GuidedBackend(ABC):
 
     @abstractmethod
     def compile(self, spec: GuidedSpec) -> Any:
-        """Compile ``spec`` into an immutable, shareable object. Raise ValueError naming the
-        problem for an invalid regex / schema / grammar or a feature the backend cannot enforce.
-        The host caches the result per spec and may call this off the engine's critical path."""
+        """Compile ``spec`` into an immutable, shareable object. Raise UnsupportedFeatureError
+        for a feature the backend cannot enforce, ValueError naming the problem for an invalid
+        regex / schema / grammar. Honour ``spec.disable_any_whitespace`` (no whitespace between
+        JSON tokens) and otherwise keep every whitespace run between JSON tokens bounded, so
+        that no model can loop on whitespace. The host caches the result per spec and calls
+        this from a worker thread (concurrently with other requests' Grammars): it must not
+        touch state those Grammars mutate."""
 
     @abstractmethod
     def new_grammar(self, compiled: Any) -> Grammar:

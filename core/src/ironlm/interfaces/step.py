@@ -59,6 +59,11 @@ class ModelInput:
     # unconstrained requests are all True. Only the first of several steps (num_steps > 1) is
     # masked: the engine gives guided requests one step. None: no guidance.
     allowed_mask: torch.Tensor | None = None
+    # Swap preemption, applied by every worker before the step runs, out before in:
+    # (device block, host block) pairs to copy to the host swap space, and (host block,
+    # device block) pairs to copy back.
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
     # Requests preempted since the last step: their KV is gone (workers drop KV-derived state,
     # e.g. a draft model's progress); they come back later, recomputed from start_pos 0.
     preempted_ids: list[str] = field(default_factory=list)

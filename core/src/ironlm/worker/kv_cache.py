@@ -68,6 +68,27 @@ class KVCache:
             )
         return int(num_kv_blocks)
 
+    def num_swap_blocks(self) -> int:
+        """Blocks of this rank's layers that fit ``swap_space`` GiB of host memory."""
+        if not self.layers or self.config.swap_space <= 0:
+            return 0
+        return int(self.config.swap_space * 1024**3) // self.bytes_per_block()
+
+    def allocate_swap(self, num_blocks: int) -> list[torch.Tensor]:
+        """The host swap space: one tensor per layer, the device cache's shape and dtype with
+        ``num_blocks`` blocks, in host memory. ``torch.empty``: pages are committed only when
+        a preemption first writes them."""
+        return [
+            torch.empty(
+                self.attention.kv_cache_shape(
+                    num_blocks, self.config.block_size, spec.num_kv_heads, spec.head_dim
+                ),
+                dtype=self.dtype,
+                device="cpu",
+            )
+            for spec in self.layers
+        ] if num_blocks > 0 else []
+
     def allocate(self, num_kv_blocks: int) -> list[torch.Tensor]:
         """Every layer's cache, zero-filled, once, at the size asked for."""
         self.tensors = [

@@ -65,6 +65,7 @@ class ModelRunner:
         self.device = device
         self.vocab_size = vocab_size
         self.kv_caches: list[torch.Tensor] = []  # one per attention layer
+        self.swap_caches: list[torch.Tensor] = []  # host swap space, one per layer (or none)
         self.graphs: DecodeGraphs | None = None  # set with the KV cache unless enforce_eager
         self.sampler = Sampler()
         self.states: dict[str, SamplingState] = {}
@@ -75,6 +76,8 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, mi: ModelInput) -> ModelOutput | None:
         stage = self.stage
+        if mi.blocks_to_swap_out or mi.blocks_to_swap_in:
+            self.swap(mi.blocks_to_swap_out, mi.blocks_to_swap_in)
         for rid in mi.finished_ids:
             self.states.pop(rid, None)
             self.embed_sums.pop(rid, None)
@@ -162,6 +165,20 @@ class ModelRunner:
         if self.speculator is None or not self.speculator.proposer.needs_target_hidden_states:
             return None
         return _accepted_hidden(hidden, starts, mi.seqs, out)
+
+    def swap(self, out: list[tuple[int, int]], into: list[tuple[int, int]]) -> None:
+        """Swap preemption: preempted requests' blocks to the host swap space, then resumed
+        ones back (out first: a device block freed by a swap-out may be reused by a swap-in
+        of the same step)."""
+        if not self.swap_caches:
+            raise RuntimeError("blocks to swap, but this worker has no swap space")
+        for device_cache, host_cache in zip(self.kv_caches, self.swap_caches):
+            if out:
+                self.attention.swap_blocks(device_cache, host_cache, [d for d, _ in out],
+                                           [h for _, h in out])
+            if into:
+                self.attention.swap_blocks(host_cache, device_cache, [h for h, _ in into],
+                                           [d for _, d in into])
 
     def _decode_graph_logits(self, seqs: list[ScheduledSeq]) -> torch.Tensor | None:
         """(B, V) logits through a decode graph when the step is plain decode (one new token

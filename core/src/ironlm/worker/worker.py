@@ -186,6 +186,15 @@ class Worker(WorkerBase):
                 min(longest or cache_tokens, cache_tokens), self.device,
             )  # fmt: skip
 
+    def num_swap_blocks(self) -> int:
+        """KV blocks of this rank that fit the host swap space (``swap_space`` GiB)."""
+        return self.kv_cache.num_swap_blocks()
+
+    def initialize_swap_space(self, num_blocks: int) -> None:
+        """Allocate ``num_blocks`` host blocks per layer for swap preemption (the engine asks
+        every rank through collective_rpc, with the minimum over ranks)."""
+        self.runner.swap_caches = self.kv_cache.allocate_swap(num_blocks)
+
     # -- steps -------------------------------------------------------------------------------
     def execute_model(self, model_input: ModelInput) -> ModelOutput | None:
         return self.runner.execute(model_input)

@@ -17,7 +17,7 @@ from typing import Any, Callable, ClassVar
 import numpy as np
 import torch
 
-from ironlm.interfaces.guided import Grammar, GuidedBackend, GuidedSpec
+from ironlm.interfaces.guided import Grammar, GuidedBackend, GuidedSpec, UnsupportedFeatureError
 from ironlm.interfaces.platform import Availability
 from ironlm_guided.bitmask import BitmaskUnpacker
 from ironlm_guided.lmfe_vocab import LmfeVocabulary, build_vocabulary
@@ -42,6 +42,7 @@ class LmfeCompiled:
 
 class LMFormatEnforcerBackend(GuidedBackend):
     name: ClassVar[str] = "lm-format-enforcer"
+    priority: ClassVar[int] = 10
     supported_kinds: ClassVar[frozenset[str]] = frozenset(
         {"json", "json_object", "regex", "choice"}
     )
@@ -79,7 +80,7 @@ class LMFormatEnforcerBackend(GuidedBackend):
         )
 
         if spec.whitespace_pattern is not None:
-            raise ValueError(
+            raise UnsupportedFeatureError(
                 "guided_whitespace_pattern is not supported by the 'lm-format-enforcer' backend "
                 "(use the 'outlines' backend)"
             )
@@ -90,7 +91,10 @@ class LMFormatEnforcerBackend(GuidedBackend):
             vocabulary = self.vocabulary("json")
             vocabulary.check_spellable(literal_strings(schema), "JSON schema literal")
             config = vocabulary.config
-            make = lambda: JsonLexGuard(JsonSchemaParser(schema, config), config)  # noqa: E731
+            compact = spec.disable_any_whitespace
+            make = lambda: JsonLexGuard(  # noqa: E731
+                JsonSchemaParser(schema, config), config, compact=compact
+            )
         elif spec.kind in ("regex", "choice"):
             if spec.kind == "regex":
                 check_python_regex(spec.value, "guided regex")
@@ -107,7 +111,7 @@ class LMFormatEnforcerBackend(GuidedBackend):
             try:  # parsed once, shared by all requests
                 context = RegexParser(pattern, config).context
             except Exception as e:  # interegular raises its own exception types
-                raise ValueError(
+                raise UnsupportedFeatureError(
                     f"the regex {pattern!r} uses syntax lm-format-enforcer cannot parse "
                     f"(anchors, back-references, ...): {type(e).__name__}: {e}"
                 ) from None
@@ -119,7 +123,8 @@ class LMFormatEnforcerBackend(GuidedBackend):
         try:
             make()  # schema problems surface when the root parser is built
         except Exception as e:
-            raise ValueError(f"lm-format-enforcer cannot parse the {spec.kind}: {e}") from None
+            raise UnsupportedFeatureError(
+                f"lm-format-enforcer cannot parse the {spec.kind}: {e}") from None
         return LmfeCompiled(make, vocabulary, self.table.eos_token_id)
 
     def new_grammar(self, compiled: LmfeCompiled) -> LmfeGrammar:

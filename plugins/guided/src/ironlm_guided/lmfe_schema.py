@@ -21,6 +21,7 @@ from typing import Any, Hashable
 from lmformatenforcer import CharacterLevelParser
 from lmformatenforcer.characterlevelparser import CharacterLevelParserConfig
 
+from ironlm.interfaces.guided import UnsupportedFeatureError
 from ironlm_guided.regex_check import full_match_body
 from ironlm_guided.schema_normalize import SchemaSupport
 
@@ -35,7 +36,7 @@ _UNSAFE_IN_STRING = frozenset('"\\') | frozenset(chr(c) for c in range(0x20))
 
 
 def _refuse(where: str, problem: str) -> ValueError:
-    return ValueError(
+    return UnsupportedFeatureError(
         f"JSON schema at {where}: {problem}; the 'lm-format-enforcer' guided-decoding backend "
         "cannot enforce this"
     )
@@ -131,6 +132,7 @@ class JsonLexGuard(CharacterLevelParser):
       Its free-text shortcut bypasses ``get_allowed_characters``, so the backend also removes
       whitespace-led tokens from the mask while ``string_start`` is set;
     - no ``}`` or ``]`` right after a comma (the library allows ``{"a": 1,}``);
+    - with ``compact`` (disable_any_whitespace), no whitespace outside strings at all;
     - a character the wrapped parser would not take, or raises on, ends that path: the library
       silently drops its whole parse stack on such a character and then allows EOS.
     """
@@ -138,8 +140,10 @@ class JsonLexGuard(CharacterLevelParser):
     def __init__(self, inner: CharacterLevelParser | None,
                  config: CharacterLevelParserConfig | None = None, in_string: bool = False,
                  escaped: bool = False, number: str = "",
-                 string_start: bool = False, after_comma: bool = False) -> None:
+                 string_start: bool = False, after_comma: bool = False,
+                 compact: bool = False) -> None:
         self.inner = inner  # None: a dead end
+        self.compact = compact
         self._config = config or CharacterLevelParserConfig()
         self.in_string = in_string
         self.escaped = escaped
@@ -162,6 +166,8 @@ class JsonLexGuard(CharacterLevelParser):
             return self
         if self.in_string and new_character not in self.get_allowed_characters():
             return JsonLexGuard(None, self._config)  # the library would drop its stack
+        if self.compact and not self.in_string and new_character.isspace():
+            return JsonLexGuard(None, self._config)
         in_string, escaped, string_start = self.in_string, False, False
         after_comma = self.after_comma
         if in_string:
@@ -183,7 +189,7 @@ class JsonLexGuard(CharacterLevelParser):
         if not self.in_string and not new_character.isspace():
             after_comma = new_character == ","
         return JsonLexGuard(inner, self._config, in_string, escaped, number, string_start,
-                            after_comma)
+                            after_comma, self.compact)
 
     def get_allowed_characters(self) -> str:
         if self.inner is None:
@@ -197,6 +203,8 @@ class JsonLexGuard(CharacterLevelParser):
             allowed = "".join(c for c in allowed if not c.isspace())
         if self.after_comma and not self.in_string:
             allowed = allowed.replace("}", "").replace("]", "")
+        if self.compact and not self.in_string:
+            allowed = "".join(c for c in allowed if not c.isspace())
         return allowed
 
     def can_end(self) -> bool:

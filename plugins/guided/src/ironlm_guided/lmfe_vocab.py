@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ironlm.interfaces.guided import UnsupportedFeatureError
 from ironlm_guided.bitmask import bitmask_words
 from ironlm_guided.vocab import TokenTable
 
@@ -42,7 +43,7 @@ class LmfeVocabulary:
     def check_spellable(self, texts: list[str], what: str) -> None:
         for text in texts:
             if not self.spells(text):
-                raise ValueError(
+                raise UnsupportedFeatureError(
                     f"the {what} {text!r} cannot be spelled with the tokens the "
                     "'lm-format-enforcer' backend can use (whole UTF-8 characters only)"
                 )

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from ironlm.interfaces.guided import Grammar, GuidedBackend, GuidedSpec
+from ironlm.interfaces.guided import Grammar, GuidedBackend, GuidedSpec, UnsupportedFeatureError
 from ironlm.interfaces.platform import Availability
 from ironlm_guided.bitmask import BitmaskUnpacker
 from ironlm_guided.outlines_schema import (
@@ -48,6 +48,7 @@ class OutlinesCompiled:
 
 class OutlinesBackend(GuidedBackend):
     name: ClassVar[str] = "outlines"
+    priority: ClassVar[int] = 20
     supported_kinds: ClassVar[frozenset[str]] = frozenset(
         {"json", "json_object", "regex", "choice"}
     )
@@ -75,11 +76,14 @@ class OutlinesBackend(GuidedBackend):
         return Availability.yes()
 
     def compile(self, spec: GuidedSpec) -> OutlinesCompiled:
+        # between JSON tokens: nothing (disable_any_whitespace), the request's pattern, or
+        # outlines-core's default of at most one space
+        whitespace = "" if spec.disable_any_whitespace else spec.whitespace_pattern
         if spec.kind == "json":
-            regex = outlines_schema_regex(spec.value, spec.whitespace_pattern)
+            regex = outlines_schema_regex(spec.value, whitespace)
         elif spec.kind == "json_object":
             # nesting bounded to two levels: deeper any-JSON regexes take minutes to index
-            regex = any_json(check_whitespace_pattern(spec.whitespace_pattern), 2, "object")
+            regex = any_json(check_whitespace_pattern(whitespace), 2, "object")
         elif spec.kind == "regex":
             check_python_regex(spec.value, "guided regex")
             regex = ascii_shorthands(spec.value)
@@ -99,11 +103,11 @@ class OutlinesBackend(GuidedBackend):
         except (ValueError, RuntimeError) as e:
             text = str(e)
             if "DFA" in text or "NFA" in text or "regex" in text.lower():
-                raise ValueError(
+                raise UnsupportedFeatureError(
                     f"the {kind} constraint needs regex features outlines-core cannot compile "
                     f"(look-around, back-references, ...): {text}"
                 ) from None
-            raise ValueError(
+            raise UnsupportedFeatureError(
                 f"outlines-core cannot enforce the {kind} constraint: {text}"
             ) from None
 

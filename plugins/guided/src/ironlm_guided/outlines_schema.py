@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
+from ironlm.interfaces.guided import UnsupportedFeatureError
 from ironlm_guided.regex_check import ascii_shorthands, check_python_regex, full_match_body
 from ironlm_guided.regex_ranges import integer_range, number_range
 from ironlm_guided.schema_normalize import SchemaSupport, normalize_schema
@@ -59,7 +60,8 @@ def outlines_schema_regex(text: str, whitespace_pattern: str | None) -> str:
     try:
         regex = build_regex_from_schema(json.dumps(schema), ws)
     except (ValueError, RuntimeError) as e:
-        raise ValueError(f"outlines-core cannot build a regex for the JSON schema: {e}") from None
+        raise UnsupportedFeatureError(
+            f"outlines-core cannot build a regex for the JSON schema: {e}") from None
     for placeholder, replacement in splices.items():
         regex = regex.replace(f'"{placeholder}"', replacement)
     return regex
@@ -121,7 +123,7 @@ def _rewrite(node: dict[str, Any], splices: dict[str, str], ws: str) -> dict[str
                 node.get("exclusiveMaximum"),
             )
         except ValueError as e:
-            raise ValueError(
+            raise UnsupportedFeatureError(
                 f"JSON schema number bounds: {e}; the 'outlines' guided-decoding backend only "
                 "enforces integer-valued bounds on numbers"
             ) from None
@@ -129,7 +131,7 @@ def _rewrite(node: dict[str, Any], splices: dict[str, str], ws: str) -> dict[str
     if t == "string" and "pattern" in node:
         body = ascii_shorthands(full_match_body(node["pattern"], "JSON schema pattern"))
         if not _emits_only(body, lambda b: b not in _NOT_IN_STRING):
-            raise ValueError(
+            raise UnsupportedFeatureError(
                 f"JSON schema pattern {node['pattern']!r} may produce a quote, backslash or "
                 "control character, which a JSON string must escape; the 'outlines' backend "
                 "cannot enforce it"
@@ -147,6 +149,7 @@ def _emits_only(regex: str, allowed: Callable[[int], bool]) -> bool:
     try:
         index = Index(regex, vocabulary)
     except (ValueError, RuntimeError) as e:
-        raise ValueError(f"outlines-core cannot compile the regex {regex!r}: {e}") from None
+        raise UnsupportedFeatureError(
+            f"outlines-core cannot compile the regex {regex!r}: {e}") from None
     used = {t for edges in index.get_transitions().values() for t in edges}
     return all(allowed(b) for b in used if b < 256)

@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from ironlm.interfaces.guided import UnsupportedFeatureError
 from ironlm_guided.schema_union import ANNOTATIONS, disjoint, merge, same
 
 _TYPE_KEYWORDS = {
@@ -91,7 +92,7 @@ class _Normalizer:
         return out
 
     def fail(self, where: str, problem: str) -> ValueError:
-        return ValueError(
+        return UnsupportedFeatureError(
             f"JSON schema at {where}: {problem}; the {self.support.backend!r} guided-decoding "
             "backend cannot enforce this"
         )

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from ironlm.interfaces.guided import Grammar, GuidedBackend, GuidedSpec
+from ironlm.interfaces.guided import Grammar, GuidedBackend, GuidedSpec, UnsupportedFeatureError
 from ironlm.interfaces.platform import Availability
 from ironlm_guided.bitmask import BitmaskUnpacker
 from ironlm_guided.regex_check import check_python_regex, full_match_body
@@ -69,6 +69,7 @@ class XGrammarCompiled:
 
 class XGrammarBackend(GuidedBackend):
     name: ClassVar[str] = "xgrammar"
+    priority: ClassVar[int] = 30  # vLLM's first choice
     supported_kinds: ClassVar[frozenset[str]] = frozenset(
         {"json", "json_object", "regex", "choice", "grammar"}
     )
@@ -99,22 +100,26 @@ class XGrammarBackend(GuidedBackend):
 
     def compile(self, spec: GuidedSpec) -> XGrammarCompiled:
         if spec.whitespace_pattern is not None:
-            raise ValueError(
+            raise UnsupportedFeatureError(
                 "guided_whitespace_pattern is not supported by the 'xgrammar' backend "
                 "(use the 'outlines' backend)"
             )
         try:
             compiled = self._compile(spec)
         except RuntimeError as e:
-            raise ValueError(f"xgrammar cannot compile the {spec.kind}: {_clean(e)}") from None
+            # a grammar xgrammar cannot read is invalid (no other backend reads grammars);
+            # a schema or regex it cannot compile uses something it lacks
+            error = ValueError if spec.kind == "grammar" else UnsupportedFeatureError
+            raise error(f"xgrammar cannot compile the {spec.kind}: {_clean(e)}") from None
         return XGrammarCompiled(compiled, self.eos_token_id)
 
     def _compile(self, spec: GuidedSpec) -> Any:
+        compact = spec.disable_any_whitespace
         if spec.kind == "json":
             schema = _xgrammar_schema(normalize_schema(spec.value, XGRAMMAR_SUPPORT))
-            return self._json(json.dumps(schema))
+            return self._json(json.dumps(schema), compact)
         if spec.kind == "json_object":
-            return self._json('{"type": "object"}')
+            return self._json('{"type": "object"}', compact)
         if spec.kind == "regex":
             check_python_regex(spec.value, "guided regex")
             return self.compiler.compile_regex(spec.value)
@@ -128,9 +133,11 @@ class XGrammarBackend(GuidedBackend):
             return self._grammar(spec.value)
         raise ValueError(f"the xgrammar backend does not support {spec.kind!r} constraints")
 
-    def _json(self, schema: str) -> Any:
+    def _json(self, schema: str, compact: bool) -> Any:
+        # compact: no whitespace at all (xgrammar's own default puts a space after , and :)
         return self.compiler.compile_json_schema(
-            schema, any_whitespace=True, max_whitespace_cnt=_MAX_WHITESPACE, strict_mode=True
+            schema, any_whitespace=not compact, max_whitespace_cnt=_MAX_WHITESPACE,
+            separators=(",", ":") if compact else None, strict_mode=True,
         )
 
     def _grammar(self, text: str) -> Any:

@@ -46,6 +46,7 @@ from ironlm.entrypoints.openai.protocol import (
     EmbeddingRequest,
     TokenizeRequest,
 )
+from ironlm.entrypoints.openai.shutdown import DrainingServer
 from ironlm.entrypoints.openai.startup import StartupError, load_tool_parser_plugin, preflight
 from ironlm.entrypoints.openai.state import ServerOptions, ServerState
 from ironlm.plugin_manager import PluginManager
@@ -67,6 +68,15 @@ async def parse_body(request: Request, model: type[M] | None) -> Any:
     if ctype and "json" not in ctype.split(";")[0].lower():
         raise APIError(f"Unsupported Content-Type {ctype!r}: send application/json", 400)
     raw = await request.body()
+    if len(raw) > _PARSE_ON_LOOP_BYTES:  # megabytes of JSON: parse off the event loop
+        return await asyncio.get_running_loop().run_in_executor(None, _parse, raw, model)
+    return _parse(raw, model)
+
+
+_PARSE_ON_LOOP_BYTES = 256 * 1024
+
+
+def _parse(raw: bytes, model: type[M] | None) -> Any:
     try:
         data = json.loads(raw)
     except ValueError as exc:
@@ -94,15 +104,24 @@ async def version() -> dict[str, str]:
     return {"version": __version__}
 
 
+def _model_card(s: ServerState, name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": s.created, "owned_by": "ironlm",
+            "root": s.model_path, "parent": None, "max_model_len": s.max_model_len}
+
+
 @router.get("/v1/models")
 async def models(request: Request) -> dict[str, Any]:
     s = _server(request)
-    cards = [
-        {"id": name, "object": "model", "created": s.created, "owned_by": "ironlm",
-         "root": s.model_path, "parent": None, "max_model_len": s.max_model_len}
-        for name in s.options.served_model_names
-    ]
-    return {"object": "list", "data": cards}
+    return {"object": "list", "data": [_model_card(s, n) for n in s.options.served_model_names]}
+
+
+@router.get("/v1/models/{model_id:path}")
+async def model(request: Request, model_id: str) -> dict[str, Any]:
+    s = _server(request)
+    if model_id not in s.options.served_model_names:
+        raise APIError(f"The model `{model_id}` does not exist.", 404, param="model",
+                       code="model_not_found")
+    return _model_card(s, model_id)
 
 
 @router.get("/v1/plugins")
@@ -138,13 +157,13 @@ async def embeddings(request: Request) -> Response:
 @router.post("/tokenize")
 async def tokenize(request: Request) -> JSONResponse:
     req = await parse_body(request, TokenizeRequest)
-    return JSONResponse(serving_tokenize.tokenize(_server(request), req))
+    return JSONResponse(await serving_tokenize.tokenize(_server(request), req))
 
 
 @router.post("/detokenize")
 async def detokenize(request: Request) -> JSONResponse:
     req = await parse_body(request, DetokenizeRequest)
-    return JSONResponse(serving_tokenize.detokenize(_server(request), req))
+    return JSONResponse(await serving_tokenize.detokenize(_server(request), req))
 
 
 @router.get("/tokenizer_info")
@@ -232,7 +251,7 @@ def run_server(args: argparse.Namespace) -> None:
     load_chat_template(args.chat_template)  # a bad --chat-template fails before loading
     torch.manual_seed(config.seed)  # unseeded sampling draws from the global generator
     log.info("IronLM %s: loading %s on %s", __version__, config.model, platform.name)
-    server: uvicorn.Server | None = None
+    server: DrainingServer | None = None
 
     def engine_dead(exc: BaseException) -> None:  # from the engine thread: stop serving
         if server is not None:
@@ -243,13 +262,12 @@ def run_server(args: argparse.Namespace) -> None:
     engine.start()
     try:
         app = build_app(engine, args, pm)
-        server = uvicorn.Server(uvicorn.Config(
+        server = DrainingServer(uvicorn.Config(
             app, host=args.host or "0.0.0.0", port=args.port,
             log_level=args.uvicorn_log_level, timeout_keep_alive=5,
-            timeout_graceful_shutdown=5,
             ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile,
             ssl_ca_certs=args.ssl_ca_certs, ssl_cert_reqs=args.ssl_cert_reqs,
-        ))
+        ), engine, args.timeout_graceful_shutdown)
         server.should_exit = engine.fatal_error is not None  # died before this line
         server.run()
     finally:

@@ -44,8 +44,13 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     srv.add_argument("--middleware", action="append", default=[],
                      help="import path of an ASGI middleware class or an async "
                      "`f(request, call_next)` to add (repeatable)")
-    srv.add_argument("--max-request-body-size", type=parse_size, default=32 * 1024**2,
-                     help="larger request bodies get 413 (IronLM; default: 32MiB)")
+    srv.add_argument("--max-request-body-size", type=parse_size, default=8 * 1024**2,
+                     help="larger request bodies get 413 before they are parsed, on every "
+                     "route (IronLM; default: 8MiB)")
+    srv.add_argument("--timeout-graceful-shutdown", type=float, default=30.0,
+                     help="on SIGTERM / SIGINT, seconds requests in flight may still run "
+                     "(new ones get 503); then they end with an error event and the server "
+                     "exits 0 (default: %(default)s, Kubernetes' grace period)")
     srv.add_argument("--max-waiting-requests", type=int, default=1024,
                      help="more waiting requests than this get 503 (IronLM; default: "
                      "%(default)s)")

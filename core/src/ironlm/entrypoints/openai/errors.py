@@ -18,7 +18,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ironlm.engine.async_engine import EngineDeadError, EngineOverloadedError
+from ironlm.engine.async_engine import (
+    EngineDeadError,
+    EngineOverloadedError,
+    RequestFailedError,
+    ServerShuttingDownError,
+)
 
 log = logging.getLogger("ironlm.server")
 
@@ -85,6 +90,16 @@ def overloaded(exc: BaseException) -> APIError:
     return APIError(str(exc), 503, code="overloaded")
 
 
+def engine_error(exc: BaseException) -> APIError:
+    """The error object for an exception the engine raised into a request (also sent as a
+    stream's last event): 503 while shutting down, 500 otherwise."""
+    if isinstance(exc, ServerShuttingDownError):
+        return APIError(str(exc), 503, code="shutting_down")
+    if isinstance(exc, RequestFailedError):
+        return APIError(str(exc), 500, code="request_failed")
+    return APIError(str(exc), 500)
+
+
 def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     status = exc.status_code
@@ -122,6 +137,9 @@ def install_error_handlers(app: FastAPI) -> None:
     async def engine_busy(request: Request, exc: Exception) -> JSONResponse:
         return overloaded(exc).response()
 
+    async def engine_failed(request: Request, exc: Exception) -> JSONResponse:
+        return engine_error(exc).response()
+
     async def http_error(request: Request, exc: Exception) -> JSONResponse:
         return _http_error(request, exc)
 
@@ -135,6 +153,8 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(APIError, api_error)
     app.add_exception_handler(EngineOverloadedError, engine_busy)
     app.add_exception_handler(EngineDeadError, engine_busy)
+    app.add_exception_handler(RequestFailedError, engine_failed)
+    app.add_exception_handler(ServerShuttingDownError, engine_failed)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(RequestValidationError, request_validation)
     app.add_exception_handler(Exception, unexpected)

@@ -1,11 +1,15 @@
-"""Prometheus metrics of one server (one CollectorRegistry per app, never the global one).
+"""Prometheus metrics of one server (one CollectorRegistry per app, never the global one),
+under vLLM's names (``vllm:*``): dashboards, alerts and autoscalers written for vLLM work as
+they are. A few IronLM extras with no vLLM equivalent keep the ``ironlm:`` prefix.
 
-Engine gauges (running / waiting requests, KV usage and blocks, prefix-cache hit rate) are read
-from the engine's stats at scrape time; request histograms (TTFT, inter-token latency, e2e)
-and token counters are fed by ``RequestTracker`` as outputs stream through the server. With
-speculative decoding, vLLM's speculative metrics (draft acceptance rate, efficiency, drafted /
-accepted / emitted token counters) plus the mean accepted length and the seconds spent drafting
-and in the target are read from the engine's stats too.
+Engine gauges (running / waiting / swapped requests, device and host KV usage, prefix-cache hit
+rate) and the preemption counter are read from the engine's stats at scrape time; request
+histograms (TTFT, inter-token latency, e2e, prompt / generation tokens, n, best_of) and token
+counters are fed by ``RequestTracker`` as outputs stream through the server.
+With speculative decoding, vLLM's speculative metrics (draft acceptance rate, efficiency,
+drafted / accepted / emitted token counters) plus IronLM's mean accepted length, number of
+verifications and the seconds spent drafting and in the target are read from the engine's
+stats too.
 """
 
 from __future__ import annotations
@@ -28,6 +32,21 @@ _ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
                 5.0, 7.5, 10.0)
 _E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                 60.0, 120.0, 240.0)
+# vLLM's 1-2-5 series up to the context length (here: up to 128k tokens)
+_TOKEN_BUCKETS = tuple(m * 10**e for e in range(6) for m in (1, 2, 5) if m * 10**e <= 200_000)
+_N_BUCKETS = (1, 2, 5, 10, 20)
+
+
+# speculative-decoding metrics vLLM has (the others are IronLM's own)
+_VLLM_SPEC = frozenset({
+    "spec_decode_draft_acceptance_rate", "spec_decode_efficiency",
+    "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens",
+    "spec_decode_num_emitted_tokens",
+})
+
+
+def _spec_prefix(key: str) -> str:
+    return "vllm" if key in _VLLM_SPEC else "ironlm"
 
 
 class ServerMetrics:
@@ -40,44 +59,58 @@ class ServerMetrics:
         def gauge(name: str, doc: str) -> Gauge:
             return Gauge(name, doc, labels, registry=reg)
 
-        self.running = gauge("ironlm:num_requests_running", "Requests in the running batch.")
-        self.waiting = gauge("ironlm:num_requests_waiting", "Requests waiting to be scheduled.")
-        self.kv_usage = gauge("ironlm:kv_cache_usage_perc", "KV-cache usage (1 = 100%).")
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, labels, buckets=buckets, registry=reg)
+
+        self.running = gauge("vllm:num_requests_running", "Requests in the running batch.")
+        self.waiting = gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.")
+        self.swapped = gauge("vllm:num_requests_swapped",
+                             "Requests preempted to the host swap space.")
+        self.kv_usage = gauge("vllm:gpu_cache_usage_perc",
+                              "Device KV-cache usage (1 = 100%; the KV cache of the platform's "
+                              "device, the CPU too).")
+        self.cpu_kv_usage = gauge("vllm:cpu_cache_usage_perc",
+                                  "Host swap-space usage (1 = 100%).")
+        self.prefix_hit_rate = gauge("vllm:gpu_prefix_cache_hit_rate",
+                                     "Prefix-cache hits / queries, in prompt tokens.")
+        self.preemptions = Counter("vllm:num_preemptions", "Cumulative preemptions.", labels,
+                                   registry=reg)
+        self._preemptions_seen = 0
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prefill tokens processed.", labels,
+                                     registry=reg)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Generated tokens.", labels,
+                                         registry=reg)
+        self.requests = Counter(
+            "vllm:request_success", "Finished requests by finish reason.",
+            [*labels, "finished_reason"], registry=reg,
+        )
+        self.ttft = histogram("vllm:time_to_first_token_seconds", "Time to first token.",
+                              _TTFT_BUCKETS)
+        self.itl = histogram("vllm:time_per_output_token_seconds", "Inter-token latency.",
+                             _ITL_BUCKETS)
+        self.e2e = histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency.",
+                             _E2E_BUCKETS)
+        self.request_prompt = histogram("vllm:request_prompt_tokens",
+                                        "Prompt tokens per finished request.", _TOKEN_BUCKETS)
+        self.request_generation = histogram("vllm:request_generation_tokens",
+                                            "Generated tokens per finished request.",
+                                            _TOKEN_BUCKETS)
+        self.params_n = histogram("vllm:request_params_n", "The n of finished requests.",
+                                  _N_BUCKETS)
+        self.params_best_of = histogram("vllm:request_params_best_of",
+                                        "The best_of of finished requests.", _N_BUCKETS)
+        for counter in (self.preemptions, self.prompt_tokens, self.generation_tokens):
+            counter.labels(model_name)  # exported as 0 from the start, as vLLM does
+        # IronLM extras (no vLLM equivalent)
         self.kv_used = gauge("ironlm:kv_cache_used_blocks", "KV blocks in use.")
         self.kv_total = gauge("ironlm:kv_cache_total_blocks", "KV blocks in the cache.")
-        self.prefix_hit_rate = gauge(
-            "ironlm:prefix_cache_hit_rate", "Prefix-cache hits / queries, in prompt tokens."
-        )
         self.prefix_queries = gauge(
             "ironlm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
         )
         self.prefix_hits = gauge("ironlm:prefix_cache_hits", "Of those, tokens found cached.")
-        self.preemptions = gauge("ironlm:num_preemptions", "Preemptions since start.")
-        self.prompt_tokens = Counter(
-            "ironlm:prompt_tokens", "Prefill tokens processed.", labels, registry=reg
-        )
-        self.generation_tokens = Counter(
-            "ironlm:generation_tokens", "Generated tokens.", labels, registry=reg
-        )
-        self.requests = Counter(
-            "ironlm:request_success", "Finished requests by finish reason.",
-            [*labels, "finished_reason"], registry=reg,
-        )
-        self.ttft = Histogram(
-            "ironlm:time_to_first_token_seconds", "Time to first token.", labels,
-            buckets=_TTFT_BUCKETS, registry=reg,
-        )
-        self.itl = Histogram(
-            "ironlm:time_per_output_token_seconds", "Inter-token latency.", labels,
-            buckets=_ITL_BUCKETS, registry=reg,
-        )
-        self.e2e = Histogram(
-            "ironlm:e2e_request_latency_seconds", "End-to-end request latency.", labels,
-            buckets=_E2E_BUCKETS, registry=reg,
-        )
         # speculative decoding: gauges, and counters advanced by the engine counters' growth
         self.spec_gauges = {
-            key: gauge(f"ironlm:{key}", doc) for key, doc in (
+            key: gauge(f"{_spec_prefix(key)}:{key}", doc) for key, doc in (
                 ("spec_decode_draft_acceptance_rate", "Accepted / drafted tokens."),
                 ("spec_decode_efficiency",
                  "Emitted tokens / the most verifications could emit (k + 1 each)."),
@@ -86,7 +119,7 @@ class ServerMetrics:
             )
         }
         self.spec_counters = {
-            key: Counter(f"ironlm:{key}", doc, labels, registry=reg) for key, doc in (
+            key: Counter(f"{_spec_prefix(key)}:{key}", doc, labels, registry=reg) for key, doc in (
                 ("spec_decode_num_drafts", "Verifications of at least one draft."),
                 ("spec_decode_num_draft_tokens", "Draft tokens verified."),
                 ("spec_decode_num_accepted_tokens", "Draft tokens accepted."),
@@ -102,14 +135,19 @@ class ServerMetrics:
         m = self.model_name
         self.running.labels(m).set(stats.get("num_running", 0))
         self.waiting.labels(m).set(stats.get("num_waiting", 0))
+        self.swapped.labels(m).set(stats.get("num_swapped", 0))
         self.kv_usage.labels(m).set(stats.get("kv_usage", 0.0))
+        self.cpu_kv_usage.labels(m).set(stats.get("swap_usage", 0.0))
         self.kv_used.labels(m).set(stats.get("num_used_blocks", 0))
         self.kv_total.labels(m).set(stats.get("num_kv_blocks", 0))
         queries, hits = stats.get("prefix_cache_queries", 0), stats.get("prefix_cache_hits", 0)
         self.prefix_queries.labels(m).set(queries)
         self.prefix_hits.labels(m).set(hits)
         self.prefix_hit_rate.labels(m).set(hits / queries if queries else 0.0)
-        self.preemptions.labels(m).set(stats.get("num_preemptions", 0))
+        total = stats.get("num_preemptions", 0)
+        if total > self._preemptions_seen:  # the engine counts; the counter follows
+            self.preemptions.labels(m).inc(total - self._preemptions_seen)
+            self._preemptions_seen = total
         if "spec_decode_num_draft_tokens" in stats:
             for key, g in self.spec_gauges.items():
                 g.labels(m).set(stats[key])
@@ -134,10 +172,13 @@ async def fresh_stats(engine: AsyncEngine, timeout: float = 1.0) -> dict[str, An
 
 
 class RequestTracker:
-    """Observes one engine request's outputs: TTFT, inter-token latency, e2e, token counts."""
+    """Observes one engine request's outputs: TTFT, inter-token latency, e2e, token counts,
+    and at the end the request's sizes (prompt / generated tokens, n, best_of)."""
 
-    def __init__(self, metrics: ServerMetrics) -> None:
+    def __init__(self, metrics: ServerMetrics, n: int = 1, best_of: int | None = None) -> None:
         self.metrics = metrics
+        self.n = n
+        self.best_of = best_of or n
         self.arrival = time.monotonic()
         self.last: float | None = None
         self.num_tokens = 0
@@ -161,6 +202,10 @@ class RequestTracker:
             self.last = now
         if out.finished:
             m.e2e.labels(name).observe(now - self.arrival)
+            m.request_prompt.labels(name).observe(len(out.prompt_token_ids))
+            m.request_generation.labels(name).observe(total)
+            m.params_n.labels(name).observe(self.n)
+            m.params_best_of.labels(name).observe(self.best_of)
             for o in out.outputs or [None]:
                 reason = (o.finish_reason if o is not None else None) or "stop"
                 m.requests.labels(name, reason).inc()

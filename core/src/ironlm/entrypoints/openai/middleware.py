@@ -41,7 +41,7 @@ class APIKeyMiddleware:
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.expected = api_key.encode()
 
     def _protected(self, scope: Scope) -> bool:
         path = _route_path(scope)
@@ -53,7 +53,9 @@ class APIKeyMiddleware:
             await self.app(scope, receive, send)
             return
         got = dict(scope.get("headers") or []).get(b"authorization", b"")
-        if not hmac.compare_digest(got, self.expected):
+        scheme, _, token = got.strip().partition(b" ")
+        # the scheme is case-insensitive (RFC 9110): "Bearer", "bearer", "BEARER"
+        if not (scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.expected)):
             message = "Missing API key: send 'Authorization: Bearer <key>'" if not got \
                 else "Incorrect API key provided."
             await _send_error(send, APIError(message, 401, code="invalid_api_key"))

@@ -1,8 +1,9 @@
 """Pydantic request and response models of the OpenAI API, with vLLM's extra parameters.
 
-Requests accept unknown fields (clients send vendor extras); ranges are checked by
-SamplingParams, whose ValueErrors name the field. Defaults of ``None`` mean "not given":
-the SamplingParams default then applies.
+Requests accept unknown fields (clients send vendor extras; they are logged) and treat an
+explicit ``null`` as "not given" (``request_base``); ranges are checked by SamplingParams,
+whose ValueErrors name the field. Defaults of ``None`` mean "not given": the SamplingParams
+default then applies.
 """
 
 from __future__ import annotations
@@ -10,17 +11,18 @@ from __future__ import annotations
 import time
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer
+from pydantic import BaseModel, Field, model_serializer
+
+from ironlm.entrypoints.openai.request_base import OpenAIRequest
 
 # A prompt: text, token ids, or a batch of either.
 PromptInput = Union[list[int], list[list[int]], str, list[str]]
 
 
-class _Request(BaseModel):
-    model_config = ConfigDict(extra="allow")
+_Request = OpenAIRequest
 
 
-class StreamOptions(BaseModel):
+class StreamOptions(OpenAIRequest):
     include_usage: bool | None = True
     continuous_usage_stats: bool | None = False
 
@@ -87,6 +89,13 @@ class CompletionRequest(SamplingFields):
 
 
 class ChatCompletionRequest(SamplingFields):
+    UNSUPPORTED = {
+        "audio": "audio output is not supported (text only)",
+        "prediction": "predicted outputs are not supported",
+        "web_search_options": "web search is not supported",
+        "functions": "the deprecated functions API is not supported; use tools",
+        "function_call": "the deprecated functions API is not supported; use tool_choice",
+    }
     # Messages stay plain dicts: custom roles and extra fields are tolerated and passed to the
     # chat template; chat_utils checks the shape.
     messages: list[dict[str, Any]]
@@ -168,6 +177,10 @@ class CompletionChoice(BaseModel):
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     prompt_logprobs: list[dict[int, dict[str, Any]] | None] | None = None
+    # the parameter set's extras: characters of the generated text, and the sum of the
+    # generated tokens' log-probabilities
+    sentence_length: int | None = None
+    cum_log_probs: float | None = None
 
 
 class CompletionResponse(BaseModel):
@@ -219,6 +232,8 @@ class ChatChoice(BaseModel):
     logprobs: ChatLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    sentence_length: int | None = None  # characters of the generated text
+    cum_log_probs: float | None = None  # sum of the generated tokens' log-probabilities
 
 
 class ChatCompletionResponse(BaseModel):

@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from ironlm.entrypoints.openai.errors import APIError, from_value_error
+from ironlm.entrypoints.openai.state import ServerState
 from ironlm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -50,17 +51,25 @@ class EnginePrompt:
 
 def tokenize_prompt(
     tokenizer: Any, prompt: str | list[int], add_special_tokens: bool,
-    truncate_prompt_tokens: int | None = None,
+    truncate_prompt_tokens: int | None = None, vocab_size: int | None = None,
+    field: str = "prompt",
 ) -> EnginePrompt:
+    """Token ids of a text or token-id prompt (400 naming ``field`` when it is empty or holds
+    an id outside the vocabulary)."""
     if isinstance(prompt, str):
         ids = list(tokenizer(prompt, add_special_tokens=add_special_tokens).input_ids)
         text: str | None = prompt
     else:
         ids, text = list(prompt), None
+        if vocab_size is not None:
+            bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+            if bad is not None:
+                raise APIError(f"{field} contains token id {bad}, which is out of vocabulary "
+                               f"(vocabulary size {vocab_size})", 400, param=field)
     if truncate_prompt_tokens is not None and truncate_prompt_tokens >= 1:
         ids = ids[-truncate_prompt_tokens:]
     if not ids:
-        raise APIError("The prompt is empty (0 tokens).", 400, param="prompt")
+        raise APIError("The prompt is empty (0 tokens).", 400, param=field)
     return EnginePrompt(text, ids)
 
 
@@ -102,6 +111,56 @@ def check_context_length(num_prompt: int, max_tokens: int | None, max_model_len:
     return max_tokens
 
 
+def check_request(req: SamplingFields) -> None:
+    """Checks every generating request gets first: fields this server knows and does not
+    implement, output modalities, stream_options without stream (400 naming the field)."""
+    for name, why in req.unsupported_fields():
+        raise APIError(f"{name}: {why}", 400, param=name)
+    modalities = (req.model_extra or {}).get("modalities")
+    if isinstance(modalities, list) and any(m != "text" for m in modalities):
+        raise APIError(f"modalities {modalities}: only text output is supported", 400,
+                       param="modalities")
+    if req.stream_options is not None and not req.stream:
+        raise APIError("Stream options can only be defined when `stream=True`.", 400,
+                       param="stream_options")
+
+
+def guided_field(req: SamplingFields) -> str:
+    """The request field that carries its structured-output constraint (for error params)."""
+    for name in GuidedFields.model_fields:
+        value = getattr(req, name)
+        if name == "response_format" and isinstance(value, dict) \
+                and value.get("type") in (None, "text"):
+            continue
+        if value is not None and name != "guided_whitespace_pattern":
+            return name
+    return "response_format"
+
+
+async def compile_guided(state: ServerState, spec: GuidedSpec | None, backend: str | None,
+                         field: str) -> None:
+    """Compile the request's constraint before queueing it (off the event loop and the engine
+    thread); a refusal is a 400 naming the request field that carried it."""
+    if spec is None:
+        return
+    try:
+        await state.engine.compile_guided(spec, backend)
+    except ValueError as exc:
+        raise APIError(str(exc), 400, param=field) from None
+
+
+async def tokenize_prompts(state: ServerState, prompts: list[str | list[int]],
+                           add_special_tokens: bool, truncate: int | None,
+                           field: str = "prompt") -> list[EnginePrompt]:
+    """Every prompt of a request tokenized on the tokenizer pool (off the event loop)."""
+    def run(tok: Any) -> list[EnginePrompt]:
+        return [tokenize_prompt(tok, p, add_special_tokens, truncate, state.vocab_size, field)
+                for p in prompts]
+
+    assert state.tokenizers is not None
+    return await state.tokenizers.run(run)
+
+
 def guided_spec(req: SamplingFields) -> GuidedSpec | None:
     """The request's structured-output constraint (400 naming the field when malformed)."""
     try:
@@ -119,13 +178,9 @@ def sampling_params(
     guided: GuidedSpec | None = None,
 ) -> SamplingParams:
     """SamplingParams from the request; a ValueError becomes a 400 naming the field."""
-    if req.use_beam_search:
-        raise APIError(
-            "use_beam_search is not supported by the server (the engine has no beam search "
-            "for streamed requests); use LLM.beam_search offline", 400, param="use_beam_search",
-        )
     given: dict[str, Any] = {
-        name: getattr(req, name) for name in _COPIED_FIELDS if getattr(req, name) is not None
+        name: getattr(req, name) for name in _COPIED_FIELDS
+        if getattr(req, name) is not None and name not in ("use_beam_search", "length_penalty")
     }
     try:
         return SamplingParams(

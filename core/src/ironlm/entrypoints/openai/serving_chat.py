@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response
 
 from ironlm.entrypoints.openai.chat_prompt import render_chat_prompt
 from ironlm.entrypoints.openai.engine_response import respond
-from ironlm.entrypoints.openai.errors import APIError, from_value_error
+from ironlm.entrypoints.openai.errors import APIError, engine_error, from_value_error
 from ironlm.entrypoints.openai.logprobs import TokenNamer, chat_logprobs, prompt_logprobs_json
 from ironlm.entrypoints.openai.metrics import tracked
 from ironlm.entrypoints.openai.protocol import (
@@ -35,10 +35,14 @@ from ironlm.entrypoints.openai.request_inputs import (
     KNOWN_FIELDS,
     check_context_length,
     check_max_tokens,
+    check_request,
+    compile_guided,
+    guided_field,
     guided_spec,
     sampling_params,
     tokenize_prompt,
 )
+from ironlm.entrypoints.openai.serving_beam import beam_search, beam_search_params
 from ironlm.entrypoints.openai.state import ServerState, random_id
 from ironlm.entrypoints.openai.streaming import close_all, sse
 from ironlm.entrypoints.openai.tool_calls import ToolExtractor, ToolPlan, plan_tools, tool_call_id
@@ -63,6 +67,7 @@ async def create_chat_completion(
     state: ServerState, request: Request, req: ChatCompletionRequest
 ) -> Response:
     state.check_model(req.model)
+    check_request(req)
     plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls,
                       state.options.enable_auto_tool_choice, state.tool_parser_cls)
     if plan.mode == "auto":
@@ -80,25 +85,26 @@ async def create_chat_completion(
         if not req.logprobs:
             raise APIError("when using `top_logprobs`, `logprobs` must be set to true.", 400,
                            param="top_logprobs")
+        limit = state.engine.engine.config.max_logprobs
+        if req.top_logprobs > limit:
+            raise APIError(f"top_logprobs requested {req.top_logprobs} logprobs, which is more "
+                           f"than max_logprobs={limit}.", 400, param="top_logprobs")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None \
         else req.max_tokens
     check_max_tokens(max_tokens, "max_completion_tokens"
                      if req.max_completion_tokens is not None else "max_tokens")
-    text = render_chat_prompt(
-        state.tokenizer, req.messages, server_template=state.options.chat_template,
-        request_template=req.chat_template, add_generation_prompt=req.add_generation_prompt,
-        continue_final_message=req.continue_final_message, tools=req.tools or None,
-        documents=req.documents, chat_template_kwargs=req.chat_template_kwargs,
-    )
-    prompt = tokenize_prompt(state.tokenizer, text, req.add_special_tokens,
-                             req.truncate_prompt_tokens)
+    assert state.tokenizers is not None
+    text, prompt = await state.tokenizers.run(_render, state, req)  # off the event loop
     num_top = (req.top_logprobs or 0) if req.logprobs else None
-    params = sampling_params(
-        req,
-        max_tokens=check_context_length(len(prompt.token_ids), max_tokens, state.max_model_len),
-        logprobs=num_top,
-        guided=guided or tool_guided,
-    )
+    limit = check_context_length(len(prompt.token_ids), max_tokens, state.max_model_len)
+    beams = beam_search_params(req, limit, num_top is not None) if req.use_beam_search else None
+    if beams is not None and tool_guided is not None:
+        raise APIError(f'tool_choice "{plan.mode}" is not supported with use_beam_search', 400,
+                       param="tool_choice")
+    params = sampling_params(req, max_tokens=limit, logprobs=num_top,
+                             guided=guided or tool_guided)
+    await compile_guided(state, guided or tool_guided, req.guided_decoding_backend,
+                         "tools" if tool_guided is not None else guided_field(req))
     role = state.options.response_role if req.add_generation_prompt \
         else str(req.messages[-1].get("role", "assistant"))
     last = req.messages[-1]
@@ -109,15 +115,29 @@ async def create_chat_completion(
                TokenNamer(state.tokenizer, as_ids))
     state.log_request(ctx.request_id, text, prompt.token_ids, params)
     gen = tracked(
+        beam_search(state, ctx.request_id, prompt, beams, req.n, req.priority)
+        if beams is not None else
         state.engine.generate(ctx.request_id, prompt.as_engine_prompt(), params,
                               priority=req.priority),
-        state.new_tracker(),
+        state.new_tracker(req.n, req.best_of),
     )
     return await respond(
         request, [gen],
         build=lambda finals: JSONResponse(_response(ctx, finals[0]).model_dump()),
         stream=(lambda firsts: _stream(ctx, firsts[0], gen)) if req.stream else None,
     )
+
+
+def _render(tokenizer: Any, state: ServerState, req: ChatCompletionRequest) -> tuple[str, Any]:
+    """The request's prompt text through the chat template, and its token ids."""
+    text = render_chat_prompt(
+        tokenizer, req.messages, server_template=state.options.chat_template,
+        request_template=req.chat_template, add_generation_prompt=req.add_generation_prompt,
+        continue_final_message=req.continue_final_message, tools=req.tools or None,
+        documents=req.documents, chat_template_kwargs=req.chat_template_kwargs,
+    )
+    return text, tokenize_prompt(tokenizer, text, req.add_special_tokens,
+                                 req.truncate_prompt_tokens)
 
 
 def _finish_reason(reason: str | None, called: bool) -> str | None:
@@ -146,6 +166,8 @@ def _response(ctx: _Ctx, final: RequestOutput) -> ChatCompletionResponse:
             if ctx.num_top is not None else None,
             finish_reason=_finish_reason(o.finish_reason, bool(calls)),
             stop_reason=o.stop_reason,
+            sentence_length=len(o.text),
+            cum_log_probs=o.cumulative_logprob,
         ))
     prompt_tokens = len(final.prompt_token_ids)
     completion_tokens = sum(len(o.token_ids) for o in final.outputs)
@@ -251,8 +273,8 @@ async def _stream(
             yield chunk(None)
     except ValueError as exc:
         yield sse(from_value_error(exc, KNOWN_FIELDS).body())
-    except RuntimeError as exc:  # the engine step failed
-        yield sse(APIError(str(exc), 500).body())
+    except RuntimeError as exc:  # the engine step or this request failed, or shutdown
+        yield sse(engine_error(exc).body())
     finally:
         await close_all([gen])
     yield sse("[DONE]")

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ironlm.entrypoints.openai.engine_response import respond
-from ironlm.entrypoints.openai.errors import APIError, from_value_error
+from ironlm.entrypoints.openai.errors import APIError, engine_error, from_value_error
 from ironlm.entrypoints.openai.logprobs import (
     TokenNamer,
     completion_logprobs,
@@ -26,16 +26,21 @@ from ironlm.entrypoints.openai.protocol import (
     CompletionResponse,
     UsageInfo,
 )
+from ironlm.entrypoints.openai.fim import fim_prompt
 from ironlm.entrypoints.openai.request_inputs import (
     KNOWN_FIELDS,
     EnginePrompt,
     check_context_length,
     check_max_tokens,
+    check_request,
+    compile_guided,
+    guided_field,
     guided_spec,
     sampling_params,
     split_prompts,
-    tokenize_prompt,
+    tokenize_prompts,
 )
+from ironlm.entrypoints.openai.serving_beam import beam_search, beam_search_params
 from ironlm.entrypoints.openai.state import ServerState, random_id
 from ironlm.entrypoints.openai.streaming import close_all, merge, sse
 from ironlm.outputs import CompletionOutput, RequestOutput
@@ -60,25 +65,31 @@ async def create_completion(
     state: ServerState, request: Request, req: CompletionRequest
 ) -> Response:
     state.check_model(req.model)
-    if req.suffix is not None:
-        raise APIError("suffix is not supported", 400, param="suffix")
+    check_request(req)
     check_max_tokens(req.max_tokens)
-    prompts = [
-        tokenize_prompt(state.tokenizer, p, req.add_special_tokens, req.truncate_prompt_tokens)
-        for p in split_prompts(req.prompt)
-    ]
+    raw = split_prompts(req.prompt)
+    if req.suffix is not None:
+        if len(raw) != 1:
+            raise APIError("suffix takes exactly one prompt", 400, param="suffix")
+        assert state.tokenizers is not None
+        ids = await state.tokenizers.run(fim_prompt, state.vocab_size, state.model_name, raw[0],
+                                         req.suffix, req.add_special_tokens)
+        prompts = [EnginePrompt(None, ids)]
+    else:
+        prompts = await tokenize_prompts(state, raw, req.add_special_tokens,
+                                         req.truncate_prompt_tokens)
     guided = guided_spec(req)
     prompt_lps = req.prompt_logprobs or (req.logprobs if req.echo else None)
+    limits = [check_context_length(len(p.token_ids), req.max_tokens, state.max_model_len)
+              for p in prompts]
+    beams = [beam_search_params(req, m, req.logprobs is not None) for m in limits] \
+        if req.use_beam_search else None
     params: list[SamplingParams] = [
-        sampling_params(
-            req,
-            max_tokens=check_context_length(len(p.token_ids), req.max_tokens, state.max_model_len),
-            logprobs=req.logprobs,
-            prompt_logprobs=prompt_lps,
-            guided=guided,
-        )
-        for p in prompts
+        sampling_params(req, max_tokens=m, logprobs=req.logprobs, prompt_logprobs=prompt_lps,
+                        guided=guided)
+        for m in limits
     ]
+    await compile_guided(state, guided, req.guided_decoding_backend, guided_field(req))
     as_ids = bool(req.return_tokens_as_token_ids or state.options.return_tokens_as_token_ids)
     ctx = _Ctx(state, req, random_id("cmpl"), int(time.time()), prompts,
                TokenNamer(state.tokenizer, as_ids))
@@ -86,10 +97,9 @@ async def create_completion(
     for i, (p, sp) in enumerate(zip(prompts, params)):
         rid = f"{ctx.request_id}-{i}"
         state.log_request(rid, p.text, p.token_ids, sp)
-        gens.append(tracked(
-            state.engine.generate(rid, p.as_engine_prompt(), sp, priority=req.priority),
-            state.new_tracker(),
-        ))
+        gen = beam_search(state, rid, p, beams[i], req.n, req.priority) if beams is not None \
+            else state.engine.generate(rid, p.as_engine_prompt(), sp, priority=req.priority)
+        gens.append(tracked(gen, state.new_tracker(req.n, req.best_of)))
     return await respond(
         request, gens,
         build=lambda finals: JSONResponse(_response(ctx, finals).model_dump()),
@@ -114,6 +124,8 @@ def _choice(ctx: _Ctx, prompt_idx: int, final: RequestOutput, o: CompletionOutpu
         stop_reason=o.stop_reason,
         prompt_logprobs=prompt_logprobs_json(final.prompt_logprobs)
         if req.prompt_logprobs is not None else None,
+        sentence_length=len(o.text),
+        cum_log_probs=o.cumulative_logprob,
     )
 
 
@@ -190,8 +202,12 @@ async def _stream(
                 sent_text[idx], sent_tokens[idx] = len(o.text), len(o.token_ids)
                 generated[idx] = len(o.token_ids)
                 done[idx] = o.finish_reason is not None
-                yield chunk({"index": idx, "text": text, "logprobs": logprobs,
-                             "finish_reason": o.finish_reason, "stop_reason": o.stop_reason})
+                choice = {"index": idx, "text": text, "logprobs": logprobs,
+                          "finish_reason": o.finish_reason, "stop_reason": o.stop_reason}
+                if done[idx]:
+                    choice.update(sentence_length=len(o.text),
+                                  cum_log_probs=o.cumulative_logprob)
+                yield chunk(choice)
         if include_usage:
             yield sse({
                 "id": ctx.request_id, "object": "text_completion", "created": ctx.created,
@@ -201,8 +217,8 @@ async def _stream(
             })
     except ValueError as exc:
         yield sse(from_value_error(exc, KNOWN_FIELDS).body())
-    except RuntimeError as exc:  # the engine step failed
-        yield sse(APIError(str(exc), 500).body())
+    except RuntimeError as exc:  # the engine step or this request failed, or shutdown
+        yield sse(engine_error(exc).body())
     finally:
         await close_all(gens)
     yield sse("[DONE]")

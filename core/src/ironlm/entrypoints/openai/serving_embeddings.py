@@ -17,7 +17,7 @@ from ironlm.entrypoints.openai.protocol import (
     EmbeddingResponse,
     UsageInfo,
 )
-from ironlm.entrypoints.openai.request_inputs import split_prompts, tokenize_prompt
+from ironlm.entrypoints.openai.request_inputs import split_prompts, tokenize_prompts
 from ironlm.entrypoints.openai.state import ServerState, random_id
 from ironlm.outputs import RequestOutput
 from ironlm.sampling_params import SamplingParams
@@ -30,10 +30,9 @@ async def create_embedding(
     if req.dimensions is not None:
         raise APIError("dimensions is not supported: embeddings have the model's hidden size",
                        400, param="dimensions")
-    prompts = [
-        tokenize_prompt(state.tokenizer, p, req.add_special_tokens, req.truncate_prompt_tokens)
-        for p in split_prompts(req.input, "input")
-    ]
+    prompts = await tokenize_prompts(state, split_prompts(req.input, "input"),
+                                     req.add_special_tokens, req.truncate_prompt_tokens,
+                                     field="input")
     for p in prompts:
         if len(p.token_ids) >= state.max_model_len:
             raise APIError(

@@ -20,7 +20,7 @@ from ironlm.entrypoints.openai.metrics import tracked
 from ironlm.entrypoints.openai.request_inputs import (
     KNOWN_FIELDS,
     check_context_length,
-    tokenize_prompt,
+    tokenize_prompts,
 )
 from ironlm.entrypoints.openai.state import ServerState, random_id
 from ironlm.entrypoints.openai.streaming import close_all
@@ -50,7 +50,7 @@ async def generate(state: ServerState, request: Request, body: Any) -> Response:
         params = SamplingParams(**body)
     except (ValueError, TypeError) as exc:
         raise from_value_error(exc, KNOWN_FIELDS) from None
-    engine_prompt = tokenize_prompt(state.tokenizer, prompt, True, params.truncate_prompt_tokens)
+    (engine_prompt,) = await tokenize_prompts(state, [prompt], True, params.truncate_prompt_tokens)
     params.max_tokens = check_context_length(len(engine_prompt.token_ids), params.max_tokens,
                                              state.max_model_len)
     request_id = random_id("generate")

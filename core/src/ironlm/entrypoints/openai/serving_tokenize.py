@@ -10,14 +10,20 @@ from ironlm.entrypoints.openai.protocol import DetokenizeRequest, TokenizeReques
 from ironlm.entrypoints.openai.state import ServerState
 
 
-def tokenize(state: ServerState, req: TokenizeRequest) -> dict[str, Any]:
-    """``{"count", "max_model_len", "tokens"[, "token_strs"]}``."""
+async def tokenize(state: ServerState, req: TokenizeRequest) -> dict[str, Any]:
+    """``{"count", "max_model_len", "tokens"[, "token_strs"]}``, computed on the tokenizer
+    pool (a huge prompt never stalls the event loop)."""
     state.check_model(req.model)
     if (req.prompt is None) == (req.messages is None):
         raise APIError("give exactly one of prompt and messages", 400, param="prompt")
+    assert state.tokenizers is not None
+    return await state.tokenizers.run(_tokenize, state, req)
+
+
+def _tokenize(tokenizer: Any, state: ServerState, req: TokenizeRequest) -> dict[str, Any]:
     if req.messages is not None:
         text = render_chat_prompt(
-            state.tokenizer, req.messages, server_template=state.options.chat_template,
+            tokenizer, req.messages, server_template=state.options.chat_template,
             request_template=req.chat_template, add_generation_prompt=req.add_generation_prompt,
             continue_final_message=req.continue_final_message, tools=req.tools,
             chat_template_kwargs=req.chat_template_kwargs,
@@ -26,15 +32,15 @@ def tokenize(state: ServerState, req: TokenizeRequest) -> dict[str, Any]:
     else:
         text = req.prompt or ""
         add_special = True if req.add_special_tokens is None else req.add_special_tokens
-    ids = list(state.tokenizer(text, add_special_tokens=add_special).input_ids)
+    ids = list(tokenizer(text, add_special_tokens=add_special).input_ids)
     body: dict[str, Any] = {"count": len(ids), "max_model_len": state.max_model_len,
                             "tokens": ids}
     if req.return_token_strs:
-        body["token_strs"] = state.tokenizer.convert_ids_to_tokens(ids)
+        body["token_strs"] = tokenizer.convert_ids_to_tokens(ids)
     return body
 
 
-def detokenize(state: ServerState, req: DetokenizeRequest) -> dict[str, Any]:
+async def detokenize(state: ServerState, req: DetokenizeRequest) -> dict[str, Any]:
     """``{"prompt": text}``; 400 for ids outside the vocabulary."""
     state.check_model(req.model)
     vocab = state.engine.engine.vocab_size
@@ -42,7 +48,8 @@ def detokenize(state: ServerState, req: DetokenizeRequest) -> dict[str, Any]:
     if bad:
         raise APIError(f"tokens contains token id {bad[0]} outside the vocabulary [0, {vocab})",
                        400, param="tokens")
-    return {"prompt": state.tokenizer.decode(req.tokens)}
+    assert state.tokenizers is not None
+    return {"prompt": await state.tokenizers.run(lambda tok: tok.decode(req.tokens))}
 
 
 def tokenizer_info(state: ServerState) -> dict[str, Any]:

@@ -55,7 +55,17 @@ def preflight(pm: PluginManager, config: EngineConfig, platform: Platform,
             f"{config.pipeline_parallel_size} needs a multi-worker executor "
             "(--distributed-executor-backend mp or ray); 'uni' runs one worker"
         )
-    pm.select_attention_backend(config.attention_backend, platform)
+    backend = pm.select_attention_backend(config.attention_backend, platform)
+    if config.kv_cache_dtype != "auto":
+        # the backend takes the cache dtype as an option and refuses what it cannot store:
+        # ask it now rather than after the model loads
+        try:
+            backend(kv_cache_dtype=config.kv_cache_dtype)
+        except ValueError as exc:
+            raise StartupError(
+                f"--kv-cache-dtype {config.kv_cache_dtype} is not supported on platform "
+                f"{platform.name!r} (attention backend {backend.name!r}): {exc}"
+            ) from None
     if config.quantization:
         pm.select_quantization(config.quantization, platform)
     if config.guided_decoding_backend != "auto":

@@ -13,6 +13,7 @@ from ironlm import __version__
 from ironlm.engine.async_engine import AsyncEngine
 from ironlm.entrypoints.openai.errors import APIError
 from ironlm.entrypoints.openai.metrics import RequestTracker, ServerMetrics
+from ironlm.entrypoints.openai.tokenizer_pool import TokenizerPool
 from ironlm.interfaces.tool_parser import ToolParser
 from ironlm.plugin_manager import PluginManager
 
@@ -44,7 +45,10 @@ class ServerState:
     # The front end's own tokenizer: the engine thread uses the engine's concurrently, and HF
     # fast tokenizers must not be shared across threads.
     tokenizer: Any = None
+    # Tokenization and chat templating of request prompts, on worker threads.
+    tokenizers: TokenizerPool | None = None
     max_model_len: int = 0
+    vocab_size: int = 0
     model_path: str = ""
     created: int = 0  # start time, reported as the model cards' "created"
 
@@ -62,7 +66,9 @@ class ServerState:
             tool_parser_cls=parser,
             metrics=ServerMetrics(options.served_model_names[0]),
             tokenizer=copy.deepcopy(llm.tokenizer),
+            tokenizers=TokenizerPool(llm.tokenizer),
             max_model_len=llm.max_model_len,
+            vocab_size=llm.vocab_size,
             model_path=str(llm.config.model),
             created=int(time.time()),
         )
@@ -84,8 +90,8 @@ class ServerState:
             f"The model `{name}` does not exist.", 404, param="model", code="model_not_found"
         )
 
-    def new_tracker(self) -> RequestTracker:
-        return RequestTracker(self.metrics)
+    def new_tracker(self, n: int = 1, best_of: int | None = None) -> RequestTracker:
+        return RequestTracker(self.metrics, n, best_of)
 
     def log_request(self, request_id: str, prompt: str | None, token_ids: list[int],
                     params: Any) -> None:

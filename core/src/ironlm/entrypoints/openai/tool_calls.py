@@ -46,25 +46,35 @@ class ToolPlan:
     parallel: bool = True
 
     def guided_spec(self) -> GuidedSpec | None:
-        """The JSON schema that constrains "required" / named generation."""
+        """The JSON schema that constrains "required" / named generation. Compact JSON (no
+        whitespace between tokens, vLLM's disable_any_whitespace): a small model cannot stall
+        in whitespace, and the arguments are the shortest text for the call."""
         if self.mode == "named":
-            return GuidedSpec("json", json.dumps(_parameters(self._tool(self.named))))
+            return GuidedSpec("json", json.dumps(_parameters(self._tool(self.named))),
+                              disable_any_whitespace=True)
         if self.mode == "required":
-            items = {"anyOf": [
-                {
+            defs: dict[str, Any] = {}
+            options = []
+            for i, t in enumerate(self.tools):
+                params = _parameters(t)
+                if _has_local_ref(params):  # its refs resolve from its own root: make it a def
+                    defs[f"tool{i}"] = _rebase_refs(params, f"#/$defs/tool{i}")
+                    params = {"$ref": f"#/$defs/tool{i}"}
+                options.append({
                     "type": "object",
                     "properties": {
                         "name": {"type": "string", "enum": [t["function"]["name"]]},
-                        "parameters": _parameters(t),
+                        "parameters": params,
                     },
                     "required": ["name", "parameters"],
-                }
-                for t in self.tools
-            ]}
-            schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": items}
+                })
+            schema: dict[str, Any] = {"type": "array", "minItems": 1,
+                                      "items": {"anyOf": options}}
             if not self.parallel:
                 schema["maxItems"] = 1
-            return GuidedSpec("json", json.dumps(schema))
+            if defs:
+                schema["$defs"] = defs
+            return GuidedSpec("json", json.dumps(schema), disable_any_whitespace=True)
         return None
 
     def _tool(self, name: str | None) -> dict[str, Any]:
@@ -178,6 +188,31 @@ def _schema_problem(schema: Any) -> str | None:
 
 def _parameters(tool: dict[str, Any]) -> dict[str, Any]:
     return tool["function"].get("parameters") or {"type": "object", "properties": {}}
+
+
+def _has_local_ref(schema: Any) -> bool:
+    if isinstance(schema, dict):
+        ref = schema.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#"):
+            return True
+        return any(_has_local_ref(v) for v in schema.values())
+    if isinstance(schema, list):
+        return any(_has_local_ref(v) for v in schema)
+    return False
+
+
+def _rebase_refs(schema: Any, base: str) -> Any:
+    """``schema`` with every local ``$ref`` ("#/..." from its own root) made relative to
+    ``base``, the pointer where the schema now sits inside a larger one."""
+    if isinstance(schema, dict):
+        out = {k: _rebase_refs(v, base) for k, v in schema.items()}
+        ref = schema.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#"):
+            out["$ref"] = base + ref[1:]
+        return out
+    if isinstance(schema, list):
+        return [_rebase_refs(v, base) for v in schema]
+    return schema
 
 
 # -- extractors ----------------------------------------------------------------------------

@@ -1,0 +1,168 @@
+"""Tool-calling validity over the function schemas of tests/data/tool_functions.json.
+
+Each function gets one chat request per mode: ``required`` and ``auto`` offer it with two
+neighbours as distractors, ``named`` names it. A call is valid when the response holds at
+least one tool call whose name is offered and whose arguments parse as JSON and validate
+against that function's parameters (and, for named, the call is the named function). A
+response cut by ``max_tokens`` (finish_reason "length": greedy SmolLM2 can loop inside an
+unbounded string) is counted apart as truncated: no constraint can finish a call the token
+limit cuts.
+
+    python tests/tool_call_validity.py            # starts a server on SmolLM2, prints the table
+
+The test (tests/test_server_tools.py::test_tool_call_validity) runs required and named on a
+subset, with the guided-decoding backend "auto", and asserts 100%.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+import jsonschema
+import openai
+
+DATA = Path(__file__).parent / "data" / "tool_functions.json"
+# A Hermes-style template (SmolLM2's own ignores tools): what "auto" with --tool-call-parser
+# hermes reads back.
+TEMPLATE = """\
+{%- if tools %}<|im_start|>system
+You can call functions. Tools: <tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>
+Reply with <tool_call>{"name": ..., "arguments": {...}}</tool_call>.<|im_end|>
+{% endif %}
+{%- for m in messages %}<|im_start|>{{ m.role }}
+{{ m.content }}<|im_end|>
+{% endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+SERVER_ARGS = ["--max-model-len", "1024", "--kv-cache-memory", "128MiB", "--max-num-seqs", "64",
+               "--served-model-name", "smollm2", "--enable-auto-tool-choice",
+               "--tool-call-parser", "hermes", "--disable-log-stats", "--disable-log-requests"]
+MODES = ("required", "named", "auto")
+
+
+def load_functions() -> list[dict[str, Any]]:
+    return json.loads(DATA.read_text())["functions"]
+
+
+def _tools(functions: list[dict[str, Any]], i: int) -> list[dict[str, Any]]:
+    n = len(functions)
+    picks = [i, (i + 1) % n, (i + 7) % n]
+    return [{"type": "function", "function": functions[j]["function"]} for j in picks]
+
+
+Outcome = Literal["valid", "invalid", "truncated"]
+
+
+def _outcome(calls: list[tuple[str, str]], tools: list[dict[str, Any]], named: str | None,
+             finish_reason: str | None) -> Outcome:
+    if finish_reason == "length":
+        return "truncated"
+    return "valid" if _valid(calls, tools, named) else "invalid"
+
+
+def _valid(calls: list[tuple[str, str]], tools: list[dict[str, Any]],
+           named: str | None) -> bool:
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+    if not calls:
+        return False
+    for name, arguments in calls:
+        if name not in schemas or (named is not None and name != named):
+            return False
+        try:
+            jsonschema.validate(json.loads(arguments), schemas[name])
+        except (ValueError, jsonschema.ValidationError):
+            return False
+    return True
+
+
+async def one(client: openai.AsyncOpenAI, functions: list[dict[str, Any]], i: int, mode: str,
+              stream: bool, max_tokens: int, extra_body: dict[str, Any] | None = None
+              ) -> Outcome:
+    tools = _tools(functions, i)
+    name = functions[i]["function"]["name"]
+    choice: Any = {"type": "function", "function": {"name": name}} if mode == "named" else mode
+    kwargs: dict[str, Any] = dict(
+        model="smollm2", messages=[{"role": "user", "content": functions[i]["query"]}],
+        tools=tools, tool_choice=choice, max_tokens=max_tokens, temperature=0, stream=stream,
+        extra_body=extra_body,
+    )
+    named = name if mode == "named" else None
+    if not stream:
+        out = await client.chat.completions.create(**kwargs)
+        calls = [(c.function.name, c.function.arguments)
+                 for c in out.choices[0].message.tool_calls or []]
+        return _outcome(calls, tools, named, out.choices[0].finish_reason)
+    joined: dict[int, list[str]] = {}
+    finish_reason = None
+    async for chunk in await client.chat.completions.create(**kwargs):
+        if not chunk.choices:
+            continue
+        finish_reason = chunk.choices[0].finish_reason or finish_reason
+        for delta in chunk.choices[0].delta.tool_calls or []:
+            call = joined.setdefault(delta.index, ["", ""])
+            if delta.function and delta.function.name:
+                call[0] += delta.function.name
+            if delta.function and delta.function.arguments:
+                call[1] += delta.function.arguments
+    return _outcome([(n, a) for n, a in joined.values()], tools, named, finish_reason)
+
+
+async def measure(client: openai.AsyncOpenAI, modes: tuple[str, ...] = MODES,
+                  streams: tuple[bool, ...] = (False, True), every: int = 1, start: int = 0,
+                  max_tokens: int = 256, concurrency: int = 32,
+                  extra_body: dict[str, Any] | None = None,
+                  ) -> dict[tuple[str, bool], list[Outcome]]:
+    """(mode, stream) -> validity per function (every ``every``-th one from ``start``), all
+    requests run concurrently (bounded)."""
+    functions = load_functions()
+    gate = asyncio.Semaphore(concurrency)
+
+    async def run(i: int, mode: str, stream: bool) -> Outcome:
+        async with gate:
+            return await one(client, functions, i, mode, stream, max_tokens, extra_body)
+
+    keys = [(mode, stream) for mode in modes for stream in streams]
+    picked = range(start, len(functions), every)
+    results = await asyncio.gather(*(
+        asyncio.gather(*(run(i, mode, stream) for i in picked)) for mode, stream in keys
+    ))
+    return dict(zip(keys, results))
+
+
+def table(results: dict[tuple[str, bool], list[Outcome]]) -> str:
+    """Per (tool_choice, streaming): valid calls of the finished responses, and how many were
+    cut by max_tokens."""
+    lines = ["| tool_choice | streaming | valid / finished | rate | cut by max_tokens |",
+             "|---|---|---|---|---|"]
+    for (mode, stream), got in results.items():
+        valid, truncated = got.count("valid"), got.count("truncated")
+        finished = len(got) - truncated
+        rate = f"{100 * valid / finished:.0f}%" if finished else "-"
+        lines.append(f"| {mode} | {'yes' if stream else 'no'} | {valid}/{finished} | {rate} | "
+                     f"{truncated}/{len(got)} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    import tempfile
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from server_utils import RemoteServer
+
+    from ironlm.model_loader.downloads import ensure_test_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        template = Path(tmp) / "tools.jinja"
+        template.write_text(TEMPLATE)
+        args = [*SERVER_ARGS, "--chat-template", str(template)]
+        with RemoteServer(ensure_test_model("smollm2"), args) as server:
+            client = server.async_openai_client(timeout=600)
+            print(table(asyncio.run(measure(client))))
+
+
+if __name__ == "__main__":
+    main()
