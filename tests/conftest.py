@@ -74,6 +74,9 @@ def quantized_smollm2(
         return made[name]
 
     return get
+
+
+@pytest.fixture(scope="session")
 def smollm2_draft_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Path:
     """A draft for SmolLM2 made of its first 4 of 30 layers (same embeddings, final norm, LM
     head and tokenizer): speculative decoding tests."""
