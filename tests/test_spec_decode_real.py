@@ -78,7 +78,10 @@ def test_server_streams_the_plain_greedy_text(kind: str, smollm2_dir: Path,
             assert text == want.outputs[0].text
         metrics = httpx.get(server.url("/metrics")).text
     values = {m.group(1): float(m.group(2)) for m in re.finditer(
-        r"^ironlm:(spec_decode_\w+)\{[^}]*\} ([0-9.e+-]+)$", metrics, re.M)}
+        r"^(?:vllm|ironlm):(spec_decode_\w+)\{[^}]*\} ([0-9.e+-]+)$", metrics, re.M)}
+    # vLLM's spec-decode metrics under vLLM's names; IronLM's extras under ironlm:
+    assert re.search(r"^vllm:spec_decode_draft_acceptance_rate\{", metrics, re.M)
+    assert re.search(r"^ironlm:spec_decode_mean_accepted_length\{", metrics, re.M)
     assert values["spec_decode_num_draft_tokens_total"] > 0
     assert values["spec_decode_num_accepted_tokens_total"] > 0
     assert 0 < values["spec_decode_draft_acceptance_rate"] <= 1
