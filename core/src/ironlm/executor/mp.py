@@ -17,11 +17,13 @@ engine's end of their pipe closes, so none outlives the engine.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import multiprocessing
 import pickle
 import threading
 import time
+import weakref
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any, Callable, ClassVar
@@ -101,6 +103,11 @@ class MultiprocExecutor(Executor):
         ranks = [WorkerRank(r, world, r, init_method, local_world_size=world)
                  for r in range(world)]
         ctx = multiprocessing.get_context("spawn")
+        # an engine never shut down stops its workers and rendezvous before the interpreter
+        # tears them down (else multiprocessing kills the children and the store's thread
+        # aborts the process); weak, so that the executor can still be collected
+        shutdown = weakref.WeakMethod(self.shutdown)
+        atexit.register(lambda: (method := shutdown()) is not None and method())
         try:
             for rank in ranks[1:]:
                 parent_end, child_end = ctx.Pipe(duplex=True)
