@@ -124,6 +124,14 @@ def test_bad_input_is_a_value_error_and_the_engine_keeps_serving(smollm2_dir: Pa
         LLM(str(smollm2_dir), device="tpu")
 
 
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e4m3", "fp8_e5m2"])
+def test_fp8_kv_cache_is_refused_at_start_on_cpu(smollm2_dir: Path, kv_cache_dtype: str) -> None:
+    """The cpu attention backend stores no fp8 cache: the offline API refuses it before any
+    worker starts, naming the parameter and the platform (as `ironlm serve` does)."""
+    with pytest.raises(ValueError, match=rf"kv_cache_dtype='{kv_cache_dtype}'.*platform 'cpu'"):
+        LLM(str(smollm2_dir), device="cpu", kv_cache_dtype=kv_cache_dtype)
+
+
 def test_kv_cache_is_allocated_once_at_the_size_asked(smollm2_dir: Path) -> None:
     llm = LLM(str(smollm2_dir), max_model_len=256, kv_cache_memory=24 << 20)
     kv = llm.engine.executor.worker.kv_cache  # type: ignore[attr-defined]

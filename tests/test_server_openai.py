@@ -130,8 +130,10 @@ def test_stop_string(client: openai.OpenAI) -> None:
     words = full.split()
     stop = " " + words[min(2, len(words) - 1)]
     cut = full[:full.index(stop)]
+    # more than OpenAI's 4 stop strings: vLLM sets no limit, neither does IronLM
+    decoys = [f"@@never{i}@@" for i in range(5)]
     out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0,
-                                    stop=[stop])
+                                    stop=[*decoys, stop])
     assert out.choices[0].text == cut
     assert out.choices[0].finish_reason == "stop"
 
@@ -360,6 +362,17 @@ def test_out_of_range_completion_params(client: openai.OpenAI, field: str, value
     ({"temperature": 9.0, "top_p": 0.0}, "top_p"),
     ({"messages": [{"content": "no role"}]}, "messages"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages"),
+    # what the chat template cannot render is the request's error (vLLM: 400), never a 500:
+    # a role the template refuses, a Python error inside it, malformed tool_calls
+    ({"messages": [{"role": "narrator", "content": "hi"}],
+      "chat_template": "{% for m in messages %}{% if m.role not in ('user', 'assistant') %}"
+                       "{{ raise_exception('unknown role ' + m.role) }}{% endif %}"
+                       "{{ m.content }}{% endfor %}"}, "messages"),
+    ({"chat_template": "{{ (messages | length) // 0 }}"}, "messages"),
+    ({"chat_template": "{{ messages[0].content.upper(1, 2, 3) }}"}, "messages"),
+    ({"messages": [{"role": "assistant", "content": "x", "tool_calls": ["not an object"]}]},
+     "messages"),
+    ({"chat_template": "{% for m in messages %}"}, "chat_template"),  # not a template
 ])
 def test_bad_chat_params(http: httpx.Client, body: dict[str, Any], param: str) -> None:
     full = {"model": MODEL, "messages": CHAT, "max_tokens": 2, **body}

@@ -78,6 +78,8 @@ def test_no_platform_names_plugins(monkeypatch: pytest.MonkeyPatch,
     (["--dtype", "int3"], ["dtype 'int3'"]),
     (["--chat-template", "no-such-file-and-no-braces"], ["chat template"]),
     (["--tool-parser-plugin", "/no/such/plugin.py"], ["--tool-parser-plugin"]),
+    (["--tokenizer-extension-path", "/no/such/ext.py"],
+     ["--tokenizer-extension-path", "is not a file"]),
 ])
 def test_unhonourable_flags_fail_at_start(flags: list[str], needles: list[str],
                                           capsys: pytest.CaptureFixture[str]) -> None:

@@ -22,6 +22,9 @@ LOAD_FORMATS = ("auto", "safetensors", "pt", "gguf", "dummy")
 class EngineConfig:
     model: str
     tokenizer: str | None = None
+    # a Python file defining extend_tokenizer(tokenizer) -> tokenizer, called once after the
+    # tokenizer loads (engine/tokenizer_extension.py); None: the tokenizer as loaded
+    tokenizer_extension_path: str | None = None
     trust_remote_code: bool = False
     dtype: str = "auto"  # auto | float32 | float16 | bfloat16 (and vLLM's aliases)
     max_model_len: int | None = None  # None: the model's max_position_embeddings

@@ -242,6 +242,27 @@ class PluginManager:
             )
         return cls
 
+    def check_kv_cache_dtype(self, kv_cache_dtype: str, backend_name: str | None,
+                             platform: Platform) -> None:
+        """Refuse a ``kv_cache_dtype`` the selected attention backend cannot store, before any
+        worker loads (both ``LLM`` and ``ironlm serve`` call this at engine start-up).
+
+        The backend takes the cache dtype as a constructor option and raises ValueError for
+        one it cannot store; the message here names the parameter, the platform and the
+        backend, instead of the late option error a worker would raise.
+        """
+        if kv_cache_dtype == "auto":
+            return
+        backend = self.select_attention_backend(backend_name, platform)
+        try:
+            backend(kv_cache_dtype=kv_cache_dtype)
+        except ValueError as exc:
+            raise ValueError(
+                f"kv_cache_dtype={kv_cache_dtype!r} (--kv-cache-dtype {kv_cache_dtype}) is not "
+                f"supported on platform {platform.name!r} (attention backend "
+                f"{backend.name!r}); use kv_cache_dtype='auto' there. Backend said: {exc}"
+            ) from None
+
     def attention_backends_for(self, platform: Platform) -> list[str]:
         return [
             e.name

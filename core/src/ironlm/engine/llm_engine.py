@@ -21,6 +21,7 @@ from ironlm.engine.output_processor import OutputProcessor
 from ironlm.engine.request import Request, RequestStatus
 from ironlm.engine.scheduler import Scheduler, SchedulerOutput
 from ironlm.engine.speculation import SpeculationPolicy
+from ironlm.engine.tokenizer_extension import extend_tokenizer
 from ironlm.interfaces.executor import Executor
 from ironlm.interfaces.step import ModelInput, ModelOutput, NewRequestData, ScheduledSeq
 from ironlm.model_loader import resolve_model
@@ -39,6 +40,8 @@ class LLMEngine:
         self.pm.check_compatible()
         source = resolve_model(config.model, config.trust_remote_code)
         self.tokenizer = source.load_tokenizer(config.tokenizer)
+        if config.tokenizer_extension_path is not None:
+            self.tokenizer = extend_tokenizer(self.tokenizer, config.tokenizer_extension_path)
         self.max_model_len = _max_model_len(config, source.max_position_embeddings)
         self.vocab_size = int(source.hf_config.vocab_size)
         # generation_config may name more end-of-sequence ids than the tokenizer (Gemma's
@@ -50,6 +53,9 @@ class LLMEngine:
         # a model that cannot be split this way fails here, before any worker starts
         check_model_fits(source.hf_config, config.tensor_parallel_size,
                          config.pipeline_parallel_size)
+        if config.kv_cache_dtype != "auto":  # refused here, naming it, not late in a worker
+            self.pm.check_kv_cache_dtype(config.kv_cache_dtype, config.attention_backend,
+                                         self.pm.select_platform(config.device))
         self.spec = self._speculation(config)
         executor_cls = self.pm.select_executor(config.distributed_executor_backend or "uni")
         self.executor: Executor = executor_cls(config, self.pm, Worker)

@@ -22,6 +22,8 @@ from ironlm.config import LOAD_FORMATS, EngineConfig
 ENGINE_HELP: dict[str, str] = {
     "model": "HF folder, GGUF file, or model name to serve (same as the positional MODEL)",
     "tokenizer": "tokenizer folder or name (default: the model's)",
+    "tokenizer_extension_path": "Python file defining extend_tokenizer(tokenizer) -> "
+                                "tokenizer, called once after the tokenizer loads",
     "trust_remote_code": "trust remote code of the model's HF config",
     "dtype": "compute dtype: auto, float32, float16, bfloat16 (and half, float)",
     "max_model_len": "context length (default: the model's max_position_embeddings)",

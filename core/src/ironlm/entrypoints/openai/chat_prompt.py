@@ -10,6 +10,9 @@ import jinja2
 from ironlm.entrypoints.chat_utils import apply_chat_template, load_chat_template
 from ironlm.entrypoints.openai.errors import APIError
 
+# fields whose checks in apply_chat_template start their message with the field's name
+_CHECKED_FIELDS = ("messages", "continue_final_message")
+
 
 def render_chat_prompt(
     tokenizer: Any,
@@ -25,14 +28,25 @@ def render_chat_prompt(
 ) -> str:
     try:
         template = load_chat_template(request_template) if request_template else server_template
+    except ValueError as exc:
+        raise APIError(str(exc), 400, param="chat_template") from None
+    try:
         return apply_chat_template(
             tokenizer, messages, template, add_generation_prompt, continue_final_message,
             tools, documents, chat_template_kwargs,
         )
-    except ValueError as exc:
+    except ValueError as exc:  # the helper's own checks name their field first
         message = str(exc)
-        param = "messages" if message.startswith("messages") else "chat_template"
+        param = next((p for p in _CHECKED_FIELDS if message.startswith(p)), "messages")
+        if message.startswith("the tokenizer has no chat template"):
+            param = "chat_template"
         raise APIError(message, 400, param=param) from None
-    except (jinja2.TemplateError, TypeError, KeyError) as exc:
-        raise APIError(f"the chat template could not render these messages: {exc}", 400,
-                       param="messages") from None
+    except jinja2.TemplateSyntaxError as exc:  # the template itself is broken
+        raise APIError(f"the chat template is not valid Jinja: {exc}", 400,
+                       param="chat_template") from None
+    except Exception as exc:  # noqa: BLE001 - anything the template raises is the request's
+        # (jinja's TemplateError and raise_exception(), but also a ZeroDivisionError, ...
+        # from a request's own chat_template): a 400 naming messages, as vLLM does
+        raise APIError(f"the chat template could not render these messages: "
+                       f"{type(exc).__name__}: {exc}", 400, param="messages") from None
+

@@ -12,6 +12,7 @@ import importlib.util
 from pathlib import Path
 
 from ironlm.config import EngineConfig
+from ironlm.engine.tokenizer_extension import load_tokenizer_extension
 from ironlm.interfaces.platform import Platform
 from ironlm.plugin_manager import PluginManager
 
@@ -55,20 +56,17 @@ def preflight(pm: PluginManager, config: EngineConfig, platform: Platform,
             f"{config.pipeline_parallel_size} needs a multi-worker executor "
             "(--distributed-executor-backend mp or ray); 'uni' runs one worker"
         )
-    backend = pm.select_attention_backend(config.attention_backend, platform)
-    if config.kv_cache_dtype != "auto":
-        # the backend takes the cache dtype as an option and refuses what it cannot store:
-        # ask it now rather than after the model loads
-        try:
-            backend(kv_cache_dtype=config.kv_cache_dtype)
-        except ValueError as exc:
-            raise StartupError(
-                f"--kv-cache-dtype {config.kv_cache_dtype} is not supported on platform "
-                f"{platform.name!r} (attention backend {backend.name!r}): {exc}"
-            ) from None
+    pm.select_attention_backend(config.attention_backend, platform)
+    try:
+        pm.check_kv_cache_dtype(config.kv_cache_dtype, config.attention_backend, platform)
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
     if config.quantization:
         pm.select_quantization(config.quantization, platform)
     if config.guided_decoding_backend != "auto":
         pm.select_guided_backend(config.guided_decoding_backend)
+    if config.tokenizer_extension_path is not None:
+        # file and function are checked before the model loads; the call runs in the engine
+        load_tokenizer_extension(config.tokenizer_extension_path)
     if args.api_key is not None and not args.api_key:
         raise StartupError("--api-key must not be empty")
