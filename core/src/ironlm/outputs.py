@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -43,6 +44,7 @@ class RequestOutput:
     num_cached_tokens: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
     embedding: list[float] | None = None  # set for pooling (encode / embeddings) requests
+    lora_request: Any = None  # the LoRARequest it ran with (ironlm.lora.request), or None
 
 
 @dataclass

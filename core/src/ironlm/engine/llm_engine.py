@@ -7,10 +7,12 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
 from ironlm.config import EngineConfig
+from ironlm.engine.adapter_cache import AdapterCache
 from ironlm.engine.block_manager import BlockManager
 from ironlm.engine.guided_manager import GuidedManager
 from ironlm.engine.input_processor import InputProcessor, PromptType
@@ -19,11 +21,14 @@ from ironlm.engine.request import Request, RequestStatus
 from ironlm.engine.scheduler import Scheduler
 from ironlm.interfaces.executor import Executor
 from ironlm.interfaces.step import ModelInput, NewRequestData, ScheduledSeq
+from ironlm.lora.request import LoRARequest
 from ironlm.model_loader import resolve_model
 from ironlm.outputs import RequestOutput
 from ironlm.plugin_manager import PluginManager
 from ironlm.sampling_params import SamplingParams
 from ironlm.worker.worker import Worker
+
+log = logging.getLogger("ironlm.engine")
 
 
 class LLMEngine:
@@ -69,7 +74,10 @@ class LLMEngine:
         self.scheduler = Scheduler(
             self.block_manager, config.max_num_seqs, budget, config.enable_chunked_prefill,
             use_priority=config.scheduling_policy == "priority",
+            max_loras=config.max_loras if config.enable_lora else 0,
         )
+        self.adapters = AdapterCache(self.executor, int(config.max_cpu_loras or 1)) \
+            if config.enable_lora else None
         self.inputs = InputProcessor(
             self.tokenizer, self.vocab_size, self.max_model_len, config.max_logprobs
         )
@@ -88,9 +96,11 @@ class LLMEngine:
         priority: int = 0,
         add_special_tokens: bool = True,
         pooling: bool = False,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         """Validate and queue a request (ValueError naming the field when invalid). With n or
-        best_of > 1 it fans out into child sequences that share the prompt's cached blocks."""
+        best_of > 1 it fans out into child sequences that share the prompt's cached blocks.
+        ``lora_request``: the adapter to run with (checked on first use)."""
         if priority != 0 and not self.scheduler.use_priority:
             raise ValueError(
                 f"Got priority {priority} but priority scheduling is not enabled "
@@ -98,6 +108,8 @@ class LLMEngine:
             )
         if request_id in self.outputs.groups:
             raise ValueError(f"request id {request_id!r} is already in use")
+        if lora_request is not None:
+            self._check_adapter(lora_request)
         params = params.clone()
         processed = self.inputs.process(prompt, params, add_special_tokens)
         if not params.ignore_eos:
@@ -124,6 +136,7 @@ class LLMEngine:
                 priority=priority,
                 grammar=grammars[i],
                 pooling=pooling,
+                lora_request=lora_request,
             )
             children.append(child)
             self.scheduler.add(child)
@@ -144,17 +157,67 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    # -- LoRA adapters (vLLM's engine methods) --------------------------------------------------
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Register an adapter and check it can run (ValueError naming the problem); it is
+        loaded now when there is room, else when a step needs it."""
+        self._check_adapter(lora_request)
+        return True
+
+    def remove_lora(self, lora_id: int) -> bool:
+        """Forget an adapter; requests already using it finish with it."""
+        cache = self._lora_cache()
+        running, waiting = self.scheduler.lora_ids()
+        return cache.remove(lora_id, lora_id in running | waiting)
+
+    def list_loras(self) -> set[int]:
+        """Ids of the adapters the workers hold now."""
+        return set(self._lora_cache().loaded)
+
+    def _lora_cache(self) -> AdapterCache:
+        if self.adapters is None:
+            raise ValueError("LoRA is not enabled: start the engine with enable_lora=True "
+                             "(--enable-lora) to serve LoRA adapters")
+        return self.adapters
+
+    def _check_adapter(self, lora_request: LoRARequest) -> None:
+        cache = self._lora_cache()
+        cache.register(lora_request)
+        running, _ = self.scheduler.lora_ids()
+        cache.check(lora_request.lora_int_id, running)
+
     # -- one step --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         plan = self.scheduler.schedule()
+        failed = self._load_adapters(plan.scheduled) if self.adapters is not None else []
         if plan.is_empty():
             if plan.finished_ids:  # let workers drop state of requests finished while idle
                 self.executor.execute_model(ModelInput([], self._take_new(), plan.finished_ids))
-            return []
+            return failed
         model_input = self._model_input(plan.scheduled, plan.finished_ids)
         output = self.executor.execute_model(model_input)
         self.scheduler.on_step_done(plan.scheduled)
-        return self.outputs.update(plan.scheduled, output, self.scheduler)
+        return failed + self.outputs.update(plan.scheduled, output, self.scheduler)
+
+    def _load_adapters(self, scheduled: list[tuple[Request, int]]) -> list[RequestOutput]:
+        """Have the workers hold the step's adapters. An adapter that no longer loads (its
+        files changed since it was checked) aborts its requests, not the step."""
+        assert self.adapters is not None
+        running, waiting = self.scheduler.lora_ids()
+        self.adapters.collect(running | waiting)
+        needed = {req.lora_id for req, _ in scheduled if req.lora_id}
+        broken: set[int] = set()
+        for lora_id in sorted(needed):
+            try:
+                self.adapters.ensure({lora_id}, needed | running)
+            except ValueError as exc:
+                log.error("LoRA adapter %d cannot load; aborting its requests: %s", lora_id, exc)
+                broken.add(lora_id)
+        if not broken:
+            return []
+        victims = [req for req, _ in scheduled if req.lora_id in broken]
+        scheduled[:] = [(req, n) for req, n in scheduled if req.lora_id not in broken]
+        return self.outputs.abort(victims, self.scheduler)
 
     def _take_new(self) -> list[NewRequestData]:
         new, self._new = self._new, []
@@ -176,6 +239,7 @@ class LLMEngine:
                     num_output_tokens=len(req.output_token_ids),
                     want_prompt_logprobs=req.sampling_params.prompt_logprobs is not None
                     and start < req.num_prompt_tokens,
+                    lora_id=req.lora_id,
                 )
             )
             if sample:
@@ -200,7 +264,21 @@ class LLMEngine:
             "prefix_cache_hits": bm.stats.hits,
             "num_preemptions": self.scheduler.stats.num_preemptions,
             "time": time.time(),
+            **self._lora_stats(),
         }
+
+    def _lora_stats(self) -> dict[str, Any]:
+        """Adapters of running and waiting requests, by name (vLLM's lora_requests_info)."""
+        if self.adapters is None:
+            return {}
+        running, waiting = self.scheduler.lora_ids()
+        known = self.adapters.known
+
+        def names(ids: set[int]) -> list[str]:
+            return sorted(known[i].lora_name for i in ids if i in known)
+
+        return {"max_lora": self.config.max_loras, "running_lora_adapters": names(running),
+                "waiting_lora_adapters": names(waiting)}
 
     def shutdown(self) -> None:
         self.executor.shutdown()

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ironlm.lora.request import LoRARequest
 from ironlm.sampling_params import SamplingParams
 
 
@@ -53,8 +54,14 @@ class Request:
     grammar: Any = None  # the request's guided Grammar, when constrained
     grammar_failed: bool = False  # the guided backend hit a dead end: abort, never emit
     pooling: bool = False  # an embedding request: run the prompt, return its mean hidden state
+    lora_request: LoRARequest | None = None  # the adapter it runs with (None: the base model)
     first_token_time: float | None = None
     last_token_time: float | None = None
+
+    @property
+    def lora_id(self) -> int:
+        """The adapter's lora_int_id; 0 for the base model."""
+        return self.lora_request.lora_int_id if self.lora_request is not None else 0
 
     @property
     def num_prompt_tokens(self) -> int:

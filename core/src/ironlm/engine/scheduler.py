@@ -4,6 +4,10 @@ One rule covers prefill, chunked prefill and decode: a request owes ``num_tokens
 num_computed_tokens`` tokens, and each step pays as much of that as the token budget allows
 (running requests first, then waiting ones in priority/FCFS order). When KV blocks run out, the
 most recently admitted running request is preempted and later recomputed.
+
+LoRA: the running requests use at most ``max_loras`` distinct adapters (so every step does). A
+waiting request whose adapter would be one too many is passed over, keeping its place in the
+queue, until a running adapter's requests finish.
 """
 
 from __future__ import annotations
@@ -47,12 +51,14 @@ class Scheduler:
         max_num_batched_tokens: int,
         enable_chunked_prefill: bool,
         use_priority: bool = False,
+        max_loras: int = 0,  # 0: LoRA disabled
     ) -> None:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.enable_chunked_prefill = enable_chunked_prefill
         self.use_priority = use_priority
+        self.max_loras = max_loras
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.stats = SchedulerStats()
@@ -111,10 +117,15 @@ class Scheduler:
             i += 1
 
         # Then waiting requests, while there is budget, room and KV.
+        adapters = {r.lora_id for r in self.running if r.lora_id}
+        passed_over: list[Request] = []  # their adapter would exceed max_loras this step
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             if out.preempted:
                 break  # KV is short this step: do not admit more
             req = self.waiting[0]
+            if req.lora_id and req.lora_id not in adapters and len(adapters) >= self.max_loras:
+                passed_over.append(self.waiting.popleft())
+                continue
             # Prompt logprobs need every prompt position computed: no prefix-cache reuse.
             wants_all = req.sampling_params.prompt_logprobs is not None or req.pooling
             cached = [] if wants_all else self.block_manager.find_cached_prefix(req)
@@ -134,9 +145,17 @@ class Scheduler:
             self.waiting.popleft()
             req.status = RequestStatus.RUNNING
             self.running.append(req)
+            if req.lora_id:
+                adapters.add(req.lora_id)
             out.scheduled.append((req, n))
             budget -= n
+        self.waiting.extendleft(reversed(passed_over))  # back in place, in order
         return out
+
+    def lora_ids(self) -> tuple[set[int], set[int]]:
+        """Adapters of the running and of the waiting requests (lora_int_ids)."""
+        running = {r.lora_id for r in self.running if r.lora_id}
+        return running, {r.lora_id for r in self.waiting if r.lora_id}
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
         """Free the request's KV and put it back at the head of the queue for recompute."""

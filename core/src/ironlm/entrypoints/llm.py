@@ -13,6 +13,7 @@ from ironlm.config import EngineConfig
 from ironlm.engine.input_processor import PromptType
 from ironlm.engine.llm_engine import LLMEngine
 from ironlm.entrypoints.chat_utils import apply_chat_template
+from ironlm.lora.request import LoRARequest
 from ironlm.outputs import EmbeddingOutput, RequestOutput
 from ironlm.plugin_manager import PluginManager
 from ironlm.sampling_params import BeamSearchParams, SamplingParams
@@ -47,17 +48,27 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         priority: list[int] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
-        """Run all prompts to completion; outputs come back in input order."""
+        """Run all prompts to completion; outputs come back in input order. ``lora_request``:
+        one adapter for every prompt, or one (or None) per prompt."""
         batch = _as_prompt_list(prompts)
         params = _per_prompt(sampling_params or SamplingParams(), len(batch))
+        loras = _per_prompt_lora(lora_request, len(batch))
         if any(p.use_beam_search for p in params):
+            if any(loras):
+                raise ValueError("beam search with a LoRA adapter is not supported")
             return self._generate_beams(batch, params)
         ids = []
-        for i, (prompt, p) in enumerate(zip(batch, params)):
-            rid = str(next(self._ids))
-            self.engine.add_request(rid, prompt, p, priority=priority[i] if priority else 0)
-            ids.append(rid)
+        try:
+            for i, (prompt, p) in enumerate(zip(batch, params)):
+                rid = str(next(self._ids))
+                self.engine.add_request(rid, prompt, p, priority=priority[i] if priority else 0,
+                                        lora_request=loras[i])
+                ids.append(rid)
+        except BaseException:
+            self.engine.abort_request(ids)  # a bad prompt queues none of the batch
+            raise
         return self._run(ids, use_tqdm)
 
     def chat(
@@ -70,6 +81,7 @@ class LLM:
         continue_final_message: bool = False,
         tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate replies to one conversation or a list of them, via the chat template."""
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
@@ -82,17 +94,27 @@ class LLM:
             # The template already holds BOS and friends: tokenize without adding them again.
             ids = self.engine.tokenizer(text, add_special_tokens=False).input_ids
             prompts.append({"prompt": text, "prompt_token_ids": ids})
-        return self.generate(prompts, sampling_params, use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm, lora_request=lora_request)
 
     def encode(
-        self, prompts: PromptType | Sequence[PromptType], use_tqdm: bool = True
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        use_tqdm: bool = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[EmbeddingOutput]:
         """Mean-pooled last hidden states of each prompt."""
+        batch = _as_prompt_list(prompts)
+        loras = _per_prompt_lora(lora_request, len(batch))
         ids = []
-        for prompt in _as_prompt_list(prompts):
-            rid = str(next(self._ids))
-            self.engine.add_request(rid, prompt, SamplingParams(max_tokens=1), pooling=True)
-            ids.append(rid)
+        try:
+            for prompt, lora in zip(batch, loras):
+                rid = str(next(self._ids))
+                self.engine.add_request(rid, prompt, SamplingParams(max_tokens=1), pooling=True,
+                                        lora_request=lora)
+                ids.append(rid)
+        except BaseException:
+            self.engine.abort_request(ids)
+            raise
         outs = self._run(ids, use_tqdm)
         return [EmbeddingOutput(o.request_id, o.prompt_token_ids, o.embedding or []) for o in outs]
 
@@ -161,6 +183,16 @@ def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptTy
     if isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int):
         return [list(prompts)]  # one token-id prompt
     return list(prompts)
+
+
+def _per_prompt_lora(
+    lora: LoRARequest | Sequence[LoRARequest | None] | None, n: int
+) -> list[LoRARequest | None]:
+    if lora is None or isinstance(lora, LoRARequest):
+        return [lora] * n
+    if len(lora) != n:
+        raise ValueError(f"got {len(lora)} LoRA requests for {n} prompts")
+    return list(lora)
 
 
 def _per_prompt(

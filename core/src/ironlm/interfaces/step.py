@@ -2,6 +2,8 @@
 
 Workers keep per-request sampling state (generators, penalty counts) keyed by request id:
 ``new_requests`` introduces a request once; ``finished_ids`` tells workers to drop it.
+Each scheduled sequence names its LoRA adapter (``lora_id``); at most ``max_loras`` distinct
+adapters appear in one step.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ class ScheduledSeq:
     num_output_tokens: int  # generated tokens so far (min_tokens, penalties)
     # Return logprobs of the prompt tokens this chunk predicts (positions start_pos+1 ...).
     want_prompt_logprobs: bool = False
+    # The LoRA adapter (its lora_int_id) the tokens run with; 0: the base model. Workers hold
+    # the adapter already (the engine loads it through collective_rpc("add_lora", ...)).
+    lora_id: int = 0
 
 
 @dataclass

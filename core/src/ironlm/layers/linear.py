@@ -15,14 +15,26 @@ parts share them and must agree on their value.
 Tensor parallelism: ColumnParallelLinear splits the output features over ranks (no
 communication; QKV and gate/up are column parallel); RowParallelLinear splits the input features
 and all-reduces the partial outputs (o_proj, down_proj). With tp_size 1 both are plain linears.
+
+LoRA: a layer may carry adapter slots (``lora``, set by the worker when LoRA is enabled) whose
+delta is added to its output. Adapter weights shard like the layer: ``lora_parts`` names the
+output parts and their rows on this rank, ``shard_output_rows`` cuts a part's B (out, r) as the
+part's weight rows are cut (column parallel), ``shard_input_columns`` cuts A (r, in) as the
+weight's columns are cut (row parallel, where B stays whole and the all-reduce sums the ranks'
+partial deltas along with the partial outputs).
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from ironlm.interfaces.model import ModelContext
+
+if TYPE_CHECKING:  # the adapter slots the worker attaches (same layer: the model's)
+    from ironlm.lora.layer import LinearLoRA
 
 
 def divide(numerator: int, denominator: int) -> int:
@@ -67,6 +79,7 @@ class LinearBase(torch.nn.Module):
         self.tp_size = ctx.tp_size
         self.tp_group = ctx.tp_group
         self.shared_loaded: set[str] = set()  # per-tensor params already set by a merged part
+        self.lora: LinearLoRA | None = None  # adapter slots, when LoRA is enabled
         self.quant_method.create_weights(self, input_size, output_size, ctx.dtype)
         if bias:
             self.bias: torch.nn.Parameter | None = torch.nn.Parameter(
@@ -77,7 +90,21 @@ class LinearBase(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # (num_tokens, input_size) -> (num_tokens, output_size)
-        return self.quant_method.apply(self, x, self.bias)
+        y = self.quant_method.apply(self, x, self.bias)
+        return y if self.lora is None else self.lora(x, y)
+
+    # -- how adapter weights shard (see the module docstring) ---------------------------------
+    def lora_parts(self) -> list[tuple[str | int | None, int]]:
+        """(shard id, rows of this rank's output) per output part, in output order."""
+        return [(None, self.output_size)]
+
+    def shard_output_rows(self, full: torch.Tensor, shard_id: str | int | None) -> torch.Tensor:
+        """This rank's rows of a (part out_features, ...) tensor of part ``shard_id``."""
+        return full
+
+    def shard_input_columns(self, full: torch.Tensor) -> torch.Tensor:
+        """This rank's columns of a (..., in_features) tensor."""
+        return full
 
     def load_weight(
         self, name: str, loaded: torch.Tensor, shard_id: str | int | None = None
@@ -130,6 +157,9 @@ class ColumnParallelLinear(LinearBase):
             loaded = _slice_rows(loaded, self.tp_rank, 1, self.tp_size)
         _copy_checked(param, loaded, name)
 
+    def shard_output_rows(self, full: torch.Tensor, shard_id: str | int | None) -> torch.Tensor:
+        return _slice_rows(full, self.tp_rank, 1, self.tp_size) if self.tp_size > 1 else full
+
     def _copy_shared(self, name: str, param: torch.Tensor, loaded: torch.Tensor) -> None:
         """A per-tensor quantity of one part of a merged layer: the first part sets it, the
         others must carry the same value."""
@@ -173,6 +203,9 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         part = _slice_rows(loaded, self.tp_rank, 1, self.tp_size) if self.tp_size > 1 else loaded
         target = _slice_rows(param, offset, size, self.output_size)
         _copy_checked(target, part, f"{name}[{shard_id}]")
+
+    def lora_parts(self) -> list[tuple[str | int | None, int]]:
+        return [(i, size // self.tp_size) for i, size in enumerate(self.output_sizes)]
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -232,6 +265,16 @@ class QKVParallelLinear(ColumnParallelLinear):
         target = _slice_rows(param, offset, size, self.output_size)
         _copy_checked(target, part, f"{name}[{shard_id}]")
 
+    def lora_parts(self) -> list[tuple[str | int | None, int]]:
+        return [("q", self.q_size), ("k", self.kv_size), ("v", self.kv_size)]
+
+    def shard_output_rows(self, full: torch.Tensor, shard_id: str | int | None) -> torch.Tensor:
+        if shard_id == "q":
+            return _slice_rows(full, self.tp_rank, 1, self.tp_size)
+        # ranks sharing one KV head (kv_replicas > 1) take the same rows
+        kv_rank = self.tp_rank // self.kv_replicas
+        return _slice_rows(full, kv_rank, 1, self.total_num_kv_heads // self.num_kv_heads)
+
 
 class RowParallelLinear(LinearBase):
     """Input features split over ranks; partial outputs are summed with an all-reduce. The bias
@@ -247,10 +290,18 @@ class RowParallelLinear(LinearBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # (num_tokens, input_size) -> (num_tokens, out_features)
         if self.tp_size == 1:
-            return self.quant_method.apply(self, x, self.bias)
+            return super().forward(x)
         out = self.quant_method.apply(self, x, None)
+        if self.lora is not None:  # this rank's partial delta: A's columns, B whole
+            out = self.lora(x, out)
         dist.all_reduce(out, group=self.tp_group)
         return out if self.bias is None else out + self.bias
+
+    def shard_input_columns(self, full: torch.Tensor) -> torch.Tensor:
+        if self.tp_size == 1:
+            return full
+        cols = full.shape[-1]
+        return full.narrow(-1, cols * self.tp_rank // self.tp_size, cols // self.tp_size)
 
     def load_weight(
         self, name: str, loaded: torch.Tensor, shard_id: str | int | None = None

@@ -18,6 +18,7 @@ from ironlm.interfaces.attention import AttentionBackend
 from ironlm.interfaces.model import ModelArchitecture
 from ironlm.interfaces.step import ModelInput, ModelOutput, ScheduledSeq
 from ironlm.worker.decode_graphs import DecodeGraphs
+from ironlm.worker.lora_manager import WorkerLoRAManager
 from ironlm.worker.sampler import Sampler, SamplingState, top_logprobs
 
 
@@ -31,6 +32,7 @@ class ModelRunner:
         attention: AttentionBackend,
         device: torch.device,
         vocab_size: int,
+        lora: WorkerLoRAManager | None = None,
     ) -> None:
         self.config = config
         self.model = model
@@ -39,6 +41,7 @@ class ModelRunner:
         self.vocab_size = vocab_size
         self.kv_caches: list[torch.Tensor] = []  # one per attention layer
         self.graphs: DecodeGraphs | None = None  # set with the KV cache unless enforce_eager
+        self.lora = lora  # the adapters, when LoRA is enabled
         self.sampler = Sampler()
         self.states: dict[str, SamplingState] = {}
         self.embed_sums: dict[str, torch.Tensor] = {}  # pooling requests: running hidden sums
@@ -58,11 +61,14 @@ class ModelRunner:
         out = ModelOutput()
         if not mi.seqs:
             return out
-        logits = self._decode_graph_logits(mi.seqs)
+        lora_slots = self._lora_slots(mi.seqs)
+        logits = self._decode_graph_logits(mi.seqs, lora_slots)
         if logits is not None:  # every sequence samples its next token
             self._sample(out, mi, logits, mi.seqs)
             return out
         input_ids, positions, batch = self._flatten(mi.seqs)
+        if self.lora is not None:
+            self.lora.bind_tokens(lora_slots, [len(s.token_ids) for s in mi.seqs])
         meta = self.attention.build_metadata(batch)
         hidden = self.model(input_ids, positions, self.kv_caches, meta)  # (T, hidden)
 
@@ -91,7 +97,17 @@ class ModelRunner:
             self._sample(out, mi, logits, sample_seqs)
         return out
 
-    def _decode_graph_logits(self, seqs: list[ScheduledSeq]) -> torch.Tensor | None:
+    def _lora_slots(self, seqs: list[ScheduledSeq]) -> list[int]:
+        """Each sequence's adapter slot (-1: none), adapters copied into slots as needed."""
+        if self.lora is None:
+            if any(s.lora_id for s in seqs):
+                raise ValueError("a sequence names a LoRA adapter but LoRA is not enabled")
+            return [-1] * len(seqs)
+        return self.lora.slots_for([s.lora_id for s in seqs])
+
+    def _decode_graph_logits(
+        self, seqs: list[ScheduledSeq], lora_slots: list[int]
+    ) -> torch.Tensor | None:
         """(B, V) logits through a decode graph when the step is plain decode (one new token
         per sequence, each sampling, no pooling or prompt logprobs); None: run eagerly."""
         if self.graphs is None or not self.graphs.accepts(len(seqs)):
@@ -103,7 +119,7 @@ class ModelRunner:
                 return None
         return self.graphs.run(
             [s.token_ids[0] for s in seqs], [s.start_pos for s in seqs],
-            [s.block_ids for s in seqs],
+            [s.block_ids for s in seqs], lora_slots,
         )  # fmt: skip
 
     def _sample(
