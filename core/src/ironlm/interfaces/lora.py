@@ -10,6 +10,8 @@ slots, stacked (see ``ironlm.lora.layer``)::
     slices: (N_0, ..., N_{P-1}), sum = N: output rows of each part (q | k | v, gate | up, or
                             one part for a plain layer)
     token_slots: (T,) int32, the slot of each token, -1 for the base model only
+    slot_ranks: (S,) int32, the rank of the adapter in each slot (0: empty): rows of A and
+                            columns of B from it on are zero, so a kernel may skip them
 
 For token t with s = token_slots[t] >= 0 and part p (rows off_p .. off_p + N_p):
 
@@ -31,6 +33,7 @@ def reference_lora_linear(
     lora_b: torch.Tensor,  # (S, N, R)
     slices: tuple[int, ...],  # (P,) output rows per part
     token_slots: torch.Tensor,  # (T,) int, -1 = no adapter
+    slot_ranks: torch.Tensor,  # (S,) int32; the reference computes the zero padding too
 ) -> torch.Tensor:
     rank = lora_b.shape[2]
     slots = token_slots.to(torch.int64)

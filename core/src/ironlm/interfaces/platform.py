@@ -96,9 +96,12 @@ class LayerOps:
         lora_b: torch.Tensor,  # (S, N, R) stacked B (scaled) of every slot
         slices: tuple[int, ...],  # output rows of each of the P parts
         token_slots: torch.Tensor,  # (T,) int32 slot per token, -1 = no adapter
+        slot_ranks: torch.Tensor,  # (S,) int32 rank of each slot's adapter (0: empty)
     ) -> torch.Tensor:  # y
-        """Add each token's adapter delta to y (the segmented LoRA matmul of a mixed batch)."""
-        return reference_lora_linear(y, x, lora_a, lora_b, slices, token_slots)
+        """Add each token's adapter delta to y (the segmented LoRA matmul of a mixed batch).
+        Called while a decode graph is captured too: kernels must read ``token_slots`` and
+        ``slot_ranks`` when they run (the tensors stay in place; their contents change)."""
+        return reference_lora_linear(y, x, lora_a, lora_b, slices, token_slots, slot_ranks)
 
     def rms_norm(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None

@@ -24,10 +24,12 @@ from ironlm.interfaces.platform import LayerOps
 
 
 class LoRAStepState:
-    """Which adapter slot each token of the running step uses (-1: the base model only)."""
+    """Which adapter slot each token of the running step uses (-1: the base model only), and
+    the rank of the adapter in each slot (updated in place, so recorded kernels see it)."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, max_loras: int, device: torch.device) -> None:
         self.token_slots = torch.empty(0, dtype=torch.int32, device=device)  # (T,)
+        self.slot_ranks = torch.zeros(max_loras, dtype=torch.int32, device=device)  # (S,)
         # False: no token of this step uses an adapter, LoRA layers skip the kernel
         self.active = False
 
@@ -85,4 +87,4 @@ class LinearLoRA:
         if not self.state.active:
             return y
         return self.layer_ops.lora_linear(y, x, self.a, self.b, self.slices,
-                                          self.state.token_slots)
+                                          self.state.token_slots, self.state.slot_ranks)

@@ -49,7 +49,7 @@ class LoRAModel:
         layer_ops: LayerOps,
     ) -> None:
         self.modules = dict(model.named_modules())
-        self.state = LoRAStepState(device)
+        self.state = LoRAStepState(max_loras, device)
         self.dtype = dtype
         self.max_rank = max_rank
         self.layers: dict[str, LinearLoRA] = {}
@@ -87,6 +87,7 @@ class LoRAModel:
         return PreparedAdapter(lora_id, adapter.rank, out)
 
     def set_slot(self, slot: int, adapter: PreparedAdapter) -> None:
+        self.state.slot_ranks[slot] = adapter.rank
         for path, lora in self.layers.items():
             weights = adapter.layers.get(path)
             if weights is None:

@@ -1,6 +1,6 @@
 """The cpu platform's layer ops: float32 linears on panel-packed weights (``linear_kernel``),
 RMSNorm, rotary, the gated MLP activations and row lookups as single C calls
-(``fused_kernels``).
+(``fused_kernels``), the segmented LoRA matmul of mixed-adapter batches (``lora_kernel``).
 
 Weights the kernel cannot take (not float32, output size not a multiple of 16) stay row-major
 and use the core's torch reference; so do inputs the fused ops do not fit, and everything when
@@ -15,18 +15,37 @@ from ironlm.interfaces.platform import LayerOps
 from ironlm_cpu.cbuild import KernelLibrary
 from ironlm_cpu.fused_kernels import FusedKernels
 from ironlm_cpu.linear_kernel import PANEL, PackedLinearKernel
+from ironlm_cpu.lora_kernel import LoRAKernel
 
 
 class CpuLayerOps(LayerOps):
     def __init__(
-        self, kernel: PackedLinearKernel | None = None, fused: FusedKernels | None = None
+        self,
+        kernel: PackedLinearKernel | None = None,
+        fused: FusedKernels | None = None,
+        lora: LoRAKernel | None = None,
     ) -> None:
         self.kernel = kernel if kernel is not None else PackedLinearKernel()
         self.fused = fused if fused is not None else FusedKernels()
+        self.lora = lora if lora is not None else LoRAKernel()
 
     def libraries(self) -> list[KernelLibrary]:
         """The C libraries these ops call (what a decode-graph capture records)."""
-        return [lib for lib in (self.kernel, self.fused) if lib.available]
+        return [lib for lib in (self.kernel, self.fused, self.lora) if lib.available]
+
+    def lora_linear(
+        self,
+        y: torch.Tensor,
+        x: torch.Tensor,
+        lora_a: torch.Tensor,
+        lora_b: torch.Tensor,
+        slices: tuple[int, ...],
+        token_slots: torch.Tensor,
+        slot_ranks: torch.Tensor,
+    ) -> torch.Tensor:
+        if self.lora.fits(y, x, lora_a, lora_b, slices, token_slots, slot_ranks):
+            return self.lora(y, x, lora_a, lora_b, slices, token_slots, slot_ranks)
+        return super().lora_linear(y, x, lora_a, lora_b, slices, token_slots, slot_ranks)
 
     def rms_norm(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None
