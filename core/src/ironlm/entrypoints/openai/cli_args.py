@@ -16,6 +16,7 @@ from dataclasses import MISSING, fields
 from typing import Any
 
 from ironlm.config import LOAD_FORMATS, EngineConfig
+from ironlm.entrypoints.openai.lora_modules import parse_lora_module
 
 # Help per engine argument (fields missing here still get a flag, with a generic help).
 _ENGINE_HELP: dict[str, str] = {
@@ -45,6 +46,13 @@ _ENGINE_HELP: dict[str, str] = {
     "max_logprobs": "most logprobs a request may ask for",
     "enforce_eager": "never capture device graphs",
     "kv_cache_dtype": "KV-cache dtype (auto: the model dtype)",
+    "enable_lora": "serve LoRA adapters (--lora-modules, requests naming an adapter)",
+    "max_loras": "most adapters that run in one batch step (requests of others wait)",
+    "max_lora_rank": "highest adapter rank accepted",
+    "max_cpu_loras": "adapters kept loaded, least recently used evicted (default: max_loras)",
+    "lora_dtype": "dtype of adapter weights: auto (the model's), float32, float16, bfloat16",
+    "lora_extra_vocab_size": "tokens an adapter may add (vLLM's flag; adapters that add tokens "
+    "are refused)",
 }
 # Engine fields shown in another group, with the server's default.
 _FRONTEND_OWNED = {"disable_log_stats"}
@@ -126,6 +134,10 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                      "%(default)s)")
     srv.add_argument("--disable-fastapi-docs", action="store_true",
                      help="disable /docs, /redoc and /openapi.json")
+    srv.add_argument("--lora-modules", type=parse_lora_module, nargs="+", action="extend",
+                     default=None, metavar="NAME=PATH|JSON",
+                     help='LoRA adapters to serve (needs --enable-lora): name=path, or JSON '
+                     '{"name": ..., "path": ..., "base_model_name": ...}')
     cors = parser.add_argument_group("CORS")
     cors.add_argument("--allow-credentials", action="store_true", help="allow credentials")
     cors.add_argument("--allowed-origins", type=_json_list, default=["*"],

@@ -50,6 +50,12 @@ class ServerMetrics:
         )
         self.prefix_hits = gauge("ironlm:prefix_cache_hits", "Of those, tokens found cached.")
         self.preemptions = gauge("ironlm:num_preemptions", "Preemptions since start.")
+        # vLLM's lora_requests_info: adapters of running / waiting requests as labels (names,
+        # comma-separated), the value the time they were read
+        self.lora_info = Gauge(
+            "ironlm:lora_requests_info", "Running and waiting LoRA adapters.",
+            ["max_lora", "waiting_lora_adapters", "running_lora_adapters"], registry=reg,
+        )
         self.prompt_tokens = Counter(
             "ironlm:prompt_tokens", "Prefill tokens processed.", labels, registry=reg
         )
@@ -85,6 +91,12 @@ class ServerMetrics:
         self.prefix_hits.labels(m).set(hits)
         self.prefix_hit_rate.labels(m).set(hits / queries if queries else 0.0)
         self.preemptions.labels(m).set(stats.get("num_preemptions", 0))
+        if "max_lora" in stats:
+            self.lora_info.clear()  # one sample: the current adapter sets
+            self.lora_info.labels(
+                str(stats["max_lora"]), ",".join(stats["waiting_lora_adapters"]),
+                ",".join(stats["running_lora_adapters"]),
+            ).set(stats.get("time", 0.0))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

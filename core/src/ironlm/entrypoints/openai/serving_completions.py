@@ -58,6 +58,7 @@ class _Ctx:
     created: int
     prompts: list[EnginePrompt]
     name: TokenNamer
+    model: str  # reported in responses: the adapter's name, or the served model's
 
     def prompt_text(self, i: int) -> str:
         p = self.prompts[i]
@@ -67,7 +68,7 @@ class _Ctx:
 async def create_completion(
     state: ServerState, request: Request, req: CompletionRequest
 ) -> Response:
-    state.check_model(req.model)
+    lora = state.check_model(req.model)
     if req.suffix is not None:
         raise APIError("suffix is not supported", 400, param="suffix")
     check_max_tokens(req.max_tokens)
@@ -89,13 +90,14 @@ async def create_completion(
     ]
     as_ids = bool(req.return_tokens_as_token_ids or state.options.return_tokens_as_token_ids)
     ctx = _Ctx(state, req, random_id("cmpl"), int(time.time()), prompts,
-               TokenNamer(state.tokenizer, as_ids))
+               TokenNamer(state.tokenizer, as_ids), state.response_model(lora))
     gens = []
     for i, (p, sp) in enumerate(zip(prompts, params)):
         rid = f"{ctx.request_id}-{i}"
         state.log_request(rid, p.text, p.token_ids, sp)
         gens.append(tracked(
-            state.engine.generate(rid, p.as_engine_prompt(), sp, priority=req.priority),
+            state.engine.generate(rid, p.as_engine_prompt(), sp, priority=req.priority,
+                                  lora_request=lora),
             state.new_tracker(),
         ))
     try:
@@ -153,7 +155,7 @@ def _response(ctx: _Ctx, finals: list[RequestOutput]) -> CompletionResponse:
     return CompletionResponse(
         id=ctx.request_id,
         created=ctx.created,
-        model=ctx.state.model_name,
+        model=ctx.model,
         system_fingerprint=ctx.state.system_fingerprint,
         choices=choices,
         usage=UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
@@ -183,7 +185,7 @@ async def _stream(
     def chunk(choice: dict[str, Any]) -> str:
         body: dict[str, Any] = {
             "id": ctx.request_id, "object": "text_completion", "created": ctx.created,
-            "model": ctx.state.model_name, "system_fingerprint": ctx.state.system_fingerprint,
+            "model": ctx.model, "system_fingerprint": ctx.state.system_fingerprint,
             "choices": [choice],
         }
         if include_usage:
@@ -226,7 +228,7 @@ async def _stream(
         if include_usage:
             yield sse({
                 "id": ctx.request_id, "object": "text_completion", "created": ctx.created,
-                "model": ctx.state.model_name,
+                "model": ctx.model,
                 "system_fingerprint": ctx.state.system_fingerprint, "choices": [],
                 "usage": usage(),
             })

@@ -31,7 +31,7 @@ from ironlm.sampling_params import SamplingParams
 async def create_embedding(
     state: ServerState, request: Request, req: EmbeddingRequest
 ) -> Response:
-    state.check_model(req.model)
+    lora = state.check_model(req.model)
     if req.dimensions is not None:
         raise APIError("dimensions is not supported: embeddings have the model's hidden size",
                        400, param="dimensions")
@@ -53,7 +53,7 @@ async def create_embedding(
         state.log_request(f"{request_id}-{i}", p.text, p.token_ids, params)
         gens.append(tracked(
             state.engine.generate(f"{request_id}-{i}", p.as_engine_prompt(), params,
-                                  priority=req.priority, pooling=True),
+                                  priority=req.priority, pooling=True, lora_request=lora),
             state.new_tracker(),
         ))
     try:
@@ -76,7 +76,7 @@ async def create_embedding(
         data.append(EmbeddingData(index=i, embedding=vec))
     num_tokens = sum(len(p.token_ids) for p in prompts)
     return JSONResponse(EmbeddingResponse(
-        data=data, model=state.model_name,
+        data=data, model=state.response_model(lora),
         usage=UsageInfo(prompt_tokens=num_tokens, completion_tokens=None,
                         total_tokens=num_tokens),
     ).model_dump(exclude_none=True))
