@@ -56,17 +56,25 @@ class IronlmRunner:
 
     name = "ironlm"
 
-    def __init__(self, model: str, engine_kwargs: dict[str, Any], detokenize: bool = True) -> None:
+    def __init__(
+        self, model: str, engine_kwargs: dict[str, Any], detokenize: bool = True,
+        lora_paths: list[str] | None = None,
+    ) -> None:  # fmt: skip
         import torch
 
         from ironlm.config import EngineConfig
         from ironlm.engine.llm_engine import LLMEngine
+        from ironlm.lora.request import LoRARequest
 
         config = EngineConfig(model=model, **engine_kwargs)
         torch.manual_seed(config.seed)
         self.engine = LLMEngine(config)
         self.detokenize = detokenize
         self._ids = itertools.count()
+        # prompt i runs with adapter i % len(loras) (none without lora_paths)
+        self.loras = [LoRARequest(f"lora{j}", j + 1, p) for j, p in enumerate(lora_paths or [])]
+        for lora in self.loras:
+            self.engine.add_lora(lora)
 
     def info(self) -> dict[str, Any]:
         bytes_per_block = self.engine.executor.collective_rpc("kv_cache_bytes_per_block")[0]
@@ -78,6 +86,7 @@ class IronlmRunner:
             "max_num_seqs": self.engine.config.max_num_seqs,
             "dtype": self.engine.config.dtype,
             "detokenize": self.detokenize,
+            "lora_adapters": len(self.loras),
         }
 
     def run(self, prompts: list[list[int]], output_len: int) -> BatchTiming:
@@ -94,7 +103,8 @@ class IronlmRunner:
         start = time.perf_counter()
         for i, p in enumerate(prompts):
             rid = f"bench-{next(self._ids)}"
-            self.engine.add_request(rid, {"prompt_token_ids": p}, params)
+            lora = self.loras[i % len(self.loras)] if self.loras else None
+            self.engine.add_request(rid, {"prompt_token_ids": p}, params, lora_request=lora)
             index[rid] = i
         while self.engine.has_unfinished_requests():
             outputs = self.engine.step()

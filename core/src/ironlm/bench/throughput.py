@@ -25,6 +25,8 @@ from ironlm.bench.common import (
     run_engine,
     runner_specs,
 )
+from ironlm.bench.engine_args import engine_kwargs
+from ironlm.bench.lora import add_lora_args, figures, lora_runs, lora_table
 from ironlm.bench.prompts import file_prompts, load_tokenizer, random_token_prompts
 from ironlm.bench.results import (
     args_dict,
@@ -67,6 +69,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                    help="text file, one prompt per line (instead of random token ids)")
     w.add_argument("--no-single-stream", dest="single_stream", action="store_false",
                    help="skip the single-request decode measurement after the batch")
+    add_lora_args(parser)
     add_offline_args(parser)
 
 
@@ -126,14 +129,27 @@ def main(args: argparse.Namespace) -> int:
             print(f"ironlm bench throughput: {exc}", file=sys.stderr)
             return 1
         engines[result["runner"]] = engine_figures(result, ctx)
+    lora_engines: dict[str, dict[str, Any]] = {}
+    for label, spec in lora_runs(args, engine_kwargs(args)):  # same prompts, batch job only
+        print(f"running {label}: {len(prompts)} prompts x {args.output_len} tokens...",
+              file=sys.stderr)
+        try:
+            lora_engines[label] = figures(run_engine(spec, args.threads, jobs[:2]))
+        except WorkerError as exc:
+            print(f"ironlm bench throughput: {exc}", file=sys.stderr)
+            return 1
     ctx.machine["load_average_at_end"] = list(os.getloadavg())
     table, ratios = comparison_table(METRICS, engines)
     print(ctx.describe())
     print(f"workload: {len(prompts)} prompts, {sum(len(p) for p in prompts)} prompt tokens, "
           f"{args.output_len} output tokens each")
     print(table)
+    if lora_engines:
+        print("\nLoRA: prompts spread round-robin over N adapters (ironlm-loraN); vs the base "
+              "model alone (ironlm)")
+        print(lora_table({"ironlm": engines["ironlm"], **lora_engines}))
     payload = {"kind": "throughput", **ctx.to_dict(), "args": args_dict(args),
-               "engines": engines, "ratios": ratios}
+               "engines": engines, "ratios": ratios, "lora": lora_engines}
     path = write_result(args.result_file or result_path(args.result_dir, "throughput", args.model),
                         payload)
     print(f"result: {path}")
