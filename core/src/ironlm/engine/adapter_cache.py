@@ -29,8 +29,9 @@ class AdapterCache:
         self.loaded: OrderedDict[int, None] = OrderedDict()  # held by the workers, LRU first
         self.unloading: set[int] = set()  # removed by the user while requests still use them
 
-    def register(self, lora: LoRARequest) -> None:
-        """Remember an adapter; ValueError when its id already names another adapter."""
+    def register(self, lora: LoRARequest) -> bool:
+        """Remember an adapter (True: it is new); ValueError when its id already names
+        another adapter."""
         known = self.known.get(lora.lora_int_id)
         if known is not None and (known.lora_name, known.lora_path) != (
             lora.lora_name, lora.lora_path,
@@ -41,6 +42,7 @@ class AdapterCache:
             )
         self.known[lora.lora_int_id] = lora
         self.unloading.discard(lora.lora_int_id)
+        return known is None
 
     def check(self, lora_id: int, busy: set[int]) -> None:
         """Make sure the adapter can run (ValueError naming the problem), loading it when an

@@ -182,9 +182,14 @@ class LLMEngine:
 
     def _check_adapter(self, lora_request: LoRARequest) -> None:
         cache = self._lora_cache()
-        cache.register(lora_request)
+        new = cache.register(lora_request)
         running, _ = self.scheduler.lora_ids()
-        cache.check(lora_request.lora_int_id, running)
+        try:
+            cache.check(lora_request.lora_int_id, running)
+        except BaseException:
+            if new:  # a refused adapter leaves nothing behind
+                cache.known.pop(lora_request.lora_int_id, None)
+            raise
 
     # -- one step --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
