@@ -16,6 +16,7 @@ SHAPES = [  # (tokens, K, part sizes, R)
     (7, 96, (64, 32, 32), 16),  # qkv-like
     (33, 80, (40, 40), 8),  # gate/up-like, K not a multiple of 16
     (12, 64, (64,), 1),
+    (40, 72, (40, 24, 24), 80),  # several tiles per adapter, rank beyond one 64-wide pass
 ]
 
 
@@ -27,11 +28,11 @@ def _stacks(
     g = torch.Generator().manual_seed(seed)
     parts, n = len(slices), sum(slices)
     a = torch.randn(num_slots, parts * rank, k, generator=g) / k**0.5
-    b = torch.randn(num_slots, n, rank, generator=g)
+    b = torch.randn(num_slots, rank, n, generator=g)  # B transposed
     for s, r in enumerate(ranks):
         for p in range(parts):
             a[s, p * rank + r : (p + 1) * rank] = 0
-        b[s, :, r:] = 0
+        b[s, r:] = 0
     return a.to(device, dtype), b.to(device, dtype), torch.tensor(ranks, dtype=torch.int32,
                                                                   device=device)
 
@@ -39,14 +40,14 @@ def _stacks(
 def _naive(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
            slices: tuple[int, ...], slots: list[int]) -> torch.Tensor:
     out = y.clone().double()
-    rank = b.shape[2]
+    rank = b.shape[1]
     for t, s in enumerate(slots):
         if s < 0:
             continue
         off = 0
         for p, size in enumerate(slices):
             shrunk = a[s, p * rank : (p + 1) * rank].double() @ x[t].double()
-            out[t, off : off + size] += b[s, off : off + size].double() @ shrunk
+            out[t, off : off + size] += b[s, :, off : off + size].double().T @ shrunk
             off += size
     return out
 

@@ -93,7 +93,7 @@ class LayerOps:
         y: torch.Tensor,  # (T, N) the layer's output, updated in place
         x: torch.Tensor,  # (T, K) the layer's input
         lora_a: torch.Tensor,  # (S, P * R, K) stacked A of every slot and part
-        lora_b: torch.Tensor,  # (S, N, R) stacked B (scaled) of every slot
+        lora_b: torch.Tensor,  # (S, R, N) stacked B.T (scaled) of every slot
         slices: tuple[int, ...],  # output rows of each of the P parts
         token_slots: torch.Tensor,  # (T,) int32 slot per token, -1 = no adapter
         slot_ranks: torch.Tensor,  # (S,) int32 rank of each slot's adapter (0: empty)

@@ -5,10 +5,10 @@ A layer built from parts (``qkv_proj`` = q | k | v, ``gate_up_proj`` = gate | up
 a step, whatever adapter each token uses:
 
     a: (max_loras, num_parts * max_rank, input_size)   rows [p*R, p*R + r_p) = part p's A
-    b: (max_loras, output_size, max_rank)              part p's rows, columns [0, r_p) = its B
+    b: (max_loras, max_rank, output_size)              rows [0, r_p), part p's columns = its B.T
 
 ``LayerOps.lora_linear`` adds, for each token t whose slot s = token_slots[t] >= 0,
-``(x[t] @ a[s].T)[p*R:(p+1)*R] @ b[s, rows of p].T`` to y's rows of part p. Unused rank rows
+``(x[t] @ a[s].T)[p*R:(p+1)*R] @ b[s, :, columns of p]`` to y's columns of part p. Unused rank rows
 and columns stay zero, so an adapter of rank r < R costs nothing in accuracy. Scaling is
 folded into B when an adapter loads.
 
@@ -63,7 +63,7 @@ class LinearLoRA:
         output_size = sum(self.slices)
         self.a = torch.zeros(max_loras, len(parts) * max_rank, input_size, dtype=dtype,
                              device=device)
-        self.b = torch.zeros(max_loras, output_size, max_rank, dtype=dtype, device=device)
+        self.b = torch.zeros(max_loras, max_rank, output_size, dtype=dtype, device=device)
 
     def set_slot(
         self, slot: int, weights: dict[str | int | None, tuple[torch.Tensor, torch.Tensor]]
@@ -76,7 +76,7 @@ class LinearLoRA:
             p = self.part_ids.index(pid)
             r = a.shape[0]
             self.a[slot, p * R : p * R + r].copy_(a)
-            self.b[slot, self.offsets[p] : self.offsets[p] + self.slices[p], :r].copy_(b)
+            self.b[slot, :r, self.offsets[p] : self.offsets[p] + self.slices[p]].copy_(b.T)
 
     def clear_slot(self, slot: int) -> None:
         self.a[slot].zero_()

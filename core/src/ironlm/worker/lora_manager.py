@@ -99,6 +99,9 @@ class WorkerLoRAManager:
 
     def bind_tokens(self, seq_slots: list[int], seq_lens: list[int]) -> None:
         """Point every LoRA layer at this step's per-token slots (eager forward)."""
+        if all(s < 0 for s in seq_slots):  # base model only: the layers skip the kernel
+            self.state.bind(self.state.token_slots[:0], active=False)
+            return
         per_token = [s for s, n in zip(seq_slots, seq_lens) for _ in range(n)]
         tensor = torch.tensor(per_token, dtype=torch.int32, device=self.device)
-        self.state.bind(tensor, active=any(s >= 0 for s in seq_slots))
+        self.state.bind(tensor, active=True)

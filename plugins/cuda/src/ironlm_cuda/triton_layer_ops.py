@@ -52,7 +52,7 @@ class TritonLayerOps(LayerOps):
         y: torch.Tensor,  # (T, N), updated in place
         x: torch.Tensor,  # (T, K)
         lora_a: torch.Tensor,  # (S, P * R, K)
-        lora_b: torch.Tensor,  # (S, N, R)
+        lora_b: torch.Tensor,  # (S, R, N)
         slices: tuple[int, ...],
         token_slots: torch.Tensor,  # (T,) int32
         slot_ranks: torch.Tensor,  # (S,) int32

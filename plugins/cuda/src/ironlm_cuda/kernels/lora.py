@@ -1,6 +1,6 @@
 """The segmented LoRA matmul of a mixed batch (``LayerOps.lora_linear``) in two Triton kernels.
 
-Layout (``ironlm.interfaces.lora``): A stacked (slots, parts * R, K), B (slots, N, R), one slot
+Layout (``ironlm.interfaces.lora``): A stacked (slots, parts * R, K), B.T (slots, R, N), one slot
 per token (-1: none), the rank of each slot's adapter in ``slot_ranks``.
 
 - shrink, grid (tokens, parts): shrunk[t, p*R : p*R + r] = x[t] @ A[s, p*R : p*R + r].T over
@@ -73,8 +73,8 @@ def _expand_kernel(
         mask = row_ok[:, None] & j_ok[None, :]
         sv = tl.load(shrunk_ptr + t * stride_shrunk + part[:, None] * R + js[None, :],
                      mask=mask, other=0.0)
-        bv = tl.load(b_ptr + s.to(tl.int64) * N * R + rows.to(tl.int64)[:, None] * R
-                     + js[None, :], mask=mask, other=0.0).to(tl.float32)
+        bv = tl.load(b_ptr + s.to(tl.int64) * R * N + js.to(tl.int64)[None, :] * N
+                     + rows[:, None], mask=mask, other=0.0).to(tl.float32)
         delta = tl.sum(sv * bv, axis=1)
         yp = y_ptr + t * stride_y + rows
         yv = tl.load(yp, mask=row_ok, other=0.0).to(tl.float32)
@@ -85,7 +85,7 @@ def lora_linear(
     y: torch.Tensor,  # (T, N), updated in place
     x: torch.Tensor,  # (T, K)
     lora_a: torch.Tensor,  # (S, P * R, K)
-    lora_b: torch.Tensor,  # (S, N, R)
+    lora_b: torch.Tensor,  # (S, R, N)
     slices: tuple[int, ...],  # (P,) output rows per part
     token_slots: torch.Tensor,  # (T,) int32
     slot_ranks: torch.Tensor,  # (S,) int32
@@ -96,7 +96,7 @@ def lora_linear(
     if t == 0:
         return y
     k = x.shape[1]
-    parts, rank = len(slices), lora_b.shape[2]
+    parts, rank = len(slices), lora_b.shape[1]
     if x.stride(1) != 1:
         x = x.contiguous()
     if y.stride(1) != 1:
