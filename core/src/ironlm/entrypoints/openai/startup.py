@@ -70,5 +70,7 @@ def preflight(pm: PluginManager, config: EngineConfig, platform: Platform,
         pm.select_quantization(config.quantization, platform)
     if config.guided_decoding_backend != "auto":
         pm.select_guided_backend(config.guided_decoding_backend)
+    if getattr(args, "lora_modules", None) and not config.enable_lora:
+        raise StartupError("--lora-modules needs --enable-lora")
     if args.api_key is not None and not args.api_key:
         raise StartupError("--api-key must not be empty")
