@@ -83,3 +83,13 @@ def smollm2_draft_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Pat
     from ironlm.spec_decode.shallow_copy import write_shallow_copy
 
     return write_shallow_copy(smollm2_dir, tmp_path_factory.mktemp("smollm2-draft"), 4)
+
+
+@pytest.fixture(scope="session")
+def smollm2_loras(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path):  # type: ignore[no-untyped-def]
+    """Two LoRA adapters trained with peft on SmolLM2 on the CPU (a few steps on a few
+    sentences, tests/lora_adapters.py), saved with peft, and HF transformers + peft's greedy
+    continuations with each (and with the base model): ``TrainedAdapters``."""
+    from lora_adapters import train_adapters
+
+    return train_adapters(smollm2_dir, tmp_path_factory.mktemp("smollm2-loras"))

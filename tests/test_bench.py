@@ -124,11 +124,18 @@ def test_bench_throughput_dataset_file(tiny_llama_dir: Path, tmp_path: Path) -> 
         "bench", "throughput", "--model", str(tiny_llama_dir), "--dataset", str(prompts),
         "--num-prompts", "3", "--output-len", "3", "--no-single-stream",
         "--skip-machine-limits", "--result-file", str(out), *ENGINE,
+        "--lora-counts", "2", "--lora-rank", "8", "--lora-merged-baseline",
     ])
     assert rc == 0
-    fig = json.loads(out.read_text())["engines"]["ironlm"]
+    data = json.loads(out.read_text())
+    fig = data["engines"]["ironlm"]
     assert fig["num_requests"] == 3 and fig["output_tokens"] == 9
     assert "single_decode_tok_s" not in fig
+    # --lora-counts: the batch again over 2 random rank-8 adapters, IronLM and HF + peft merged
+    lora = data["extra"]["lora"]
+    assert set(lora) == {"ironlm-lora2", "hf-merged-lora2"}
+    assert lora["ironlm-lora2"]["info"]["lora_adapters"] == 2
+    assert all(f["output_tokens"] == 9 for f in lora.values())
 
 
 def test_bench_latency(tiny_llama_dir: Path, tmp_path: Path,

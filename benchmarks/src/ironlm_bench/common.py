@@ -242,6 +242,9 @@ class OfflineReport:
     metrics: tuple[str, ...]  # keys of METRIC_LABELS, in table order
     running: str  # after "running <engine>: " while each engine runs
     workload: str  # the "workload: ..." line above the table
+    # More runs after the engines': given the engines' figures, their text (printed under the
+    # table) and what the JSON result holds under "extra"; None: nothing more
+    extra: Callable[[dict[str, dict[str, Any]]], tuple[str, dict[str, Any]]] | None = None
 
 
 def run_offline(args: argparse.Namespace, ctx: MachineContext, report: OfflineReport,
@@ -266,14 +269,23 @@ def run_offline(args: argparse.Namespace, ctx: MachineContext, report: OfflineRe
         fig["foreign_cpu_share"] = result["foreign_cpu_share"]
         fig["info"] = result["info"]
         engines[result["runner"]] = fig
+    extra_text, extra = "", {}
+    if report.extra is not None:
+        try:
+            extra_text, extra = report.extra(engines)
+        except WorkerError as exc:
+            print(f"ironlm bench {report.kind}: {exc}", file=sys.stderr)
+            return 1
     ctx.machine["load_average_at_end"] = list(os.getloadavg())
     rows = [(key, *METRIC_LABELS[key]) for key in report.metrics]
     table, ratios = comparison_table(rows, engines)
     print(ctx.describe())
     print(f"workload: {report.workload}")
     print(table)
+    if extra_text:
+        print(extra_text)
     payload = {"kind": report.kind, **ctx.to_dict(), "args": args_dict(args),
-               "engines": engines, "ratios": ratios,
+               "engines": engines, "ratios": ratios, "extra": extra,
                # what the cpu platform chose for each op on this machine (tuning cache)
                "kernel_choices": platform_details("cpu").get("kernel_choices", {})}
     path = write_result(

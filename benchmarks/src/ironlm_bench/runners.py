@@ -55,18 +55,23 @@ class IronlmRunner:
     """Drives ``LLMEngine.step`` directly, so first-token times are those of the step."""
 
     def __init__(self, model: str, engine_kwargs: dict[str, Any], detokenize: bool = True,
-                 name: str = "ironlm") -> None:
+                 name: str = "ironlm", lora_paths: list[str] | None = None) -> None:
         import torch
 
         self.name = name
         from ironlm.config import EngineConfig
         from ironlm.engine.llm_engine import LLMEngine
+        from ironlm.lora.request import LoRARequest
 
         config = EngineConfig(model=model, **engine_kwargs)
         torch.manual_seed(config.seed)
         self.engine = LLMEngine(config)
         self.detokenize = detokenize
         self._ids = itertools.count()
+        # prompt i runs with adapter i % len(loras) (none without lora_paths)
+        self.loras = [LoRARequest(f"lora{j}", j + 1, p) for j, p in enumerate(lora_paths or [])]
+        for lora in self.loras:
+            self.engine.add_lora(lora)
 
     def info(self) -> dict[str, Any]:
         bytes_per_block = self.engine.executor.collective_rpc("kv_cache_bytes_per_block")[0]
@@ -83,6 +88,7 @@ class IronlmRunner:
             "world_size": self.engine.config.world_size,
             # per rank: seconds in all-reduce / all-gather / pipeline send-recv, and steps
             "collective": self.engine.executor.collective_rpc("collective_stats"),
+            "lora_adapters": len(self.loras),
         }
 
     def run(self, prompts: list[list[int]], output_len: int) -> BatchTiming:
@@ -99,7 +105,8 @@ class IronlmRunner:
         start = time.perf_counter()
         for i, p in enumerate(prompts):
             rid = f"bench-{next(self._ids)}"
-            self.engine.add_request(rid, {"prompt_token_ids": p}, params)
+            lora = self.loras[i % len(self.loras)] if self.loras else None
+            self.engine.add_request(rid, {"prompt_token_ids": p}, params, lora_request=lora)
             index[rid] = i
         while self.engine.has_unfinished_requests():
             outputs = self.engine.step()

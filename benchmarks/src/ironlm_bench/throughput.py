@@ -22,6 +22,9 @@ from ironlm_bench.common import (
     offline_context,
     run_offline,
 )
+from ironlm.entrypoints.engine_args import engine_kwargs
+
+from ironlm_bench.lora import add_lora_args, lora_section
 from ironlm_bench.prompts import file_prompts, load_tokenizer, random_token_prompts
 from ironlm_bench.results import batch_figures, fraction, mib, single_stream_figures
 from ironlm_bench.runners import BatchTiming
@@ -45,6 +48,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                    help="text file, one prompt per line (instead of random token ids)")
     w.add_argument("--no-single-stream", dest="single_stream", action="store_false",
                    help="skip the single-request decode measurement after the batch")
+    add_lora_args(parser)
     add_offline_args(parser)
 
 
@@ -105,5 +109,7 @@ def main(args: argparse.Namespace) -> int:
     report = OfflineReport(
         "throughput", METRICS, running=f"{len(prompts)} prompts x {args.output_len} tokens",
         workload=f"{len(prompts)} prompts, {sum(len(p) for p in prompts)} prompt tokens, "
-                 f"{args.output_len} output tokens each")
+                 f"{args.output_len} output tokens each",
+        # LoRA runs (--lora-counts): the batch job again with the prompts over N adapters
+        extra=lora_section(args, engine_kwargs(args), jobs[:2]))
     return run_offline(args, ctx, report, jobs, n_ctx, lambda result: engine_figures(result, ctx))

@@ -77,7 +77,13 @@ def build_runner(options: dict[str, Any], threads: int) -> Runner:
         from ironlm_bench.runners import IronlmRunner
 
         return IronlmRunner(options["model"], options.get("engine_kwargs", {}),
-                            options.get("detokenize", True), options.get("name", "ironlm"))
+                            options.get("detokenize", True), options.get("name", "ironlm"),
+                            options.get("lora_paths"))
+    if kind == "hf-merged":
+        from ironlm_bench.lora import HfMergedRunner
+
+        return HfMergedRunner(options["model"], options["lora_paths"], options.get("batch_size"),
+                              options.get("seed", 0))
     if kind == "hf":
         from ironlm_bench.baselines import HfRunner
 

@@ -16,6 +16,9 @@ _DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
 }
 LOAD_FORMATS = ("auto", "safetensors", "pt", "gguf", "dummy")
+# vLLM's accepted LoRA limits (max_lora_rank values; extra vocabulary sizes)
+LORA_MAX_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+LORA_EXTRA_VOCAB_SIZES = (0, 256, 512)
 
 
 @dataclass
@@ -66,6 +69,15 @@ class EngineConfig:
     ngram_prompt_lookup_max: int | None = None  # "[ngram]": longest suffix looked up (required)
     ngram_prompt_lookup_min: int | None = None  # "[ngram]": shortest suffix looked up (default 1)
     num_scheduler_steps: int = 1  # multi-step: most decode steps the runner runs per plan
+    # Multi-LoRA serving (vLLM's names and defaults; see docs/lora.md)
+    enable_lora: bool = False
+    max_loras: int = 1  # adapters that may run in one step (others wait)
+    max_lora_rank: int = 16  # highest adapter rank accepted
+    max_cpu_loras: int | None = None  # adapters kept loaded (LRU); None: max_loras
+    lora_dtype: str = "auto"  # auto (the model dtype) | float32 | float16 | bfloat16
+    # Tokens an adapter may add to the vocabulary (vLLM's flag; IronLM, like current vLLM,
+    # refuses adapters that add tokens, so only adapters adding none load)
+    lora_extra_vocab_size: int = 256
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", *_DTYPES):
@@ -113,6 +125,7 @@ class EngineConfig:
                 "speculative decoding is not supported with multi-step scheduling "
                 f"(num_scheduler_steps={self.num_scheduler_steps}); use one of them"
             )
+        self._check_lora()
         if self.distributed_executor_backend is None:
             # vLLM's rule: "ray when Ray is installed and more than one device is used,
             # otherwise mp" (and the in-process executor for a single rank)
@@ -126,6 +139,41 @@ class EngineConfig:
     def world_size(self) -> int:
         """Ranks the model runs on: tensor_parallel_size x pipeline_parallel_size."""
         return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    def _check_lora(self) -> None:
+        """vLLM's LoRAConfig checks (made whether or not LoRA is enabled, as the flags are)."""
+        if self.max_lora_rank not in LORA_MAX_RANKS:
+            raise ValueError(
+                f"max_lora_rank ({self.max_lora_rank}) must be one of {LORA_MAX_RANKS}."
+            )
+        if self.lora_extra_vocab_size not in LORA_EXTRA_VOCAB_SIZES:
+            raise ValueError(
+                f"lora_extra_vocab_size ({self.lora_extra_vocab_size}) must be one of "
+                f"{LORA_EXTRA_VOCAB_SIZES}."
+            )
+        if self.max_loras < 1:
+            raise ValueError(f"max_loras ({self.max_loras}) must be >= 1.")
+        if self.max_cpu_loras is None:
+            self.max_cpu_loras = self.max_loras
+        elif self.max_cpu_loras < self.max_loras:
+            raise ValueError(
+                f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})"
+            )
+        if self.lora_dtype not in ("auto", *_DTYPES):
+            raise ValueError(
+                f"lora_dtype {self.lora_dtype!r} is not supported; choose one of "
+                f"{['auto', *_DTYPES]}"
+            )
+        if self.enable_lora and self.pipeline_parallel_size > 1:
+            raise ValueError(
+                "enable_lora is not supported with pipeline parallelism yet "
+                f"(pipeline_parallel_size={self.pipeline_parallel_size}): adapters are not "
+                "split by stage; use tensor_parallel_size instead"
+            )
+
+    def lora_torch_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
+        """The dtype adapter weights are held in: ``lora_dtype``, or the model's for auto."""
+        return model_dtype if self.lora_dtype == "auto" else _DTYPES[self.lora_dtype]
 
     def torch_dtype(self, checkpoint_dtype: torch.dtype, platform_default: torch.dtype) -> torch.dtype:
         """The compute dtype: explicit choice, else the platform's choice for the checkpoint."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -46,6 +47,7 @@ class RequestOutput:
     # Set when the request failed as a whole (a guided-decoding backend's dead end): the
     # outputs then hold what was generated before, finish_reason "abort".
     error: str | None = None
+    lora_request: Any = None  # the LoRARequest it ran with (ironlm.lora.request), or None
 
 
 @dataclass

@@ -1,7 +1,9 @@
 """Paged KV blocks: reference counts, a free queue, and automatic prefix caching.
 
 A full block's identity is the chained hash of (parent block hash, its token ids), so two
-requests with the same prefix map to the same physical blocks. Freed blocks keep their hash and
+requests with the same prefix map to the same physical blocks. The chain of a request that runs
+with a LoRA adapter starts from that adapter's id: its KV depends on the adapter, so requests of
+different adapters (or of an adapter and the base model) never share blocks. Freed blocks keep their hash and
 stay reusable until the free queue hands them out again (least recently freed first).
 
 Swap preemption: a preempted request's blocks can move to a host pool of ``num_swap_blocks``
@@ -85,9 +87,10 @@ class BlockManager:
         """Chained hashes of the request's first ``num_full_blocks`` blocks (memoised)."""
         hashes = self._req_hashes.setdefault(req.request_id, [])
         bs = self.block_size
+        root = hash(("lora", req.lora_id)) if req.lora_id else 0
         while len(hashes) < num_full_blocks:
             i = len(hashes)
-            parent = hashes[-1] if hashes else 0
+            parent = hashes[-1] if hashes else root
             hashes.append(hash((parent, tuple(req.token_slice(i * bs, (i + 1) * bs)))))
         return hashes[:num_full_blocks]
 

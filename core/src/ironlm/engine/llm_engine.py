@@ -14,6 +14,7 @@ from typing import Any
 
 from ironlm.config import EngineConfig
 from ironlm.distributed.layout import check_model_fits
+from ironlm.engine.adapter_cache import AdapterCache
 from ironlm.engine.block_manager import BlockManager
 from ironlm.engine.guided_manager import GuidedManager
 from ironlm.engine.input_processor import InputProcessor, PromptType
@@ -24,6 +25,7 @@ from ironlm.engine.speculation import SpeculationPolicy
 from ironlm.engine.tokenizer_extension import extend_tokenizer
 from ironlm.interfaces.executor import Executor
 from ironlm.interfaces.step import ModelInput, ModelOutput, NewRequestData, ScheduledSeq
+from ironlm.lora.request import LoRARequest
 from ironlm.model_loader import resolve_model
 from ironlm.outputs import RequestOutput
 from ironlm.plugin_manager import PluginManager
@@ -87,7 +89,10 @@ class LLMEngine:
             self.block_manager, config.max_num_seqs, budget, config.enable_chunked_prefill,
             use_priority=config.scheduling_policy == "priority", spec=self.spec,
             num_scheduler_steps=config.num_scheduler_steps, max_model_len=self.max_model_len,
+            max_loras=config.max_loras if config.enable_lora else 0,
         )
+        self.adapters = AdapterCache(self.executor, int(config.max_cpu_loras or 1)) \
+            if config.enable_lora else None
         self.inputs = InputProcessor(
             self.tokenizer, self.vocab_size, self.max_model_len, config.max_logprobs
         )
@@ -126,9 +131,11 @@ class LLMEngine:
         priority: int = 0,
         add_special_tokens: bool = True,
         pooling: bool = False,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         """Validate and queue a request (ValueError naming the field when invalid). With n or
-        best_of > 1 it fans out into child sequences that share the prompt's cached blocks."""
+        best_of > 1 it fans out into child sequences that share the prompt's cached blocks.
+        ``lora_request``: the adapter to run with (checked on first use)."""
         if priority != 0 and not self.scheduler.use_priority:
             raise ValueError(
                 f"Got priority {priority} but priority scheduling is not enabled "
@@ -136,6 +143,8 @@ class LLMEngine:
             )
         if request_id in self.outputs.groups:
             raise ValueError(f"request id {request_id!r} is already in use")
+        if lora_request is not None:
+            self._check_adapter(lora_request)
         params = params.clone()
         processed = self.inputs.process(prompt, params, add_special_tokens)
         if not params.ignore_eos:
@@ -162,6 +171,7 @@ class LLMEngine:
                 grammar=grammars[i][0],
                 grammar_backend=grammars[i][1],
                 pooling=pooling,
+                lora_request=lora_request,
             )
             children.append(child)
             self.scheduler.add(child)
@@ -182,6 +192,40 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    # -- LoRA adapters (vLLM's engine methods) --------------------------------------------------
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Register an adapter and check it can run (ValueError naming the problem); it is
+        loaded now when there is room, else when a step needs it."""
+        self._check_adapter(lora_request)
+        return True
+
+    def remove_lora(self, lora_id: int) -> bool:
+        """Forget an adapter; requests already using it finish with it."""
+        cache = self._lora_cache()
+        running, waiting = self.scheduler.lora_ids()
+        return cache.remove(lora_id, lora_id in running | waiting)
+
+    def list_loras(self) -> set[int]:
+        """Ids of the adapters the workers hold now."""
+        return set(self._lora_cache().loaded)
+
+    def _lora_cache(self) -> AdapterCache:
+        if self.adapters is None:
+            raise ValueError("LoRA is not enabled: start the engine with enable_lora=True "
+                             "(--enable-lora) to serve LoRA adapters")
+        return self.adapters
+
+    def _check_adapter(self, lora_request: LoRARequest) -> None:
+        cache = self._lora_cache()
+        new = cache.register(lora_request)
+        running, _ = self.scheduler.lora_ids()
+        try:
+            cache.check(lora_request.lora_int_id, running)
+        except BaseException:
+            if new:  # a refused adapter leaves nothing behind
+                cache.known.pop(lora_request.lora_int_id, None)
+            raise
+
     # -- one step --------------------------------------------------------------------------
     def _init_swap_space(self) -> int:
         """Host swap blocks on every rank (the minimum over ranks; 0 without swap_space).
@@ -199,6 +243,7 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         plan = self.scheduler.schedule()
+        failed = self._load_adapters(plan.scheduled) if self.adapters is not None else []
         if plan.is_empty():
             if plan.finished_ids or plan.has_swaps:  # workers drop state / copy swapped KV
                 self.executor.execute_model(ModelInput(
@@ -207,14 +252,34 @@ class LLMEngine:
                     blocks_to_swap_in=plan.blocks_to_swap_in,
                     preempted_ids=_recomputed(plan),
                 ))
-            return []
+            return failed
         output = self.executor.execute_model(self._model_input(plan))
         self.scheduler.on_step_done(plan, output)
         results = self.outputs.update(plan.scheduled, output, self.scheduler,
                                       per_step=bool(plan.num_steps))  # fmt: skip
         if self.spec is not None:
             self._after_speculation(plan, output)
-        return results
+        return failed + results
+
+    def _load_adapters(self, scheduled: list[tuple[Request, int]]) -> list[RequestOutput]:
+        """Have the workers hold the step's adapters. An adapter that no longer loads (its
+        files changed since it was checked) aborts its requests, not the step."""
+        assert self.adapters is not None
+        running, waiting = self.scheduler.lora_ids()
+        self.adapters.collect(running | waiting)
+        needed = {req.lora_id for req, _ in scheduled if req.lora_id}
+        broken: set[int] = set()
+        for lora_id in sorted(needed):
+            try:
+                self.adapters.ensure({lora_id}, needed | running)
+            except ValueError as exc:
+                log.error("LoRA adapter %d cannot load; aborting its requests: %s", lora_id, exc)
+                broken.add(lora_id)
+        if not broken:
+            return []
+        victims = [req for req, _ in scheduled if req.lora_id in broken]
+        scheduled[:] = [(req, n) for req, n in scheduled if req.lora_id not in broken]
+        return self.outputs.abort(victims, self.scheduler)
 
     def _take_new(self) -> list[NewRequestData]:
         new, self._new = self._new, []
@@ -243,6 +308,7 @@ class LLMEngine:
                     spec_token_ids=spec,
                     num_proposals=plan.num_proposals.get(rid, 0),
                     num_steps=plan.num_steps.get(rid, 1),
+                    lora_id=req.lora_id,
                 )
             )
             if sample:
@@ -286,11 +352,25 @@ class LLMEngine:
             "num_swap_blocks": bm.num_swap_blocks,
             "time": time.time(),
             **(self.spec.stats.to_dict() if self.spec is not None else {}),
+            **self._lora_stats(),
         }
 
     def check_health(self) -> None:
         """Raise when the workers cannot run steps any more (a worker died)."""
         self.executor.check_health()
+
+    def _lora_stats(self) -> dict[str, Any]:
+        """Adapters of running and waiting requests, by name (vLLM's lora_requests_info)."""
+        if self.adapters is None:
+            return {}
+        running, waiting = self.scheduler.lora_ids()
+        known = self.adapters.known
+
+        def names(ids: set[int]) -> list[str]:
+            return sorted(known[i].lora_name for i in ids if i in known)
+
+        return {"max_lora": self.config.max_loras, "running_lora_adapters": names(running),
+                "waiting_lora_adapters": names(waiting)}
 
     def shutdown(self) -> None:
         self.executor.shutdown()

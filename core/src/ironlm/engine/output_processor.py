@@ -70,6 +70,27 @@ class OutputProcessor:
         for c in group.children if group else []:
             self._child_group.pop(c.request_id, None)
 
+    def abort(self, reqs: list[Request], scheduler: Scheduler) -> list[RequestOutput]:
+        """Finish ``reqs`` as aborted by the engine itself (not by their caller): their groups'
+        final outputs, so that whoever waits on them hears of it."""
+        groups: dict[str, Group] = {}
+        for req in reqs:
+            group = self._child_group.get(req.request_id)
+            if not req.is_finished:
+                scheduler.finish(req, RequestStatus.FINISHED_ABORTED)
+            if group is not None:
+                groups[group.request_id] = group
+        results = []
+        for group in groups.values():
+            for c in group.children:
+                if not c.is_finished:
+                    scheduler.finish(c, RequestStatus.FINISHED_ABORTED)
+            out = self._request_output(group)
+            if out is not None:
+                results.append(out)
+            self.drop_group(group.request_id)
+        return results
+
     # -- per step --------------------------------------------------------------------------
     def update(
         self,
@@ -246,4 +267,5 @@ class OutputProcessor:
             metrics=metrics,
             embedding=group.embedding,
             error=group.error,
+            lora_request=group.children[0].lora_request,
         )

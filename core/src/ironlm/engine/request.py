@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ironlm.lora.request import LoRARequest
 from ironlm.sampling_params import SamplingParams
 
 
@@ -57,6 +58,7 @@ class Request:
     # never with text that breaks the constraint.
     grammar_error: str | None = None
     pooling: bool = False  # an embedding request: run the prompt, return its mean hidden state
+    lora_request: LoRARequest | None = None  # the adapter it runs with (None: the base model)
     first_token_time: float | None = None
     last_token_time: float | None = None
     # Speculative decoding: drafts proposed after the last step, verified in the next one.
@@ -65,6 +67,11 @@ class Request:
     # after it did not pay (engine.speculation.SpeculationPolicy).
     spec_history: list[tuple[int, int]] = field(default_factory=list)
     spec_paused_steps: int = 0
+
+    @property
+    def lora_id(self) -> int:
+        """The adapter's lora_int_id; 0 for the base model."""
+        return self.lora_request.lora_int_id if self.lora_request is not None else 0
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -11,6 +11,10 @@ Two decode-speed features change what a decode owes: with speculative decoding
 (``SpeculationPolicy``) a decode also runs its drafts (and keeps KV slots for the proposer's
 next ones); with multi-step scheduling a plan of decodes only runs each of them for up to
 ``num_scheduler_steps`` steps, its blocks allocated for all of them up front.
+
+LoRA: the running requests use at most ``max_loras`` distinct adapters (so every step does). A
+waiting request whose adapter would be one too many is passed over, keeping its place in the
+queue, until a running adapter's requests finish.
 """
 
 from __future__ import annotations
@@ -73,6 +77,7 @@ class Scheduler:
         spec: SpeculationPolicy | None = None,
         num_scheduler_steps: int = 1,
         max_model_len: int | None = None,
+        max_loras: int = 0,  # 0: LoRA disabled
     ) -> None:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
@@ -82,6 +87,7 @@ class Scheduler:
         self.spec = spec
         self.num_scheduler_steps = num_scheduler_steps
         self.max_model_len = max_model_len
+        self.max_loras = max_loras
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()  # preempted to host swap, oldest first
@@ -169,10 +175,15 @@ class Scheduler:
             budget -= n
 
         # Then waiting requests, while there is budget, room and KV.
+        adapters = {r.lora_id for r in self.running if r.lora_id}
+        passed_over: list[Request] = []  # their adapter would exceed max_loras this step
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             if out.preempted or self.swapped:
                 break  # KV is short: do not admit more
             req = self.waiting[0]
+            if req.lora_id and req.lora_id not in adapters and len(adapters) >= self.max_loras:
+                passed_over.append(self.waiting.popleft())
+                continue
             # Prompt logprobs need every prompt position computed: no prefix-cache reuse.
             wants_all = req.sampling_params.prompt_logprobs is not None or req.pooling
             cached = [] if wants_all else self.block_manager.find_cached_prefix(req)
@@ -201,11 +212,19 @@ class Scheduler:
             self.waiting.popleft()
             req.status = RequestStatus.RUNNING
             self.running.append(req)
+            if req.lora_id:
+                adapters.add(req.lora_id)
             out.scheduled.append((req, n))
             budget -= n
+        self.waiting.extendleft(reversed(passed_over))  # back in place, in order
         if self.num_scheduler_steps > 1:
             self._plan_window(out)
         return out
+
+    def lora_ids(self) -> tuple[set[int], set[int]]:
+        """Adapters of the running and of the waiting requests (lora_int_ids)."""
+        running = {r.lora_id for r in self.running if r.lora_id}
+        return running, {r.lora_id for r in self.waiting if r.lora_id}
 
     def _speculate(self, req: Request, n: int, budget: int, out: SchedulerOutput) -> bool:
         """Schedule the rest of a request (a decode, or the last chunk of its prompt) with its

@@ -103,13 +103,15 @@ class BeamSearch:
 
 
 def run_beam_search(
-    llm: LLM, prompts: list[Any], params: BeamSearchParams
+    llm: LLM, prompts: list[Any], params: BeamSearchParams, lora_request: Any = None
 ) -> list[BeamSearchOutput]:
+    """Every beam of every prompt runs with ``lora_request`` (a LoRARequest, or None)."""
     tok = llm.get_tokenizer()
     probe = SamplingParams(max_tokens=1, temperature=0.0)
     starts = [llm.engine.inputs.process(p, probe.clone()).token_ids for p in prompts]
     search = BeamSearch(starts, params, tok.eos_token_id)
     while flat := search.pending():
-        outs = llm.generate([b.tokens for _, b in flat], search.step_params, use_tqdm=False)
+        outs = llm.generate([b.tokens for _, b in flat], search.step_params, use_tqdm=False,
+                            lora_request=lora_request)
         search.advance(flat, outs)
     return search.results(tok)

@@ -60,6 +60,13 @@ ENGINE_HELP: dict[str, str] = {
     "ngram_prompt_lookup_max": "[ngram]: longest suffix looked up in the request (required)",
     "ngram_prompt_lookup_min": "[ngram]: shortest suffix looked up (None: 1)",
     "num_scheduler_steps": "the maximum number of forward steps per scheduler call",
+    "enable_lora": "serve LoRA adapters (--lora-modules, requests naming an adapter)",
+    "max_loras": "most adapters that run in one batch step (requests of others wait)",
+    "max_lora_rank": "highest adapter rank accepted",
+    "max_cpu_loras": "adapters kept loaded, least recently used evicted (default: max_loras)",
+    "lora_dtype": "dtype of adapter weights: auto (the model's), float32, float16, bfloat16",
+    "lora_extra_vocab_size": "tokens an adapter may add (vLLM's flag; adapters that add tokens "
+    "are refused)",
 }
 _SIZE_FIELDS = {"kv_cache_memory"}
 _SIZE = re.compile(r"^\s*([0-9.]+)\s*([kmgt]?)(i?b?)\s*$", re.I)

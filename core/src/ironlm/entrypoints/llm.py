@@ -13,6 +13,7 @@ from ironlm.config import EngineConfig
 from ironlm.engine.input_processor import PromptType
 from ironlm.engine.llm_engine import LLMEngine
 from ironlm.entrypoints.chat_utils import apply_chat_template
+from ironlm.lora.request import LoRARequest
 from ironlm.outputs import EmbeddingOutput, RequestOutput
 from ironlm.plugin_manager import PluginManager
 from ironlm.sampling_params import BeamSearchParams, SamplingParams
@@ -47,17 +48,25 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         priority: list[int] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
-        """Run all prompts to completion; outputs come back in input order."""
+        """Run all prompts to completion; outputs come back in input order. ``lora_request``:
+        one adapter for every prompt, or one (or None) per prompt."""
         batch = _as_prompt_list(prompts)
         params = _per_prompt(sampling_params or SamplingParams(), len(batch))
+        loras = _per_prompt_lora(lora_request, len(batch))
         if any(p.use_beam_search for p in params):
-            return self._generate_beams(batch, params)
+            return self._generate_beams(batch, params, loras)
         ids = []
-        for i, (prompt, p) in enumerate(zip(batch, params)):
-            rid = str(next(self._ids))
-            self.engine.add_request(rid, prompt, p, priority=priority[i] if priority else 0)
-            ids.append(rid)
+        try:
+            for i, (prompt, p) in enumerate(zip(batch, params)):
+                rid = str(next(self._ids))
+                self.engine.add_request(rid, prompt, p, priority=priority[i] if priority else 0,
+                                        lora_request=loras[i])
+                ids.append(rid)
+        except BaseException:
+            self.engine.abort_request(ids)  # a bad prompt queues none of the batch
+            raise
         return self._run(ids, use_tqdm)
 
     def chat(
@@ -70,6 +79,7 @@ class LLM:
         continue_final_message: bool = False,
         tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate replies to one conversation or a list of them, via the chat template."""
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
@@ -82,30 +92,42 @@ class LLM:
             # The template already holds BOS and friends: tokenize without adding them again.
             ids = self.engine.tokenizer(text, add_special_tokens=False).input_ids
             prompts.append({"prompt": text, "prompt_token_ids": ids})
-        return self.generate(prompts, sampling_params, use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm, lora_request=lora_request)
 
     def encode(
-        self, prompts: PromptType | Sequence[PromptType], use_tqdm: bool = True
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        use_tqdm: bool = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[EmbeddingOutput]:
         """Mean-pooled last hidden states of each prompt."""
+        batch = _as_prompt_list(prompts)
+        loras = _per_prompt_lora(lora_request, len(batch))
         ids = []
-        for prompt in _as_prompt_list(prompts):
-            rid = str(next(self._ids))
-            self.engine.add_request(rid, prompt, SamplingParams(max_tokens=1), pooling=True)
-            ids.append(rid)
+        try:
+            for prompt, lora in zip(batch, loras):
+                rid = str(next(self._ids))
+                self.engine.add_request(rid, prompt, SamplingParams(max_tokens=1), pooling=True,
+                                        lora_request=lora)
+                ids.append(rid)
+        except BaseException:
+            self.engine.abort_request(ids)
+            raise
         outs = self._run(ids, use_tqdm)
         return [EmbeddingOutput(o.request_id, o.prompt_token_ids, o.embedding or []) for o in outs]
 
     def beam_search(
-        self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams
-    ) -> list[Any]:
+        self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams,
+        lora_request: LoRARequest | None = None,
+    ) -> list[Any]:  # fmt: skip
         from ironlm.entrypoints.beam_search import run_beam_search
 
-        return run_beam_search(self, _as_prompt_list(prompts), params)
+        return run_beam_search(self, _as_prompt_list(prompts), params, lora_request)
 
     def _generate_beams(
-        self, batch: list[PromptType], params: list[SamplingParams]
-    ) -> list[RequestOutput]:
+        self, batch: list[PromptType], params: list[SamplingParams],
+        loras: list[LoRARequest | None],
+    ) -> list[RequestOutput]:  # fmt: skip
         """SamplingParams(use_beam_search=True): beam width best_of, the n best beams."""
         from ironlm.entrypoints.beam_search import run_beam_search
         from ironlm.outputs import CompletionOutput
@@ -113,12 +135,12 @@ class LLM:
         if not all(p.use_beam_search for p in params):
             raise ValueError("use_beam_search must be the same for every prompt of one call")
         results = []
-        for prompt, p in zip(batch, params):
+        for prompt, p, lora in zip(batch, params, loras):
             beam = BeamSearchParams(
                 beam_width=p.best_of or p.n, max_tokens=p.max_tokens or 16,
                 ignore_eos=p.ignore_eos, length_penalty=p.length_penalty,
             )
-            out = run_beam_search(self, [prompt], beam)[0]
+            out = run_beam_search(self, [prompt], beam, lora)[0]
             prompt_ids = self.engine.inputs.process(prompt, SamplingParams()).token_ids
             outs = [
                 CompletionOutput(
@@ -161,6 +183,16 @@ def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptTy
     if isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int):
         return [list(prompts)]  # one token-id prompt
     return list(prompts)
+
+
+def _per_prompt_lora(
+    lora: LoRARequest | Sequence[LoRARequest | None] | None, n: int
+) -> list[LoRARequest | None]:
+    if lora is None or isinstance(lora, LoRARequest):
+        return [lora] * n
+    if len(lora) != n:
+        raise ValueError(f"got {len(lora)} LoRA requests for {n} prompts")
+    return list(lora)
 
 
 def _per_prompt(

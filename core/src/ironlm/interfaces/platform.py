@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from ironlm.interfaces.lora import reference_lora_linear
 from ironlm.interfaces.quant import QuantLayout, reference_embedding, reference_linear
 
 if TYPE_CHECKING:  # the model context names this module's LayerOps
@@ -86,6 +87,22 @@ class LayerOps:
     ) -> torch.Tensor:
         """(T,) ids -> (T, hidden) float32 rows of a quantized (vocab, hidden) table."""
         return reference_embedding(layout, ids, packed)
+
+    # -- LoRA adapters (layout: ironlm.interfaces.lora) -----------------------------------------
+    def lora_linear(
+        self,
+        y: torch.Tensor,  # (T, N) the layer's output, updated in place
+        x: torch.Tensor,  # (T, K) the layer's input
+        lora_a: torch.Tensor,  # (S, P * R, K) stacked A of every slot and part
+        lora_b: torch.Tensor,  # (S, R, N) stacked B.T (scaled) of every slot
+        slices: tuple[int, ...],  # output rows of each of the P parts
+        token_slots: torch.Tensor,  # (T,) int32 slot per token, -1 = no adapter
+        slot_ranks: torch.Tensor,  # (S,) int32 rank of each slot's adapter (0: empty)
+    ) -> torch.Tensor:  # y
+        """Add each token's adapter delta to y (the segmented LoRA matmul of a mixed batch).
+        Called while a decode graph is captured too: kernels must read ``token_slots`` and
+        ``slot_ranks`` when they run (the tensors stay in place; their contents change)."""
+        return reference_lora_linear(y, x, lora_a, lora_b, slices, token_slots, slot_ranks)
 
     def rms_norm(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None

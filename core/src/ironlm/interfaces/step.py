@@ -6,6 +6,8 @@ Workers keep per-request sampling state (generators, penalty counts) keyed by re
 A step returns one or more tokens per sampling request: speculative decoding verifies drafts
 (``spec_token_ids``) and keeps the accepted ones plus one; multi-step scheduling
 (``num_steps``) runs several decode steps back to back, each sampled token the next input.
+Each scheduled sequence names its LoRA adapter (``lora_id``); at most ``max_loras`` distinct
+adapters appear in one step.
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ class ScheduledSeq:
     # Multi-step: decode steps to run back to back (one token in each, sampled on the worker and
     # fed to the next); block_ids cover start_pos + num_steps slots. > 1 only for pure decode.
     num_steps: int = 1
+    # The LoRA adapter (its lora_int_id) the tokens run with; 0: the base model. Workers hold
+    # the adapter already (the engine loads it through collective_rpc("add_lora", ...)).
+    lora_id: int = 0
 
 
 @dataclass

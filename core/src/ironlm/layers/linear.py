@@ -21,13 +21,25 @@ it its own way (``load_part``), else it is copied into the parameter's rows of i
 Tensor parallelism: ColumnParallelLinear splits the output features over ranks (no
 communication; QKV and gate/up are column parallel); RowParallelLinear splits the input features
 and all-reduces the partial outputs (o_proj, down_proj). With tp_size 1 both are plain linears.
+
+LoRA: a layer may carry adapter slots (``lora``, set by the worker when LoRA is enabled) whose
+delta is added to its output. Adapter weights shard like the layer: ``lora_parts`` names the
+output parts and their rows on this rank, ``shard_output_rows`` cuts a part's B (out, r) as the
+part's weight rows are cut (column parallel), ``shard_input_columns`` cuts A (r, in) as the
+weight's columns are cut (row parallel, where B stays whole and the all-reduce sums the ranks'
+partial deltas along with the partial outputs).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from ironlm.interfaces.model import ModelContext
+
+if TYPE_CHECKING:  # the adapter slots the worker attaches (same layer: the model's)
+    from ironlm.lora.layer import LinearLoRA
 
 
 def divide(numerator: int, denominator: int, what: str = "size") -> int:
@@ -76,6 +88,7 @@ class LinearBase(torch.nn.Module):
         self.tp_size = ctx.tp_size
         self.tp_group = ctx.tp_group
         self.shared_loaded: set[str] = set()  # per-tensor params already set by a merged part
+        self.lora: LinearLoRA | None = None  # adapter slots, when LoRA is enabled
         self.quant_method.create_weights(self, input_size, output_size, ctx.dtype)
         if bias:
             self.bias: torch.nn.Parameter | None = torch.nn.Parameter(
@@ -86,7 +99,21 @@ class LinearBase(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # (num_tokens, input_size) -> (num_tokens, output_size)
-        return self.quant_method.apply(self, x, self.bias)
+        y = self.quant_method.apply(self, x, self.bias)
+        return y if self.lora is None else self.lora(x, y)
+
+    # -- how adapter weights shard (see the module docstring) ---------------------------------
+    def lora_parts(self) -> list[tuple[str | int | None, int]]:
+        """(shard id, rows of this rank's output) per output part, in output order."""
+        return [(None, self.output_size)]
+
+    def shard_output_rows(self, full: torch.Tensor, shard_id: str | int | None) -> torch.Tensor:
+        """This rank's rows of a (part out_features, ...) tensor of part ``shard_id``."""
+        return full
+
+    def shard_input_columns(self, full: torch.Tensor) -> torch.Tensor:
+        """This rank's columns of a (..., in_features) tensor."""
+        return full
 
     def load_weight(
         self, name: str, loaded: torch.Tensor, shard_id: str | int | None = None
@@ -184,6 +211,9 @@ class ColumnParallelLinear(LinearBase):
             return _slice_rows(loaded, self.tp_rank, 1, self.tp_size)
         return loaded
 
+    def shard_output_rows(self, full: torch.Tensor, shard_id: str | int | None) -> torch.Tensor:
+        return self._rank_share(full, shard_id)  # B's rows as the weight's rows
+
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
     """Several column-parallel linears over the same input stacked into one matmul
@@ -208,6 +238,9 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         assert isinstance(shard_id, int)
         offset = sum(self.output_sizes[:shard_id]) // self.tp_size
         return offset, self.output_sizes[shard_id] // self.tp_size
+
+    def lora_parts(self) -> list[tuple[str | int | None, int]]:
+        return [(i, size // self.tp_size) for i, size in enumerate(self.output_sizes)]
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -264,6 +297,9 @@ class QKVParallelLinear(ColumnParallelLinear):
             return 0, self.q_size
         return self.q_size + (0 if shard_id == "k" else self.kv_size), self.kv_size
 
+    def lora_parts(self) -> list[tuple[str | int | None, int]]:
+        return [("q", self.q_size), ("k", self.kv_size), ("v", self.kv_size)]
+
 
 class RowParallelLinear(LinearBase):
     """Input features split over ranks; partial outputs are summed with an all-reduce. The bias
@@ -279,10 +315,15 @@ class RowParallelLinear(LinearBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # (num_tokens, input_size) -> (num_tokens, out_features)
         if self.tp_size == 1:
-            return self.quant_method.apply(self, x, self.bias)
+            return super().forward(x)
         out = self.quant_method.apply(self, x, None)
-        self.tp_group.all_reduce(out)  # sum of the ranks' partial products
+        if self.lora is not None:  # this rank's partial delta: A's columns, B whole
+            out = self.lora(x, out)
+        self.tp_group.all_reduce(out)  # sum of the ranks' partial products (and deltas)
         return out if self.bias is None else out + self.bias
+
+    def shard_input_columns(self, full: torch.Tensor) -> torch.Tensor:
+        return self._rank_share(full, None)  # A's columns as the weight's columns
 
     def _rank_share(self, loaded: torch.Tensor, shard_id: str | int | None) -> torch.Tensor:
         if self.tp_size > 1 and loaded.dim() > 1 and loaded.shape[-1] > 1:

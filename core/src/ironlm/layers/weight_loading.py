@@ -28,7 +28,7 @@ def load_named_weights(
         if skip(name):
             continue
         module_path, _, param_name = name.rpartition(".")
-        target_path, shard_id = _resolve(modules, module_path)
+        target_path, shard_id = resolve_target(modules, module_path)
         if target_path is None:
             raise ValueError(f"unexpected weight {name!r}: no layer of the model takes it")
         target = modules[target_path]
@@ -45,7 +45,9 @@ def load_named_weights(
     _check_complete(model, modules, loaded)
 
 
-def _resolve(modules: dict[str, torch.nn.Module], module_path: str) -> tuple[str | None, ShardId]:
+def resolve_target(
+    modules: dict[str, torch.nn.Module], module_path: str
+) -> tuple[str | None, ShardId]:
     """(path of the layer that takes weights of checkpoint module ``module_path``, shard id)."""
     if module_path in modules:
         return module_path, None

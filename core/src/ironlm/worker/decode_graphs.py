@@ -7,6 +7,11 @@ capture on static tensors; every later step of that size copies its inputs into 
 and replays. Padding rows read token 0 at position 0 with seq_len 1 and write nothing (slot -1);
 their logits are dropped. A capture that fails (``GraphCaptureError``) turns graphs off for the
 engine, with the reason logged once, and every step runs eagerly, as with ``enforce_eager``.
+
+With LoRA enabled the capture binds a static per-row slot tensor to the model's LoRA layers
+(``LoRAStepState``) and records their kernel calls; each replay writes the rows' adapter slots
+into it (padding rows: -1), so mixed-adapter decode steps replay too. The slot stacks are
+updated in place when adapters change slots, so recorded pointers stay valid.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import torch
 from ironlm.interfaces.attention import AttentionBackend, AttentionBatch
 from ironlm.interfaces.graphs import GraphCapture, GraphCaptureError, StepGraph
 from ironlm.interfaces.model import ModelArchitecture
+from ironlm.lora.layer import LoRAStepState
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +38,7 @@ class _Captured:
     input_ids: torch.Tensor  # (size,) int64
     positions: torch.Tensor  # (size,) int64
     logits: torch.Tensor  # (size, vocab) float32, rewritten by each replay
+    lora_slots: torch.Tensor | None  # (size,) int32 adapter slot per row, with LoRA
 
 
 class DecodeGraphs:
@@ -44,8 +51,10 @@ class DecodeGraphs:
         block_size: int,
         max_model_len: int,
         device: torch.device,
+        lora_state: LoRAStepState | None = None,
     ) -> None:
         self.capture = capture
+        self.lora_state = lora_state
         self.model = model
         self.attention = attention
         self.kv_caches = kv_caches
@@ -65,6 +74,7 @@ class DecodeGraphs:
         token_ids: list[int],  # (n,) each sequence's new token
         positions: list[int],  # (n,) its position (= tokens cached before it)
         block_tables: list[list[int]],  # per sequence: its blocks, covering position + 1 slots
+        lora_slots: list[int] | None = None,  # (n,) adapter slot per sequence, -1: none
     ) -> torch.Tensor | None:
         """(n, vocab) float32 logits of one decode step, or None when graphs are off (the
         caller runs the step eagerly). The tensor is overwritten by the next replay."""
@@ -79,13 +89,14 @@ class DecodeGraphs:
                 logger.info("decode graphs off, every step runs eagerly: %s", exc)
                 return None
             self.graphs[size] = captured
-        self._fill(captured, token_ids, positions, block_tables)
+        self._fill(captured, token_ids, positions, block_tables, lora_slots)
         captured.graph.replay()
         return captured.logits[:n]
 
     def _fill(
-        self, c: _Captured, ids: list[int], pos: list[int], tables: list[list[int]]
-    ) -> None:
+        self, c: _Captured, ids: list[int], pos: list[int], tables: list[list[int]],
+        lora_slots: list[int] | None,
+    ) -> None:  # fmt: skip
         n, size, bs = len(ids), c.input_ids.shape[0], self.block_size
         pad = size - n
         slots = [t[p // bs] * bs + p % bs for t, p in zip(tables, pos)]
@@ -103,6 +114,9 @@ class DecodeGraphs:
         c.batch.block_tables[:n, :width].copy_(
             torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
         )
+        if c.lora_slots is not None:
+            slots = (lora_slots or [-1] * n) + [-1] * pad
+            c.lora_slots.copy_(torch.tensor(slots, dtype=torch.int32))
         self.attention.refresh_graph_metadata(c.metadata, c.batch)
 
     def _capture(self, size: int) -> _Captured:
@@ -124,10 +138,14 @@ class DecodeGraphs:
             raise GraphCaptureError(f"attention backend {self.attention.name!r} has no graphs")
         input_ids = torch.zeros(size, dtype=torch.int64, device=dev)
         positions = torch.zeros(size, dtype=torch.int64, device=dev)
+        lora_slots = None
+        if self.lora_state is not None:  # record the LoRA kernels over a static slot tensor
+            lora_slots = torch.full((size,), -1, dtype=torch.int32, device=dev)
+            self.lora_state.bind(lora_slots, active=True)
 
         def forward() -> torch.Tensor:
             hidden = self.model(input_ids, positions, self.kv_caches, metadata)
             return self.model.compute_logits(hidden)  # (size, vocab)
 
         graph, logits = self.capture.capture(forward)
-        return _Captured(graph, batch, metadata, input_ids, positions, logits)
+        return _Captured(graph, batch, metadata, input_ids, positions, logits, lora_slots)

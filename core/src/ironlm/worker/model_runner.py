@@ -29,6 +29,7 @@ from ironlm.interfaces.attention import AttentionBackend
 from ironlm.interfaces.model import ModelArchitecture
 from ironlm.interfaces.step import ModelInput, ModelOutput, ScheduledSeq
 from ironlm.worker.decode_graphs import DecodeGraphs
+from ironlm.worker.lora_manager import WorkerLoRAManager
 from ironlm.worker.multi_step import run_window
 from ironlm.worker.sampler import Sampler, SamplingState, top_logprobs
 from ironlm.worker.speculator import Speculator
@@ -56,6 +57,7 @@ class ModelRunner:
         device: torch.device,
         vocab_size: int,
         stage: StageInfo | None = None,
+        lora: WorkerLoRAManager | None = None,
     ) -> None:
         self.stage = stage or StageInfo()
         self.steps = 0  # model forwards run (the collective statistics' denominator)
@@ -67,6 +69,7 @@ class ModelRunner:
         self.kv_caches: list[torch.Tensor] = []  # one per attention layer
         self.swap_caches: list[torch.Tensor] = []  # host swap space, one per layer (or none)
         self.graphs: DecodeGraphs | None = None  # set with the KV cache unless enforce_eager
+        self.lora = lora  # the adapters, when LoRA is enabled
         self.sampler = Sampler()
         self.states: dict[str, SamplingState] = {}
         self.embed_sums: dict[str, torch.Tensor] = {}  # pooling requests: running hidden sums
@@ -111,11 +114,15 @@ class ModelRunner:
         verification); returns each request's accepted rows of hidden states when the
         proposer reads them."""
         stage = self.stage
-        logits = self._decode_graph_logits(mi.seqs)
+        lora_slots = self._lora_slots(mi.seqs)
+        logits = self._decode_graph_logits(mi.seqs, lora_slots)
         if logits is not None:  # every sequence samples its next token
             self._sample(out, mi, logits, mi.seqs)
             return None
         input_ids, positions, batch = self._flatten(mi.seqs)
+        if self.lora is not None:  # each sequence's rows: its new tokens, then its drafts
+            self.lora.bind_tokens(lora_slots, [len(s.token_ids) + len(s.spec_token_ids)
+                                               for s in mi.seqs])  # fmt: skip
         meta = self.attention.build_metadata(batch)
         intermediate = None
         if stage.channel is not None and stage.channel.prev_rank is not None:
@@ -180,7 +187,17 @@ class ModelRunner:
                 self.attention.swap_blocks(host_cache, device_cache, [h for h, _ in into],
                                            [d for _, d in into])
 
-    def _decode_graph_logits(self, seqs: list[ScheduledSeq]) -> torch.Tensor | None:
+    def _lora_slots(self, seqs: list[ScheduledSeq]) -> list[int]:
+        """Each sequence's adapter slot (-1: none), adapters copied into slots as needed."""
+        if self.lora is None:
+            if any(s.lora_id for s in seqs):
+                raise ValueError("a sequence names a LoRA adapter but LoRA is not enabled")
+            return [-1] * len(seqs)
+        return self.lora.slots_for([s.lora_id for s in seqs])
+
+    def _decode_graph_logits(
+        self, seqs: list[ScheduledSeq], lora_slots: list[int]
+    ) -> torch.Tensor | None:
         """(B, V) logits through a decode graph when the step is plain decode (one new token
         per sequence, each sampling, no pooling or prompt logprobs); None: run eagerly."""
         if self.graphs is None or not self.graphs.accepts(len(seqs)):
@@ -192,7 +209,7 @@ class ModelRunner:
                 return None
         return self.graphs.run(
             [s.token_ids[0] for s in seqs], [s.start_pos for s in seqs],
-            [s.block_ids for s in seqs],
+            [s.block_ids for s in seqs], lora_slots,
         )  # fmt: skip
 
     def _sample(
@@ -208,10 +225,13 @@ class ModelRunner:
     def decode_logits(self, seqs: list[ScheduledSeq]) -> torch.Tensor:
         """(B, V) logits of a pure decode step (one token per sequence), through a decode graph
         when one applies."""
-        logits = self._decode_graph_logits(seqs)
+        lora_slots = self._lora_slots(seqs)
+        logits = self._decode_graph_logits(seqs, lora_slots)
         if logits is not None:
             return logits
         input_ids, positions, batch = self._flatten(seqs)
+        if self.lora is not None:
+            self.lora.bind_tokens(lora_slots, [1] * len(seqs))
         hidden = self.model(input_ids, positions, self.kv_caches,
                             self.attention.build_metadata(batch))  # fmt: skip
         return self.model.compute_logits(hidden)

@@ -16,12 +16,14 @@ from ironlm.interfaces.quantization import QuantizationMethod, UnquantizedMethod
 from ironlm.interfaces.spec_decode import SpeculativeProposer
 from ironlm.interfaces.step import ModelInput, ModelOutput
 from ironlm.interfaces.worker import WorkerBase, WorkerRank
+from ironlm.lora.request import LoRARequest
 from ironlm.model_loader import ModelSource, load_model, resolve_model
 from ironlm.plugin_manager import PluginManager
 from ironlm.registry import UnavailableError
 from ironlm.worker.decode_graphs import DecodeGraphs
 from ironlm.worker.draft_runner import DraftModelRunner
 from ironlm.worker.kv_cache import KVCache
+from ironlm.worker.lora_manager import WorkerLoRAManager
 from ironlm.worker.model_runner import ModelRunner, StageInfo
 from ironlm.worker.proposer_context import WorkerProposerContext
 from ironlm.worker.speculator import Speculator
@@ -98,8 +100,10 @@ class Worker(WorkerBase):
             self.device, self.rank.local_rank,
         )  # fmt: skip
         hf_config = self.source.hf_config
+        lora = WorkerLoRAManager(model, self.config, layer_ops, self.dtype, self.device) \
+            if self.config.enable_lora else None
         self._runner = ModelRunner(
-            self.config, model, attention, self.device, int(hf_config.vocab_size),
+            self.config, model, attention, self.device, int(hf_config.vocab_size), lora=lora,
             stage=StageInfo(
                 is_last=ctx.is_last_stage,
                 samples=rank == self.layout.sampling_rank,
@@ -184,6 +188,7 @@ class Worker(WorkerBase):
             runner.graphs = DecodeGraphs(
                 capture, runner.model, runner.attention, kv_caches, self.config.block_size,
                 min(longest or cache_tokens, cache_tokens), self.device,
+                runner.lora.state if runner.lora is not None else None,
             )  # fmt: skip
 
     def num_swap_blocks(self) -> int:
@@ -198,6 +203,29 @@ class Worker(WorkerBase):
     # -- steps -------------------------------------------------------------------------------
     def execute_model(self, model_input: ModelInput) -> ModelOutput | None:
         return self.runner.execute(model_input)
+
+    # -- LoRA adapters (the engine's collective_rpc; vLLM's worker methods) ----------------------
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Read, check and hold an adapter (False: held already); ValueError naming the
+        problem when it cannot run on this model."""
+        return self._lora().add(lora_request)
+
+    def check_lora(self, lora_request: LoRARequest) -> None:
+        """Read and check an adapter without holding it (ValueError naming the problem)."""
+        self._lora().check(lora_request)
+
+    def remove_lora(self, lora_id: int) -> bool:
+        return self._lora().remove(lora_id)
+
+    def list_loras(self) -> set[int]:
+        return self._lora().ids()
+
+    def _lora(self) -> WorkerLoRAManager:
+        lora = self.runner.lora
+        if lora is None:
+            raise ValueError("LoRA is not enabled: start the engine with enable_lora=True "
+                             "(--enable-lora)")
+        return lora
 
     def check_health(self) -> None:
         self.runner  # raises when not loaded or shut down

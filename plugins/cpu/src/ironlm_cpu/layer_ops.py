@@ -2,7 +2,8 @@
 and bfloat16) or torch's matmul, whichever measured faster for the weight's shape here
 (``op_choice``); quantized linears and embeddings on packed int8 / int4 / fp8 / GGUF weights
 (``quant_kernels``); RMSNorm, rotary, the gated MLP activations and row lookups as single C
-calls (``fused_kernels``), RMSNorm against torch by measurement too.
+calls (``fused_kernels``), RMSNorm against torch by measurement too; the segmented LoRA
+matmul of mixed-adapter batches (``lora_kernel``).
 
 Weights no C kernel takes (float16, output size not a multiple of 16) stay row-major and use
 torch; quantized layouts without a C kernel use the core's torch reference (said in
@@ -20,6 +21,7 @@ from ironlm.interfaces.quant import QuantLayout
 from ironlm_cpu.cbuild import Recordable
 from ironlm_cpu.fused_kernels import FusedKernels
 from ironlm_cpu.linear_kernel import PackedLinearKernel
+from ironlm_cpu.lora_kernel import LoRAKernel
 from ironlm_cpu.op_choice import OpChooser, OpPlan
 from ironlm_cpu.quant_kernels import QuantKernels
 from ironlm_cpu.quant_packing import fits, is_packed, kernel_format, pack
@@ -31,10 +33,12 @@ class CpuLayerOps(LayerOps):
     def __init__(
         self, kernel: PackedLinearKernel | None = None, fused: FusedKernels | None = None,
         tuner: KernelTuner | None = None, quant: QuantKernels | None = None,
+        lora: LoRAKernel | None = None,
     ) -> None:  # fmt: skip
         self.kernel = kernel if kernel is not None else PackedLinearKernel()
         self.fused = fused if fused is not None else FusedKernels()
         self.quant = quant if quant is not None else QuantKernels()
+        self.lora = lora if lora is not None else LoRAKernel()
         self.torch_ops = TorchKernels()
         self.tuner = tuner if tuner is not None else KernelTuner(self.kernel.target)
         self.chooser = OpChooser(self.tuner, self.kernel, self.fused, self.torch_ops)
@@ -45,7 +49,7 @@ class CpuLayerOps(LayerOps):
     def libraries(self) -> list[Recordable]:
         """What these ops call through (what a decode-graph capture records)."""
         libs: list[Recordable] = [
-            lib for lib in (self.kernel, self.fused, self.quant) if lib.available
+            lib for lib in (self.kernel, self.fused, self.quant, self.lora) if lib.available
         ]
         return libs + [self.torch_ops]
 
@@ -84,6 +88,15 @@ class CpuLayerOps(LayerOps):
             assert fmt is not None
             return self.quant.rows(fmt, ids, packed, layout.group_size or 0)
         return super().quantized_embedding(layout, ids, packed)
+
+    # -- LoRA adapters ------------------------------------------------------------------------
+    def lora_linear(
+        self, y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
+        slices: tuple[int, ...], token_slots: torch.Tensor, slot_ranks: torch.Tensor,
+    ) -> torch.Tensor:  # fmt: skip
+        if self.lora.fits(y, x, lora_a, lora_b, slices, token_slots, slot_ranks):
+            return self.lora(y, x, lora_a, lora_b, slices, token_slots, slot_ranks)
+        return super().lora_linear(y, x, lora_a, lora_b, slices, token_slots, slot_ranks)
 
     def rms_norm(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None

@@ -15,14 +15,17 @@ from ironlm.interfaces.quant import FP8, GGUF, INT4, INT8, W8A8, QuantLayout, re
 
 class TritonLayerOps(LayerOps):
     """RMSNorm (+ residual add), neox rotary, SiLU-and-mul and GELU(tanh)-and-mul in Triton;
-    quantized linears for the int8, w8a8, int4 and fp8 layouts (``kernels.quant_matmul``)."""
+    quantized linears for the int8, w8a8, int4 and fp8 layouts (``kernels.quant_matmul``); the
+    segmented LoRA matmul of mixed-adapter batches (``kernels.lora``)."""
 
     def __init__(self) -> None:
         from ironlm_cuda.kernels import quant_matmul
         from ironlm_cuda.kernels.activation import act_and_mul
+        from ironlm_cuda.kernels.lora import lora_linear
         from ironlm_cuda.kernels.rms_norm import rms_norm
         from ironlm_cuda.kernels.rotary import rotary
 
+        self._lora_linear = lora_linear
         self._act_and_mul = act_and_mul
         self._rms_norm = rms_norm
         self._rotary = rotary
@@ -89,3 +92,15 @@ class TritonLayerOps(LayerOps):
         sin: torch.Tensor,  # (T, D/2)
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return self._rotary(q, k, cos, sin)
+
+    def lora_linear(
+        self,
+        y: torch.Tensor,  # (T, N), updated in place
+        x: torch.Tensor,  # (T, K)
+        lora_a: torch.Tensor,  # (S, P * R, K)
+        lora_b: torch.Tensor,  # (S, R, N)
+        slices: tuple[int, ...],
+        token_slots: torch.Tensor,  # (T,) int32
+        slot_ranks: torch.Tensor,  # (S,) int32
+    ) -> torch.Tensor:
+        return self._lora_linear(y, x, lora_a, lora_b, slices, token_slots, slot_ranks)

@@ -29,6 +29,7 @@ from ironlm.entrypoints.openai import (
     serving_completions,
     serving_embeddings,
     serving_generate,
+    serving_models,
     serving_tokenize,
 )
 from ironlm.entrypoints.openai.cli_args import engine_config_from_args, make_parser
@@ -44,7 +45,9 @@ from ironlm.entrypoints.openai.protocol import (
     CompletionRequest,
     DetokenizeRequest,
     EmbeddingRequest,
+    LoadLoRAAdapterRequest,
     TokenizeRequest,
+    UnloadLoRAAdapterRequest,
 )
 from ironlm.entrypoints.openai.shutdown import DrainingServer
 from ironlm.entrypoints.openai.startup import StartupError, load_tool_parser_plugin, preflight
@@ -55,6 +58,8 @@ from ironlm.registry import PluginClashError
 log = logging.getLogger("ironlm.server")
 M = TypeVar("M", bound=BaseModel)
 router = APIRouter()
+# POST /v1/load_lora_adapter and /v1/unload_lora_adapter: only with VLLM_ALLOW_RUNTIME_LORA_UPDATING
+lora_router = APIRouter()
 
 
 def _server(request: Request) -> ServerState:
@@ -104,24 +109,33 @@ async def version() -> dict[str, str]:
     return {"version": __version__}
 
 
-def _model_card(s: ServerState, name: str) -> dict[str, Any]:
-    return {"id": name, "object": "model", "created": s.created, "owned_by": "ironlm",
-            "root": s.model_path, "parent": None, "max_model_len": s.max_model_len}
-
-
 @router.get("/v1/models")
 async def models(request: Request) -> dict[str, Any]:
-    s = _server(request)
-    return {"object": "list", "data": [_model_card(s, n) for n in s.options.served_model_names]}
+    return {"object": "list", "data": serving_models.model_cards(_server(request))}
 
 
 @router.get("/v1/models/{model_id:path}")
 async def model(request: Request, model_id: str) -> dict[str, Any]:
-    s = _server(request)
-    if model_id not in s.options.served_model_names:
+    card = next((c for c in serving_models.model_cards(_server(request)) if c["id"] == model_id),
+                None)
+    if card is None:
         raise APIError(f"The model `{model_id}` does not exist.", 404, param="model",
                        code="model_not_found")
-    return _model_card(s, model_id)
+    return card
+
+
+@lora_router.post("/v1/load_lora_adapter")
+async def load_lora_adapter(request: Request) -> Response:
+    req = await parse_body(request, LoadLoRAAdapterRequest)
+    text = await serving_models.load_lora_adapter(_server(request), req)
+    return Response(text, status_code=200)
+
+
+@lora_router.post("/v1/unload_lora_adapter")
+async def unload_lora_adapter(request: Request) -> Response:
+    req = await parse_body(request, UnloadLoRAAdapterRequest)
+    text = await serving_models.unload_lora_adapter(_server(request), req)
+    return Response(text, status_code=200)
 
 
 @router.get("/v1/plugins")
@@ -189,6 +203,7 @@ def server_options(args: argparse.Namespace, model: str) -> ServerOptions:
         max_log_len=args.max_log_len,
         disable_log_requests=args.disable_log_requests,
         disable_log_stats=args.disable_log_stats,
+        lora_modules=list(getattr(args, "lora_modules", None) or []),
     )
 
 
@@ -219,6 +234,11 @@ def build_app(
     app.state.server = state
     install_error_handlers(app)
     app.include_router(router)
+    if serving_models.runtime_lora_updating():
+        log.warning("LoRA dynamic loading & unloading is enabled in the API server "
+                    "(%s). This should ONLY be used for local development!",
+                    serving_models.RUNTIME_LORA_ENV)
+        app.include_router(lora_router)
     # add_middleware wraps the app: the last added runs first (CORS, size, key, user's).
     for path in args.middleware or []:
         load_middleware(app, path)
@@ -262,6 +282,7 @@ def run_server(args: argparse.Namespace) -> None:
     engine.start()
     try:
         app = build_app(engine, args, pm)
+        serving_models.load_static_loras(app.state.server, app.state.server.options.lora_modules)
         server = DrainingServer(uvicorn.Config(
             app, host=args.host or "0.0.0.0", port=args.port,
             log_level=args.uvicorn_log_level, timeout_keep_alive=5,

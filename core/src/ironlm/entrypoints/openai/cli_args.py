@@ -13,6 +13,7 @@ import ssl
 
 from ironlm.config import EngineConfig
 from ironlm.entrypoints.engine_args import ENGINE_HELP, add_engine_args, engine_kwargs, parse_size
+from ironlm.entrypoints.openai.lora_modules import parse_lora_module
 
 # Engine fields shown in another group (with the server's default), or as a positional too.
 _FRONTEND_OWNED = ("model", "disable_log_stats")
@@ -56,6 +57,10 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                      "%(default)s)")
     srv.add_argument("--disable-fastapi-docs", action="store_true",
                      help="disable /docs, /redoc and /openapi.json")
+    srv.add_argument("--lora-modules", type=parse_lora_module, nargs="+", action="extend",
+                     default=None, metavar="NAME=PATH|JSON",
+                     help='LoRA adapters to serve (needs --enable-lora): name=path, or JSON '
+                     '{"name": ..., "path": ..., "base_model_name": ...}')
     cors = parser.add_argument_group("CORS")
     cors.add_argument("--allow-credentials", action="store_true", help="allow credentials")
     cors.add_argument("--allowed-origins", type=_json_list, default=["*"],

@@ -130,6 +130,12 @@ class ServerMetrics:
             )
         }
         self._spec_seen: dict[str, float] = {}
+        # vLLM's lora_requests_info: adapters of running / waiting requests as labels (names,
+        # comma-separated), the value the time they were read
+        self.lora_info = Gauge(
+            "vllm:lora_requests_info", "Running and waiting LoRA adapters.",
+            ["max_lora", "waiting_lora_adapters", "running_lora_adapters"], registry=reg,
+        )
 
     def set_engine_stats(self, stats: dict[str, Any]) -> None:
         m = self.model_name
@@ -156,6 +162,12 @@ class ServerMetrics:
                 if grown > 0:
                     c.labels(m).inc(grown)
                     self._spec_seen[key] = stats[key]
+        if "max_lora" in stats:
+            self.lora_info.clear()  # one sample: the current adapter sets
+            self.lora_info.labels(
+                str(stats["max_lora"]), ",".join(stats["waiting_lora_adapters"]),
+                ",".join(stats["running_lora_adapters"]),
+            ).set(stats.get("time", 0.0))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -13,6 +13,7 @@ from ironlm.entrypoints.openai.protocol import SamplingFields
 from ironlm.entrypoints.openai.request_inputs import EnginePrompt
 from ironlm.entrypoints.openai.state import ServerState
 from ironlm.entrypoints.openai.streaming import close_all, gather_or_cancel, last_item
+from ironlm.lora.request import LoRARequest
 from ironlm.outputs import CompletionOutput, RequestOutput
 from ironlm.sampling_params import BeamSearchParams
 
@@ -44,15 +45,17 @@ def beam_search_params(req: SamplingFields, max_tokens: int, logprobs: bool) -> 
 
 async def beam_search(
     state: ServerState, request_id: str, prompt: EnginePrompt, params: BeamSearchParams, n: int,
-    priority: int = 0,
+    priority: int = 0, lora_request: LoRARequest | None = None,
 ) -> AsyncIterator[RequestOutput]:
-    """Run the beams to the end; yield one finished RequestOutput with the ``n`` best."""
+    """Run the beams to the end (every beam with the request's adapter); yield one finished
+    RequestOutput with the ``n`` best."""
     search = BeamSearch([prompt.token_ids], params, state.tokenizer.eos_token_id)
     step = 0
     while flat := search.pending():
         gens = [
             state.engine.generate(f"{request_id}-s{step}-b{j}", {"prompt_token_ids": beam.tokens},
-                                  search.step_params.clone(), priority=priority)
+                                  search.step_params.clone(), priority=priority,
+                                  lora_request=lora_request)
             for j, (_, beam) in enumerate(flat)
         ]
         try:

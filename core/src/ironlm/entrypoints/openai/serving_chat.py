@@ -61,12 +61,13 @@ class _Ctx:
     plan: ToolPlan
     num_top: int | None  # top_logprobs per token, None without logprobs
     name: TokenNamer
+    model: str  # reported in responses: the adapter's name, or the served model's
 
 
 async def create_chat_completion(
     state: ServerState, request: Request, req: ChatCompletionRequest
 ) -> Response:
-    state.check_model(req.model)
+    lora = state.check_model(req.model)
     check_request(req)
     plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls,
                       state.options.enable_auto_tool_choice, state.tool_parser_cls)
@@ -112,13 +113,13 @@ async def create_chat_completion(
         and isinstance(last.get("content"), str) else ""
     as_ids = bool(req.return_tokens_as_token_ids or state.options.return_tokens_as_token_ids)
     ctx = _Ctx(state, req, random_id("chatcmpl"), int(time.time()), role, echo, plan, num_top,
-               TokenNamer(state.tokenizer, as_ids))
+               TokenNamer(state.tokenizer, as_ids), state.response_model(lora))
     state.log_request(ctx.request_id, text, prompt.token_ids, params)
     gen = tracked(
-        beam_search(state, ctx.request_id, prompt, beams, req.n, req.priority)
+        beam_search(state, ctx.request_id, prompt, beams, req.n, req.priority, lora)
         if beams is not None else
         state.engine.generate(ctx.request_id, prompt.as_engine_prompt(), params,
-                              priority=req.priority),
+                              priority=req.priority, lora_request=lora),
         state.new_tracker(req.n, req.best_of),
     )
     return await respond(
@@ -174,7 +175,7 @@ def _response(ctx: _Ctx, final: RequestOutput) -> ChatCompletionResponse:
     return ChatCompletionResponse(
         id=ctx.request_id,
         created=ctx.created,
-        model=ctx.state.model_name,
+        model=ctx.model,
         system_fingerprint=ctx.state.system_fingerprint,
         choices=choices,
         usage=UsageInfo.of(prompt_tokens, completion_tokens),
@@ -231,7 +232,7 @@ async def _stream(
     def chunk(choice: ChatStreamChoice | None) -> str:
         body: dict[str, Any] = {
             "id": ctx.request_id, "object": "chat.completion.chunk", "created": ctx.created,
-            "model": ctx.state.model_name, "system_fingerprint": ctx.state.system_fingerprint,
+            "model": ctx.model, "system_fingerprint": ctx.state.system_fingerprint,
             "choices": [choice.model_dump()] if choice is not None else [],
         }
         if include_usage:

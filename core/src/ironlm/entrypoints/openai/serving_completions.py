@@ -55,6 +55,7 @@ class _Ctx:
     created: int
     prompts: list[EnginePrompt]
     name: TokenNamer
+    model: str  # reported in responses: the adapter's name, or the served model's
 
     def prompt_text(self, i: int) -> str:
         p = self.prompts[i]
@@ -64,7 +65,7 @@ class _Ctx:
 async def create_completion(
     state: ServerState, request: Request, req: CompletionRequest
 ) -> Response:
-    state.check_model(req.model)
+    lora = state.check_model(req.model)
     check_request(req)
     check_max_tokens(req.max_tokens)
     raw = split_prompts(req.prompt)
@@ -92,13 +93,14 @@ async def create_completion(
     await compile_guided(state, guided, req.guided_decoding_backend, guided_field(req))
     as_ids = bool(req.return_tokens_as_token_ids or state.options.return_tokens_as_token_ids)
     ctx = _Ctx(state, req, random_id("cmpl"), int(time.time()), prompts,
-               TokenNamer(state.tokenizer, as_ids))
+               TokenNamer(state.tokenizer, as_ids), state.response_model(lora))
     gens = []
     for i, (p, sp) in enumerate(zip(prompts, params)):
         rid = f"{ctx.request_id}-{i}"
         state.log_request(rid, p.text, p.token_ids, sp)
-        gen = beam_search(state, rid, p, beams[i], req.n, req.priority) if beams is not None \
-            else state.engine.generate(rid, p.as_engine_prompt(), sp, priority=req.priority)
+        gen = beam_search(state, rid, p, beams[i], req.n, req.priority, lora) \
+            if beams is not None else state.engine.generate(
+                rid, p.as_engine_prompt(), sp, priority=req.priority, lora_request=lora)
         gens.append(tracked(gen, state.new_tracker(req.n, req.best_of)))
     return await respond(
         request, gens,
@@ -136,7 +138,7 @@ def _response(ctx: _Ctx, finals: list[RequestOutput]) -> CompletionResponse:
     return CompletionResponse(
         id=ctx.request_id,
         created=ctx.created,
-        model=ctx.state.model_name,
+        model=ctx.model,
         system_fingerprint=ctx.state.system_fingerprint,
         choices=choices,
         usage=UsageInfo.of(prompt_tokens, completion_tokens),
@@ -164,7 +166,7 @@ async def _stream(
     def chunk(choice: dict[str, Any]) -> str:
         body: dict[str, Any] = {
             "id": ctx.request_id, "object": "text_completion", "created": ctx.created,
-            "model": ctx.state.model_name, "system_fingerprint": ctx.state.system_fingerprint,
+            "model": ctx.model, "system_fingerprint": ctx.state.system_fingerprint,
             "choices": [choice],
         }
         if include_usage:
@@ -211,7 +213,7 @@ async def _stream(
         if include_usage:
             yield sse({
                 "id": ctx.request_id, "object": "text_completion", "created": ctx.created,
-                "model": ctx.state.model_name,
+                "model": ctx.model,
                 "system_fingerprint": ctx.state.system_fingerprint, "choices": [],
                 "usage": usage(),
             })

@@ -26,7 +26,7 @@ from ironlm.sampling_params import SamplingParams
 async def create_embedding(
     state: ServerState, request: Request, req: EmbeddingRequest
 ) -> Response:
-    state.check_model(req.model)
+    lora = state.check_model(req.model)
     if req.dimensions is not None:
         raise APIError("dimensions is not supported: embeddings have the model's hidden size",
                        400, param="dimensions")
@@ -47,18 +47,20 @@ async def create_embedding(
         state.log_request(f"{request_id}-{i}", p.text, p.token_ids, params)
         gens.append(tracked(
             state.engine.generate(f"{request_id}-{i}", p.as_engine_prompt(), params,
-                                  priority=req.priority, pooling=True),
+                                  priority=req.priority, pooling=True, lora_request=lora),
             state.new_tracker(),
         ))
     num_tokens = sum(len(p.token_ids) for p in prompts)
     return await respond(
-        request, gens, build=lambda finals: _response(state, req, finals, num_tokens)
+        request, gens,
+        build=lambda finals: _response(state, req, finals, num_tokens, state.response_model(lora)),
     )
 
 
 def _response(
-    state: ServerState, req: EmbeddingRequest, finals: list[RequestOutput], num_tokens: int
-) -> JSONResponse:
+    state: ServerState, req: EmbeddingRequest, finals: list[RequestOutput], num_tokens: int,
+    model: str,
+) -> JSONResponse:  # fmt: skip
     data = []
     for i, out in enumerate(finals):
         if out.embedding is None:
@@ -68,7 +70,7 @@ def _response(
             vec = base64.b64encode(np.asarray(out.embedding, dtype="<f4").tobytes()).decode()
         data.append(EmbeddingData(index=i, embedding=vec))
     return JSONResponse(EmbeddingResponse(
-        data=data, model=state.model_name,
+        data=data, model=model,
         usage=UsageInfo(prompt_tokens=num_tokens, completion_tokens=None,
                         total_tokens=num_tokens),
     ).model_dump(exclude_none=True))

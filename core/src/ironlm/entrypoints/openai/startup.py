@@ -68,5 +68,7 @@ def preflight(pm: PluginManager, config: EngineConfig, platform: Platform,
     if config.tokenizer_extension_path is not None:
         # file and function are checked before the model loads; the call runs in the engine
         load_tokenizer_extension(config.tokenizer_extension_path)
+    if getattr(args, "lora_modules", None) and not config.enable_lora:
+        raise StartupError("--lora-modules needs --enable-lora")
     if args.api_key is not None and not args.api_key:
         raise StartupError("--api-key must not be empty")

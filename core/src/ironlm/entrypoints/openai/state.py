@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
 import time
 import uuid
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Iterator
 
 from ironlm import __version__
 from ironlm.engine.async_engine import AsyncEngine
 from ironlm.entrypoints.openai.errors import APIError
+from ironlm.entrypoints.openai.lora_modules import LoRAModulePath
 from ironlm.entrypoints.openai.metrics import RequestTracker, ServerMetrics
 from ironlm.entrypoints.openai.tokenizer_pool import TokenizerPool
 from ironlm.interfaces.tool_parser import ToolParser
+from ironlm.lora.request import LoRARequest
 from ironlm.plugin_manager import PluginManager
 
 log = logging.getLogger("ironlm.server")
@@ -33,6 +36,7 @@ class ServerOptions:
     max_log_len: int | None = None
     disable_log_requests: bool = False
     disable_log_stats: bool = False
+    lora_modules: list[LoRAModulePath] = field(default_factory=list)  # served from start-up
 
 
 @dataclass
@@ -51,6 +55,9 @@ class ServerState:
     vocab_size: int = 0
     model_path: str = ""
     created: int = 0  # start time, reported as the model cards' "created"
+    # LoRA adapters served by name (--lora-modules, /v1/load_lora_adapter), in load order
+    loras: dict[str, LoRARequest] = field(default_factory=dict)
+    lora_ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
 
     @classmethod
     def create(
@@ -82,13 +89,21 @@ class ServerState:
     def system_fingerprint(self) -> str:
         return f"ironlm-{__version__}"
 
-    def check_model(self, name: str | None) -> None:
-        """404 for a model this server does not serve (a missing name means the default)."""
+    def check_model(self, name: str | None) -> LoRARequest | None:
+        """The LoRA adapter a request's model names (None: the base model); 404 for a model
+        this server does not serve (a missing name means the default)."""
         if name is None or name == "" or name in self.options.served_model_names:
-            return
+            return None
+        lora = self.loras.get(name)
+        if lora is not None:
+            return lora
         raise APIError(
             f"The model `{name}` does not exist.", 404, param="model", code="model_not_found"
         )
+
+    def response_model(self, lora: LoRARequest | None) -> str:
+        """The model name responses report: the adapter's, or the first served name."""
+        return lora.lora_name if lora is not None else self.model_name
 
     def new_tracker(self, n: int = 1, best_of: int | None = None) -> RequestTracker:
         return RequestTracker(self.metrics, n, best_of)
