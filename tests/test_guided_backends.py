@@ -309,3 +309,30 @@ def test_registered_by_the_plugin_hook() -> None:
     kinds = {n: pm.registries.guided_backends.entry(n).obj.supported_kinds for n in names}
     assert "grammar" not in kinds["outlines"] and "grammar" not in kinds["lm-format-enforcer"]
     assert kinds["xgrammar"] == {"json", "json_object", "regex", "choice", "grammar"}
+
+
+@pytest.mark.parametrize("lo,hi", [(0, 300), (2, 129), (130, 300), (0, 256), (200, None), (3, 100)])
+def test_xgrammar_string_bounds_above_128_compile_exactly(
+    walkers: dict[str, Walker], lo: int, hi: int | None
+) -> None:
+    """xgrammar's regex compiler fails on repetition bounds above 128 (send_email's
+    maxLength 300 made `auto` fall back to outlines, or refuse the request): the backend builds
+    long bounds from 128-character chunks, accepting exactly the lengths lo..hi."""
+    if "xgrammar" not in walkers:
+        pytest.skip("xgrammar is not installed")
+    import xgrammar as xg
+    from ironlm_guided.xgrammar_backend import _length_body
+
+    body = _length_body(lo, hi)
+    top = (hi if hi is not None else lo + 200) + 2
+    assert [n for n in range(top) if re.fullmatch(body, "a" * n)] == \
+        list(range(lo, (hi + 1) if hi is not None else top))
+    bounds = {"minLength": lo, **({"maxLength": hi} if hi is not None else {})}
+    schema = {"type": "object", "properties": {"s": {"type": "string", **bounds}},
+              "required": ["s"]}
+    compiled = walkers["xgrammar"].backend.compile(GuidedSpec("json", json.dumps(schema),
+                                                              disable_any_whitespace=True))
+    for n in sorted({0, lo - 1, lo, 127, 128, 129, top - 3, top - 2} - {-1}):
+        matcher = xg.GrammarMatcher(compiled.compiled)
+        fits = lo <= n and (hi is None or n <= hi)
+        assert matcher.accept_string('{"s":"' + "a" * n + '"}') == fits, n

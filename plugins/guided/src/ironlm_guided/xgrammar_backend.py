@@ -154,6 +154,7 @@ class XGrammarBackend(GuidedBackend):
 
 # characters a JSON string holds unescaped (what a length-bounded string is spelled with)
 _PLAIN_CHAR = r'[^"\\\x00-\x1f]'
+_MAX_REPEAT = 128  # the largest repetition bound xgrammar's regex compiler takes
 
 
 def _xgrammar_schema(node: Any) -> Any:
@@ -168,12 +169,31 @@ def _xgrammar_schema(node: Any) -> Any:
             body = full_match_body(node["pattern"], "JSON schema pattern")
             out["pattern"] = f"^(?:{body})$"
         elif node.get("type") == "string" and ("minLength" in node or "maxLength" in node):
-            lo, hi = node.get("minLength", 0), node.get("maxLength", "")
-            out = {"type": "string", "pattern": f"^{_PLAIN_CHAR}{{{lo},{hi}}}$"}
+            body = _length_body(int(node.get("minLength", 0)), node.get("maxLength"))
+            out = {"type": "string", "pattern": f"^{body}$"}
         return out
     if isinstance(node, list):
         return [_xgrammar_schema(v) for v in node]
     return node
+
+
+def _length_body(lo: int, hi: int | None) -> str:
+    """A regex body matching lo..hi (None: no upper bound) plain string characters. xgrammar
+    (0.2.8) fails on repetition bounds above 128, so longer runs are built from 128-character
+    chunks: lo as whole chunks plus a rest, then 0..(hi - lo) more as "fewer than q chunks and
+    up to 127" or "q chunks and up to r" (hi - lo = 128 q + r)."""
+    c, n = _PLAIN_CHAR, _MAX_REPEAT
+    if hi is not None and hi <= n:
+        return f"{c}{{{lo},{hi}}}"
+    whole, rest = divmod(lo, n)
+    head = (f"(?:{c}{{{n}}}){{{whole}}}" if whole else "") + (f"{c}{{{rest}}}" if rest else "")
+    if hi is None:
+        return f"{head}{c}*"
+    q, r = divmod(int(hi) - lo, n)
+    if q == 0:
+        return f"{head}{c}{{0,{r}}}"
+    fewer = (f"(?:{c}{{{n}}}){{0,{q - 1}}}" if q > 1 else "") + f"{c}{{0,{n - 1}}}"
+    return f"{head}(?:{fewer}|(?:{c}{{{n}}}){{{q}}}{c}{{0,{r}}})"
 
 
 class XGrammarGrammar(Grammar):
