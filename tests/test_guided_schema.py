@@ -175,3 +175,14 @@ def test_outlines_regex_splices_bounds_and_patterns() -> None:
         outlines_schema_regex(json.dumps({"type": "string", "pattern": ".+"}), None)
     with pytest.raises(ValueError, match="integer-valued bounds"):
         outlines_schema_regex(json.dumps({"type": "number", "maximum": 2.5}), None)
+
+
+def test_integral_float_counts_are_ints() -> None:
+    """JSON Schema takes 2.0 for 2 (the JSON-Schema-Test-Suite's "maxLength validation with a
+    decimal"); a float bound reached outlines as no bound at all."""
+    out = _norm({"type": "object", "properties": {
+        "s": {"type": "string", "maxLength": 2.0, "minLength": 1.0},
+        "a": {"type": "array", "maxItems": 3.0}}, "required": ["s", "a"]})
+    s, a = out["properties"]["s"], out["properties"]["a"]
+    assert (s["maxLength"], s["minLength"], a["maxItems"]) == (2, 1, 3)
+    assert all(type(v) is int for v in (s["maxLength"], s["minLength"], a["maxItems"]))

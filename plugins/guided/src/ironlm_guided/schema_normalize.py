@@ -239,7 +239,8 @@ class _Normalizer:
         return {"type": "object", "additionalProperties": value}
 
     def array(self, s: dict[str, Any], where: str) -> dict[str, Any]:
-        lo, hi = s.get("minItems", 0), s.get("maxItems")
+        lo, hi = _count(s, "minItems", where), _count(s, "maxItems", where)
+        lo = lo or 0
         if hi is not None and lo > hi:
             raise ValueError(f"JSON schema at {where}: minItems > maxItems accepts nothing")
         if s.get("uniqueItems") and (hi is None or hi > 1):
@@ -262,7 +263,8 @@ class _Normalizer:
         return out
 
     def string(self, s: dict[str, Any], where: str) -> dict[str, Any]:
-        lo, hi = s.get("minLength", 0), s.get("maxLength")
+        lo, hi = _count(s, "minLength", where), _count(s, "maxLength", where)
+        lo = lo or 0
         if hi is not None and lo > hi:
             raise ValueError(f"JSON schema at {where}: minLength > maxLength accepts nothing")
         if "format" in s and s["format"] not in self.support.formats:
@@ -313,3 +315,17 @@ class _Normalizer:
             return out
         out.update(bounds)
         return out
+
+
+def _count(s: dict[str, Any], key: str, where: str) -> int | None:
+    """A length or item-count keyword as an int (JSON Schema takes 2.0 for 2: backends would
+    read a float bound as no bound), None when absent. The metaschema check has already
+    refused negative and fractional values; this names them again if it is ever skipped."""
+    value = s.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 \
+            or value != int(value):
+        raise ValueError(f"JSON schema at {where}: {key} must be a non-negative integer, "
+                         f"got {value!r}")
+    return int(value)
