@@ -72,9 +72,9 @@ def _worker(backend_name: str, model: str, walks: int, conn: Connection) -> None
         for seed in range(walks):
             try:
                 text, ended = walker.walk(walker.backend.new_grammar(compiled), seed)
-            except AssertionError as exc:  # a dead end or a wrong mask
+            except Exception as exc:  # a dead end (the request would fail) or a wrong mask
                 invalid += 1
-                detail = f"walk {seed}: {exc}"
+                detail = f"walk {seed}: {type(exc).__name__}: {str(exc)[:160]}"
                 continue
             if not ended:
                 continue
@@ -107,7 +107,12 @@ class Runner:
     def run(self, schema: Any, timeout: float) -> tuple[str, str, int, int]:
         self.conn.send(schema)
         if self.conn.poll(timeout):
-            return self.conn.recv()
+            try:
+                return self.conn.recv()
+            except EOFError:  # the worker died (a library crash): restart, count it
+                self.proc.join()
+                self._start()
+                return ("error", f"worker died (exit {self.proc.exitcode})", 0, 0)
         self.proc.kill()
         self.proc.join()
         self._start()

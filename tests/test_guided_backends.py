@@ -336,3 +336,19 @@ def test_xgrammar_string_bounds_above_128_compile_exactly(
         matcher = xg.GrammarMatcher(compiled.compiled)
         fits = lo <= n and (hi is None or n <= hi)
         assert matcher.accept_string('{"s":"' + "a" * n + '"}') == fits, n
+
+
+@pytest.mark.parametrize("backend, schema, message", [
+    ("outlines", {"type": "object", "properties": {'foo"bar': {"type": "integer"}},
+                  "required": ['foo"bar']}, "needs JSON escaping"),
+    ("lm-format-enforcer", {"type": "array", "items": False}, "maxItems 0"),
+])
+def test_what_a_backend_would_not_enforce_is_refused(
+    walkers: dict[str, Walker], backend: str, schema: dict, message: str
+) -> None:
+    """Found by tests/json_schema_suite.py: outlines-core wrote escaped property names into its
+    regex unescaped, lm-format-enforcer read maxItems 0 as no bound."""
+    from ironlm.interfaces.guided import UnsupportedFeatureError
+
+    with pytest.raises(UnsupportedFeatureError, match=message):
+        walkers[backend].backend.compile(GuidedSpec("json", json.dumps(schema)))

@@ -186,3 +186,20 @@ def test_integral_float_counts_are_ints() -> None:
     s, a = out["properties"]["s"], out["properties"]["a"]
     assert (s["maxLength"], s["minLength"], a["maxItems"]) == (2, 1, 3)
     assert all(type(v) is int for v in (s["maxLength"], s["minLength"], a["maxItems"]))
+
+
+@pytest.mark.parametrize("schema, message", [
+    ({"allOf": [{"properties": {"a": {"type": "integer"}}}], "additionalProperties": False},
+     "additionalProperties next to properties"),
+    ({"properties": {"a": {}}, "anyOf": [{"additionalProperties": False}]},
+     "additionalProperties next to properties"),
+    ({"allOf": [{"properties": {"foo": True}, "unevaluatedProperties": False}],
+      "anyOf": [{"properties": {"bar": True}}]}, "unevaluatedProperties next to properties"),
+    ({"allOf": [{"prefixItems": [{"minimum": 3}]}], "items": {"minimum": 5}},
+     "items next to prefixItems"),
+])
+def test_keywords_that_see_their_siblings_are_not_merged(schema: dict, message: str) -> None:
+    """Merging allOf parts / anyOf options into one object would change what these keywords
+    see (JSON-Schema-Test-Suite cases whose outputs violated the schema before)."""
+    with pytest.raises(ValueError, match=message):
+        _norm(schema)

@@ -78,6 +78,8 @@ def lmfe_schema(node: dict[str, Any], where: str = "#") -> dict[str, Any]:
     if t == "array":
         if "prefixItems" in node:
             raise _refuse(where, "prefixItems")
+        if node.get("maxItems") == 0:  # lm-format-enforcer reads a zero bound as no bound
+            raise _refuse(where, "maxItems 0 (an array that must be empty)")
         return {**node, "items": lmfe_schema(node["items"], f"{where}/items")}
     if t == "string" and "pattern" in node:
         body = full_match_body(node["pattern"], "JSON schema pattern")

@@ -10,6 +10,7 @@ constants' regexes (``"IRONLMSPLICE0"``) are replaced afterwards by exact regexe
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Callable
 
 from ironlm.interfaces.guided import UnsupportedFeatureError
@@ -91,6 +92,9 @@ def _splice(splices: dict[str, str], regex: str) -> dict[str, Any]:
     return {"const": placeholder}
 
 
+_NEEDS_ESCAPE = re.compile(r'["\\\x00-\x1f]')  # characters a JSON string writes escaped
+
+
 def _rewrite(node: dict[str, Any], splices: dict[str, str], ws: str) -> dict[str, Any]:
     if not node:  # any value: outlines-core renders {} as an ungrouped alternation
         return _splice(splices, any_json(ws, depth=1))
@@ -103,6 +107,11 @@ def _rewrite(node: dict[str, Any], splices: dict[str, str], ws: str) -> dict[str
     t = node.get("type")
     if t == "object":
         if "properties" in node:
+            escaped = [k for k in node["properties"] if _NEEDS_ESCAPE.search(k)]
+            if escaped:  # outlines-core writes property names into its regex unescaped
+                raise UnsupportedFeatureError(
+                    f"property name {escaped[0]!r} needs JSON escaping, which the 'outlines' "
+                    "backend does not enforce")
             props = {k: _rewrite(v, splices, ws) for k, v in node["properties"].items()}
             return {**node, "properties": props}
         value = _rewrite(node["additionalProperties"], splices, ws)

@@ -33,11 +33,16 @@ def disjoint(a: Any, b: Any, accepts: Callable[[Any, Any], bool]) -> bool:
 
 
 def merge(a: dict[str, Any], b: Any, fail: Any) -> dict[str, Any]:
-    """Conjunction of two schemas when their keywords do not interact (else ValueError)."""
+    """Conjunction of two schemas when their keywords do not interact (else ValueError).
+    ``a`` is the outer schema (an allOf's own keywords so far, a union's siblings), ``b`` the
+    part merged into it."""
     if b is True:
         return dict(a)
     if not isinstance(b, dict):
         raise fail("the schema `false` accepts nothing")
+    clash = _interaction(a, b)
+    if clash is not None:
+        raise fail(clash)
     out = dict(a)
     for k, v in b.items():
         if k in ANNOTATIONS:
@@ -55,6 +60,22 @@ def merge(a: dict[str, Any], b: Any, fail: Any) -> dict[str, Any]:
         else:
             out[k] = v
     return out
+
+
+def _interaction(a: dict[str, Any], b: dict[str, Any]) -> str | None:
+    """Keywords whose meaning depends on their own schema object's siblings, split between
+    the two: merged into one object they would mean something else. additionalProperties and
+    items see only their own object's properties / prefixItems; unevaluatedProperties sees
+    what its object's applicators evaluated, which merging allOf parts and anyOf options in
+    turn (and parts of parts) does not follow exactly either (the JSON-Schema-Test-Suite's
+    "in-place applicator siblings" cases), so it is refused too."""
+    for x, y in ((a, b), (b, a)):
+        for key in ("additionalProperties", "unevaluatedProperties"):
+            if x.get(key, True) is not True and ("properties" in y or "patternProperties" in y):
+                return f"{key} next to properties of another allOf/anyOf part"
+        if "items" in x and "prefixItems" in y:
+            return "items next to prefixItems of another allOf/anyOf part"
+    return None
 
 
 def type_set(s: Any) -> set[str]:
