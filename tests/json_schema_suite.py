@@ -111,8 +111,9 @@ class Runner:
                 return self.conn.recv()
             except EOFError:  # the worker died (a library crash): restart, count it
                 self.proc.join()
+                code = self.proc.exitcode
                 self._start()
-                return ("error", f"worker died (exit {self.proc.exitcode})", 0, 0)
+                return ("error", f"worker died (exit {code})", 0, 0)
         self.proc.kill()
         self.proc.join()
         self._start()
