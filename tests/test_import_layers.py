@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("contract", ("ironlm.hookspecs", "ironlm.interfaces", "ironlm.config",
                   "ironlm.sampling_params", "ironlm.guided_spec", "ironlm.outputs",
                   "ironlm.plugin_manager", "ironlm.registry", "ironlm.contract_version",
-                  "ironlm.json_scan")),
+                  "ironlm.json_scan", "ironlm.python_file")),
 ]
 CONTRACT = len(LAYERS) - 1
 

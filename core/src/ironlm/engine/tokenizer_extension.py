@@ -10,10 +10,10 @@ function or a returned ``None`` stops start-up with a ValueError naming the flag
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
+
+from ironlm.python_file import import_python_file
 
 FLAG = "tokenizer_extension_path (--tokenizer-extension-path)"
 FUNCTION = "extend_tokenizer"
@@ -21,20 +21,7 @@ FUNCTION = "extend_tokenizer"
 
 def load_tokenizer_extension(path: str) -> Callable[[Any], Any]:
     """The file's ``extend_tokenizer`` function (the file is imported, nothing is called)."""
-    file = Path(path)
-    if not file.is_file():
-        raise ValueError(f"{FLAG} {path!r} is not a file")
-    spec = importlib.util.spec_from_file_location(f"ironlm_tokenizer_extension_{file.stem}", file)
-    if spec is None or spec.loader is None:
-        raise ValueError(f"{FLAG} {path!r} is not a Python module")
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:  # any import failure is the file's: say so
-        raise ValueError(
-            f"{FLAG} {path!r} failed to import: {type(exc).__name__}: {exc}"
-        ) from exc
-    function = getattr(module, FUNCTION, None)
+    function = getattr(import_python_file(path, FLAG), FUNCTION, None)
     if not callable(function):  # a ValueError, as every start-up error `serve` reports
         raise ValueError(  # noqa: TRY004
             f"{FLAG} {path!r} defines no function {FUNCTION}(tokenizer) -> tokenizer"

@@ -8,13 +8,13 @@ a second with the list of what is installed, instead of after minutes of loading
 from __future__ import annotations
 
 import argparse
-import importlib.util
 from pathlib import Path
 
 from ironlm.config import EngineConfig
 from ironlm.engine.tokenizer_extension import load_tokenizer_extension
 from ironlm.interfaces.platform import Platform
 from ironlm.plugin_manager import PluginManager
+from ironlm.python_file import import_python_file
 
 
 class StartupError(ValueError):
@@ -23,20 +23,16 @@ class StartupError(ValueError):
 
 def load_tool_parser_plugin(pm: PluginManager, path: str) -> None:
     """--tool-parser-plugin FILE: a single-file plugin implementing register_tool_parsers."""
-    file = Path(path)
-    if not file.is_file():
-        raise StartupError(f"--tool-parser-plugin {path!r} is not a file")
-    spec = importlib.util.spec_from_file_location(f"ironlm_tool_parser_plugin_{file.stem}", file)
-    if spec is None or spec.loader is None:
-        raise StartupError(f"--tool-parser-plugin {path!r} is not a Python module")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        module = import_python_file(path, "--tool-parser-plugin")
+    except ValueError as exc:
+        raise StartupError(str(exc)) from exc
     if not hasattr(module, "register_tool_parsers"):
         raise StartupError(
             f"--tool-parser-plugin {path!r} defines no register_tool_parsers hook "
             "(decorate it with @ironlm.hookimpl)"
         )
-    pm.register(module, name=f"tool-parser-plugin:{file.stem}")
+    pm.register(module, name=f"tool-parser-plugin:{Path(path).stem}")
     pm.registries  # collect now: a broken plugin fails at start, naming itself
 
 
