@@ -35,8 +35,8 @@ VARIANTS: dict[str, QuantizeOptions] = {
 # SmolLM2's layer 0 q_proj), yet the model's perplexity on the test text is worse than round to
 # nearest (+45.9% vs +40.8%) and "The capital of France is" no longer completes to Paris: open
 # (docs/quantization.md). Strict: a pass fails the run until the mark is removed.
-GPTQ_OPEN = pytest.mark.xfail(strict=True, reason="GPTQ on SmolLM2 is not yet better than "
-                              "round-to-nearest 4-bit (open item of issue 15)")
+GPTQ_OPEN = pytest.mark.xfail(strict=True, reason="GPTQ on SmolLM2 beats round-to-nearest 4-bit "
+                              "but is not yet within 15% of float32 (open item of issue 15)")
 
 
 def quantize_variant(src: Path, out: Path, name: str) -> Path:

@@ -56,3 +56,9 @@ def test_4bit_algorithms_beat_round_to_nearest(table: dict[str, float], method: 
     size and zero-point choice."""
     assert _ratio(table, method) <= 1.15
     assert table[method] < table[rtn]
+
+
+def test_gptq_beats_round_to_nearest(table: dict[str, float]) -> None:
+    """GPTQ's defaults (act-order, damping 0.05, as GPTQModel) beat round to nearest with the
+    same group size and symmetric groups (the 15% bound above is still open)."""
+    assert table["gptq"] < table["rtn_int4_sym"]

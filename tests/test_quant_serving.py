@@ -12,7 +12,6 @@ from typing import Callable
 
 import pytest
 import torch
-from quant_fixtures import GPTQ_OPEN
 from quant_helpers import load
 from server_utils import RemoteServer
 from test_models_helpers import load_ours, run_prefill_then_decode
@@ -38,7 +37,7 @@ def _generate(model: Path, quantization: str | None) -> str:
 
 @pytest.mark.parametrize("name", [
     "weight_only_int8", "smooth_quant", "weight_only_int4", "fp8",  # online, on the float folder
-    "awq", pytest.param("gptq", marks=GPTQ_OPEN),  # the tool's checkpoints, named explicitly
+    "awq", "gptq",  # the tool's checkpoints, named explicitly
     "gguf",  # the GGUF file
 ])
 def test_llm_serves_every_method_by_name(

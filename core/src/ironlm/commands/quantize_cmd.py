@@ -53,11 +53,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        help="4-bit without zero points (default for gptq, weight_only_int4)")
     zeros.add_argument("--asym", dest="zero_points", action="store_true",
                        help="4-bit with zero points (default for awq)")
-    p.add_argument("--desc-act", action="store_true",
-                   help="GPTQ act-order: quantize input features by decreasing activity")
-    p.add_argument("--damp", type=float, default=0.1,
-                   help="GPTQ damping, a fraction of the mean Hessian diagonal (default 0.1: "
-                   "the calibration sets here are small; 0.01 suits 100k+ tokens)")
+    p.add_argument("--desc-act", action=argparse.BooleanOptionalAction, default=True,
+                   help="GPTQ act-order: quantize input features by decreasing activity "
+                   "(default: on, as GPTQModel)")
+    p.add_argument("--damp", type=float, default=0.05,
+                   help="GPTQ damping, a fraction of the mean Hessian diagonal (default 0.05, "
+                   "GPTQModel's damp_percent)")
     p.add_argument("--calib-tokens", type=int, default=4096,
                    help="calibration tokens at most (default 4096)")
     p.add_argument("--calib-seq-len", dest="seq_len", type=int, default=512,

@@ -66,8 +66,8 @@ class QuantizeOptions:
     multi_query_mode: bool = False
     group_size: int | None = None  # int4: None picks the largest of 128/64/32 that shards
     zero_points: bool | None = None  # int4: None: awq with zero points, the others without
-    desc_act: bool = False  # GPTQ act-order
-    damp: float = 0.1  # GPTQ damping (fraction of the mean Hessian diagonal)
+    desc_act: bool = True  # GPTQ act-order (GPTQModel's default)
+    damp: float = 0.05  # GPTQ damping (fraction of the mean Hessian diagonal; GPTQModel's)
     calib_tokens: int = calib.DEFAULT_MAX_TOKENS
     seq_len: int = calib.DEFAULT_SEQ_LEN
     search_tokens: int = 512  # AWQ: tokens the scale-search and clip losses run on
