@@ -161,7 +161,8 @@ def test_bench_latency_unquantized_baseline_and_weight_bytes(
     of weights they hold."""
     args = ["bench", "latency", "--model", str(tiny_llama_dir), "--batch-size", "1",
             "--input-len", "8", "--output-len", "4", "--num-iters", "2", "--num-iters-warmup",
-            "1", "--skip-machine-limits", "--result-dir", str(tmp_path), *ENGINE]  # fmt: skip
+            "1", "--skip-machine-limits", "--result-dir", str(tmp_path), *ENGINE,
+            "--dtype", "float32"]  # fmt: skip  (float32 whatever the CPU's auto dtype)
     assert ironlm_main([*args, "--baseline", "unquantized"]) == 2
     assert "--baseline unquantized" in capsys.readouterr().err
     rc = ironlm_main([*args, "--baseline", "unquantized", "--quantization", "weight_only_int8"])

@@ -45,8 +45,9 @@ def _run(llm: LLM, prompts: list[str], n_tokens: int) -> list[tuple[list[int], l
 
 
 def _engine(model: Path, eager: bool) -> LLM:
+    # float32 explicitly: the platform's auto dtype is bf16 on CPUs with avx512_bf16
     return LLM(str(model), device="cpu", max_model_len=256, kv_cache_memory=32 * 2**20,
-               enforce_eager=eager)  # fmt: skip
+               enforce_eager=eager, dtype="float32")  # fmt: skip
 
 
 @pytest.mark.parametrize("batch", [1, 3, 5])

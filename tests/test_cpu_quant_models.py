@@ -170,7 +170,8 @@ def test_quantized_decode_graphs_replay_eager_tokens(
     pm.register(RtnTestPlugin(), "test-rtn")
     path = str(tiny_llama_dir if model == "tiny" else smollm2_dir)
     kwargs: dict[str, Any] = dict(device="cpu", max_model_len=128, kv_cache_memory=16 * 2**20,
-                                  quantization=f"test_rtn_{suffix}", plugin_manager=pm)  # fmt: skip
+                                  quantization=f"test_rtn_{suffix}", plugin_manager=pm,
+                                  dtype="float32")  # fmt: skip
     graphs, eager = LLM(path, enforce_eager=False, **kwargs), LLM(path, enforce_eager=True, **kwargs)
     prompts = ["The capital of France is", "def fib(n):", "Once upon a time"]
     assert _run(graphs, prompts, 12) == _run(eager, prompts, 12)

@@ -28,7 +28,7 @@ def test_mixed_batch_matches_hf_peft(smollm2_dir: Path, smollm2_loras) -> None: 
              for i, (name, path) in enumerate(smollm2_loras.paths.items())}
     plan = [(adapter, i) for i in range(len(PROMPTS)) for adapter in (None, *loras)]
     llm = LLM(str(smollm2_dir), enable_lora=True, max_loras=2, max_model_len=256,
-              kv_cache_memory=64 << 20)
+              kv_cache_memory=64 << 20, dtype="float32")  # as HF + peft in float32
     try:
         outs = llm.generate(
             [PROMPTS[i] for _, i in plan], SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS),

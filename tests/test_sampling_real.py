@@ -20,7 +20,8 @@ PROMPT = "Write a short poem about the moon and the stars:"
 
 @pytest.fixture(scope="module")
 def llm(smollm2_dir: Path) -> LLM:
-    return LLM(str(smollm2_dir), max_model_len=512, kv_cache_memory=64 << 20)
+    # float32 whatever the CPU's auto dtype: compared with HF in float32
+    return LLM(str(smollm2_dir), max_model_len=512, kv_cache_memory=64 << 20, dtype="float32")
 
 
 @pytest.fixture(scope="module")

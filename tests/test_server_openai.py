@@ -38,6 +38,7 @@ def server(smollm2_dir: Path) -> Iterator[RemoteServer]:
         "--served-model-name", MODEL, "smollm2-alias",
         "--max-request-body-size", "1MiB", "--max-log-len", "40",
         "--middleware", "server_utils.header_middleware", "--disable-log-stats",
+        "--dtype", "float32",  # whatever the CPU's auto dtype: embeddings compared across batches
     ]
     with RemoteServer(smollm2_dir, args, api_key=API_KEY) as srv:
         yield srv

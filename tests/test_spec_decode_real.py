@@ -25,7 +25,8 @@ ASKS = [
     "Name three colours.",
     "def add(a, b):\n    return a + b\n\nWrite the same function for subtraction.",
 ]
-KW: dict[str, Any] = {"max_model_len": 512, "kv_cache_memory": 96 << 20}
+# float32 whatever the CPU's auto dtype: greedy tokens are compared across batch shapes
+KW: dict[str, Any] = {"max_model_len": 512, "kv_cache_memory": 96 << 20, "dtype": "float32"}
 GREEDY = SamplingParams(temperature=0, max_tokens=48)
 
 
@@ -63,7 +64,7 @@ def test_greedy_offline_equals_plain(kind: str, smollm2_dir: Path, smollm2_draft
 def test_server_streams_the_plain_greedy_text(kind: str, smollm2_dir: Path,
                                               smollm2_draft_dir: Path, plain: list[Any]) -> None:
     spec = _spec(kind, smollm2_draft_dir)
-    args = ["--max-model-len", "512", "--kv-cache-memory", "96MiB",
+    args = ["--max-model-len", "512", "--kv-cache-memory", "96MiB", "--dtype", "float32",
             "--speculative-model", spec["speculative_model"],
             "--num-speculative-tokens", str(spec["num_speculative_tokens"])]
     if kind == "ngram":

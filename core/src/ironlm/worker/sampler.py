@@ -223,7 +223,9 @@ def _top_k_top_p_min_p(x: torch.Tensor, states: list[SamplingState]) -> torch.Te
         ps = torch.tensor(top_p, device=x.device, dtype=x.dtype).unsqueeze(1)
         probs = torch.softmax(sorted_x, dim=-1)
         before = probs.cumsum(dim=-1) - probs  # mass strictly above each token
-        drop = before > ps  # keep the smallest prefix whose mass reaches top_p
+        # keep the smallest prefix whose mass reaches top_p; rows at top_p 1.0 keep all (a
+        # float32 cumsum can exceed 1.0 in its last places, by the summation order of the ISA)
+        drop = (before > ps) & (ps < 1.0)
         sorted_x = sorted_x.masked_fill(drop, _NEG_INF)
         x = torch.full_like(x, _NEG_INF).scatter(1, order, sorted_x)
     if any(m > 0 for m in min_p):
