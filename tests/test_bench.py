@@ -81,11 +81,19 @@ def test_machine_limits_and_model_cost(tiny_llama_dir: Path) -> None:
     assert machine["logical_cores"] >= 1 and len(machine["load_average_at_start"]) == 3
     limits = measure_limits(1, tensor_bytes=16 * 1024**2, matmul_n=128, repeats=1)
     assert limits.read_bandwidth_gbs > 0 and limits.matmul_gflops > 0
+    assert limits.matmul_bf16_gflops > 0
     cost = model_cost(resolve_model(str(tiny_llama_dir)).hf_config, 4)
     # tied embeddings: the 49152 x 64 table is read once per token, as the LM head
     assert cost.params == cost.params_per_token > 49152 * 64
-    b = bounds(limits, cost)
-    assert b["decode_bandwidth_bound_tok_s"] > 0 and b["batch_compute_bound_tok_s"] > 0
+    b = bounds(limits, cost, "float32")
+    assert b["decode_bandwidth_bound_tok_s"] > 0
+    assert b["batch_compute_bound_tok_s"] == limits.matmul_gflops * 1e9 / cost.flops_per_token
+    # a bf16 engine is bounded by the bf16 matmul peak
+    b16 = bounds(limits, model_cost(resolve_model(str(tiny_llama_dir)).hf_config, 2), "bfloat16")
+    assert b16["batch_compute_bound_tok_s"] == pytest.approx(
+        limits.matmul_bf16_gflops * 1e9 / cost.flops_per_token)
+    assert b16["decode_bandwidth_bound_tok_s"] == pytest.approx(
+        2 * b["decode_bandwidth_bound_tok_s"])
 
 
 # -- commands end to end ---------------------------------------------------------------------

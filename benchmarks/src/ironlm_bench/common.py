@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from ironlm.entrypoints.engine_args import add_engine_args, engine_kwargs
 
 from ironlm_bench.baselines import BASELINES, llama_cpp_missing_reason
@@ -112,8 +114,8 @@ def runner_specs(args: argparse.Namespace, n_ctx: int) -> list[dict[str, Any]]:
             specs.append({"kind": "hf", "model": args.model, "seed": args.seed,
                           "dummy_weights": args.load_format == "dummy",
                           "batch_size": args.baseline_batch_size,
-                          # an explicit --dtype runs HF in it too; auto: HF's float32
-                          "dtype": "float32" if args.dtype == "auto" else args.dtype})
+                          # HF runs in the dtype IronLM runs in (auto: the platform's)
+                          "dtype": engine_dtype(args)})
         else:
             specs.append({"kind": "llama-cpp", "gguf": gguf_path(args), "n_ctx": n_ctx,
                           "seed": args.seed, "flash_attn": args.llama_cpp_flash_attn,
@@ -145,7 +147,8 @@ class MachineContext:
         if self.limits:
             lines.append(f"limits: read {self.limits.read_bandwidth_gbs:.1f} GB/s, "
                          f"copy {self.limits.copy_bandwidth_gbs:.1f} GB/s, fp32 matmul "
-                         f"{self.limits.matmul_gflops:.1f} GFLOP/s")
+                         f"{self.limits.matmul_gflops:.1f} GFLOP/s, bf16 matmul "
+                         f"{self.limits.matmul_bf16_gflops:.1f} GFLOP/s")
         if self.cost and self.bounds:
             lines.append(
                 f"model: {self.cost.params / 1e6:.1f}M params, "
@@ -166,6 +169,20 @@ def offline_context(args: argparse.Namespace, kind: str) -> MachineContext | Non
     return machine_context(args)
 
 
+def engine_dtype(args: argparse.Namespace) -> str:
+    """The dtype the engine computes in: ``--dtype``, or for auto the platform's default
+    (bf16 on a CPU with AVX-512 BF16, float32 on others)."""
+    if args.dtype not in ("auto", None):
+        return {"float": "float32", "half": "float16"}.get(args.dtype, args.dtype)
+    from ironlm.plugin_manager import PluginManager
+
+    try:
+        platform = PluginManager().select_platform(args.device)
+    except ValueError:  # unknown or unavailable device: the engine's start-up says why
+        return "float32"
+    return str(platform.default_dtype(torch.float32)).removeprefix("torch.")
+
+
 def machine_context(args: argparse.Namespace) -> MachineContext:
     """Describe the machine (load at start), measure its limits and the model's cost."""
     ctx = MachineContext(describe_machine(args.threads))
@@ -177,11 +194,11 @@ def machine_context(args: argparse.Namespace) -> MachineContext:
         from ironlm.model_loader import resolve_model
 
         ctx.cost = model_cost(resolve_model(args.model, args.trust_remote_code).hf_config,
-                              dtype_bytes(args.dtype))
+                              dtype_bytes(engine_dtype(args)))
     except (ValueError, TypeError, KeyError, OSError) as exc:  # unknown architecture: no bounds
         print(f"note: cannot count the model's parameters ({exc}); no bounds", file=sys.stderr)
         return ctx
-    ctx.bounds = bounds(ctx.limits, ctx.cost)
+    ctx.bounds = bounds(ctx.limits, ctx.cost, engine_dtype(args))
     return ctx
 
 

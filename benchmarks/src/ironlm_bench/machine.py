@@ -98,6 +98,7 @@ class MachineLimits:
     read_bandwidth_gbs: float  # GB/s (1e9) reading a float32 tensor (torch sum)
     copy_bandwidth_gbs: float  # GB/s (read + write) of a float32 tensor copy
     matmul_gflops: float  # fp32 square matmul, 2 n^3 FLOPs
+    matmul_bf16_gflops: float  # the same in bf16 (torch / oneDNN; AMX or AVX-512 BF16 where present)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -111,8 +112,9 @@ def _memory_seconds(tensor_bytes: int, repeats: int) -> tuple[float, float]:
             _best_seconds(lambda: dst.copy_(src), repeats))
 
 
-def _matmul_seconds(n: int, repeats: int) -> float:
-    a, b, out = torch.randn(n, n), torch.randn(n, n), torch.empty(n, n)
+def _matmul_seconds(n: int, repeats: int, dtype: torch.dtype = torch.float32) -> float:
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    out = torch.empty(n, n, dtype=dtype)
     return _best_seconds(lambda: torch.mm(a, b, out=out), repeats)
 
 
@@ -125,6 +127,7 @@ def measure_limits(
     try:
         read_s, copy_s = _memory_seconds(tensor_bytes, repeats)
         mm_s = _matmul_seconds(matmul_n, repeats)
+        mm_bf16_s = _matmul_seconds(matmul_n, repeats, torch.bfloat16)
     finally:
         torch.set_num_threads(before)
     return MachineLimits(
@@ -132,6 +135,7 @@ def measure_limits(
         read_bandwidth_gbs=tensor_bytes / read_s / 1e9,
         copy_bandwidth_gbs=2 * tensor_bytes / copy_s / 1e9,
         matmul_gflops=2 * matmul_n**3 / mm_s / 1e9,
+        matmul_bf16_gflops=2 * matmul_n**3 / mm_bf16_s / 1e9,
     )
 
 
@@ -169,17 +173,19 @@ def model_cost(hf_config: Any, bytes_per_param: int) -> ModelCost:
     return ModelCost(params=params, params_per_token=per_token, bytes_per_param=bytes_per_param)
 
 
-def bounds(limits: MachineLimits, cost: ModelCost) -> dict[str, float]:
-    """Upper bounds in tokens/s: single-stream decode (bandwidth) and batch (compute)."""
+def bounds(limits: MachineLimits, cost: ModelCost, dtype: str) -> dict[str, float]:
+    """Upper bounds in tokens/s: single-stream decode (bandwidth) and batch (compute, at the
+    matmul peak of the engine's dtype: bf16's where it computes in bf16)."""
+    peak = limits.matmul_bf16_gflops if dtype == "bfloat16" else limits.matmul_gflops
     return {
         "decode_bandwidth_bound_tok_s":
             limits.read_bandwidth_gbs * 1e9 / cost.weight_bytes_per_token,
-        "batch_compute_bound_tok_s": limits.matmul_gflops * 1e9 / cost.flops_per_token,
+        "batch_compute_bound_tok_s": peak * 1e9 / cost.flops_per_token,
     }
 
 
 def dtype_bytes(dtype: str) -> int:
-    """Bytes per weight for an engine ``--dtype`` (auto is float32 on the cpu platform)."""
+    """Bytes per weight for a resolved engine dtype (never auto: see ``common.engine_dtype``)."""
     return 2 if dtype in ("float16", "half", "bfloat16") else 4
 
 

@@ -1,5 +1,6 @@
 """The cpu platform's layer ops: linears on panel-packed weights (``linear_kernel``, float32
-and bfloat16) or torch's matmul, whichever measured faster for the weight's shape here
+and bfloat16) or on row-major ones (torch's matmul; ``gemv_kernel`` for bf16 at few rows),
+whichever measured faster for the weight's shape here
 (``op_choice``); quantized linears and embeddings on packed int8 / int4 / fp8 / GGUF weights
 (``quant_kernels``); RMSNorm, rotary, the gated MLP activations and row lookups as single C
 calls (``fused_kernels``), RMSNorm against torch by measurement too; the segmented LoRA
@@ -20,6 +21,7 @@ from ironlm.interfaces.quant import QuantLayout
 
 from ironlm_cpu.cbuild import Recordable
 from ironlm_cpu.fused_kernels import FusedKernels
+from ironlm_cpu.gemv_kernel import RowsGemvKernel
 from ironlm_cpu.linear_kernel import PackedLinearKernel
 from ironlm_cpu.lora_kernel import LoRAKernel
 from ironlm_cpu.op_choice import OpChooser, OpPlan
@@ -33,15 +35,16 @@ class CpuLayerOps(LayerOps):
     def __init__(
         self, kernel: PackedLinearKernel | None = None, fused: FusedKernels | None = None,
         tuner: KernelTuner | None = None, quant: QuantKernels | None = None,
-        lora: LoRAKernel | None = None,
+        lora: LoRAKernel | None = None, gemv: RowsGemvKernel | None = None,
     ) -> None:  # fmt: skip
         self.kernel = kernel if kernel is not None else PackedLinearKernel()
         self.fused = fused if fused is not None else FusedKernels()
         self.quant = quant if quant is not None else QuantKernels()
         self.lora = lora if lora is not None else LoRAKernel()
+        self.gemv = gemv if gemv is not None else RowsGemvKernel(self.kernel.target)
         self.torch_ops = TorchKernels()
         self.tuner = tuner if tuner is not None else KernelTuner(self.kernel.target)
-        self.chooser = OpChooser(self.tuner, self.kernel, self.fused, self.torch_ops)
+        self.chooser = OpChooser(self.tuner, self.kernel, self.fused, self.torch_ops, self.gemv)
         # (weight shape as stored, dtype) -> plan, for every weight pack_linear_weight saw
         self._linear: dict[tuple[torch.Size, torch.dtype], OpPlan] = {}
         self._norm: dict[tuple[int, bool], OpPlan | None] = {}
@@ -49,7 +52,8 @@ class CpuLayerOps(LayerOps):
     def libraries(self) -> list[Recordable]:
         """What these ops call through (what a decode-graph capture records)."""
         libs: list[Recordable] = [
-            lib for lib in (self.kernel, self.fused, self.quant, self.lora) if lib.available
+            lib for lib in (self.kernel, self.fused, self.quant, self.lora, self.gemv)
+            if lib.available
         ]
         return libs + [self.torch_ops]
 
@@ -135,7 +139,7 @@ class CpuLayerOps(LayerOps):
             return weight
         n, k = weight.shape
         plan = self.chooser.linear_plan(n, k, weight.dtype)
-        stored = self.kernel.pack(weight) if plan.layout == "panel" else weight
+        stored = self.kernel.pack(weight) if plan.layout == "panel" else weight.contiguous()
         self._linear[(stored.shape, stored.dtype)] = plan
         return stored
 

@@ -5,11 +5,13 @@ batch-size bucket (``BUCKETS``: decode of 1 and of a few sequences, a decode bat
 takes the fastest implementation that reads it:
 - ``panel`` (``linear_kernel.pack``): the C kernels ``c_narrow`` (6 x 16 tiles), ``c_wide``
   (12 x 32 tiles, only offered where the target has AVX-512's 32 vector registers), ``c_bf16``;
-- ``rows`` (the checkpoint's (N, K)): ``torch`` (``torch.mm``: MKL / oneDNN).
-The panel layout is taken only when, at every bucket, its best is no slower than torch (within
-``TOLERANCE``, the timing noise) and its total (geometric mean over buckets) is lower; otherwise
-the weight stays row-major and torch runs it. So no shape runs slower than plain torch, and
-every choice is a recordable call (decode graphs work with either).
+- ``rows`` (the checkpoint's (N, K)): ``torch`` (``torch.mm``: MKL / oneDNN) and, for bf16,
+  ``c_gemv`` (``gemv_kernel``: few rows on the row-major weight).
+The panel layout is taken only when, at every bucket, its best is no slower than the rows
+layout's best (within ``TOLERANCE``, the timing noise) and its total (geometric mean over
+buckets) is lower; otherwise the weight stays row-major and each bucket runs the fastest rows
+implementation. So no shape runs slower than plain torch, and every choice is a recordable call
+(decode graphs work with either).
 
 Timed on random inputs of the real (N, K); for large batch buckets the weight is cut to fewer
 output rows (same K) so that one call stays under ``FLOP_CAP``: the rate per column is what is
@@ -27,6 +29,7 @@ from typing import Any
 import torch
 
 from ironlm_cpu.fused_kernels import FusedKernels
+from ironlm_cpu.gemv_kernel import RowsGemvKernel
 from ironlm_cpu.linear_kernel import PANEL, PackedLinearKernel
 from ironlm_cpu.torch_kernels import TorchKernels
 from ironlm_cpu.tuner import VERSION, KernelTuner
@@ -35,7 +38,8 @@ BUCKETS = (1, 8, 64, 512)  # rows (tokens) per call
 _BOUNDS = (2, 22, 181)  # m <= bound -> that bucket (geometric midpoints)
 TOLERANCE = 1.05
 FLOP_CAP = 1e9
-_LAYOUT = {"c_narrow": "panel", "c_wide": "panel", "c_bf16": "panel", "torch": "rows"}
+_LAYOUT = {"c_narrow": "panel", "c_wide": "panel", "c_bf16": "panel", "c_gemv": "rows",
+           "torch": "rows"}  # fmt: skip
 
 
 def bucket_index(m: int) -> int:
@@ -62,9 +66,10 @@ class OpChooser:
 
     def __init__(
         self, tuner: KernelTuner, kernel: PackedLinearKernel, fused: FusedKernels,
-        torch_ops: TorchKernels,
+        torch_ops: TorchKernels, gemv: RowsGemvKernel,
     ) -> None:  # fmt: skip
         self.tuner, self.kernel, self.fused, self.torch_ops = tuner, kernel, fused, torch_ops
+        self.gemv = gemv
         self.forced = tuner.forced()  # raises ValueError on a bad IRONLM_CPU_KERNELS
 
     # -- linear ------------------------------------------------------------------------------
@@ -74,8 +79,10 @@ class OpChooser:
         if dtype == torch.float32 and c_ok:
             wide = ("c_wide",) if self.kernel.target.has("avx512") else ()
             return ("c_narrow", *wide, "torch")
-        if dtype == torch.bfloat16 and c_ok and k % 2 == 0:
-            return ("c_bf16", "torch")
+        if dtype == torch.bfloat16:
+            panel = ("c_bf16",) if c_ok and k % 2 == 0 else ()
+            gemv = ("c_gemv",) if self.gemv.available else ()
+            return (*panel, *gemv, "torch")
         return ("torch",)
 
     def linear_plan(self, n: int, k: int, dtype: torch.dtype) -> OpPlan:
@@ -120,6 +127,8 @@ class OpChooser:
         """One linear through ``impl`` (``w`` in that implementation's layout)."""
         if impl == "torch":
             return self.torch_ops.linear(x, w, bias)
+        if impl == "c_gemv":
+            return self.gemv(x, w, bias)
         return self.kernel(x, w, bias, wide=impl == "c_wide")
 
     def _measure_linear(
@@ -195,42 +204,40 @@ def decide_linear(
     """The decision from per-bucket timings (``us[bucket][impl]`` in microseconds): see the
     module docstring. ``rejected`` candidates are out at every bucket."""
     ok = [c for c in names if c not in rejected and all(c in us[str(b)] for b in BUCKETS)]
-    best_layout, best_score, reasons = "rows", 0.0, []
-    panel = [c for c in ok if _LAYOUT[c] == "panel"]
-    torch_ok = "torch" in ok
-    impls_panel: dict[str, str] = {}
-    if panel:
-        score = 0.0
-        slower = []
-        for b in BUCKETS:
-            row = us[str(b)]
-            pick = min(panel, key=lambda c: row[c])
-            impls_panel[str(b)] = pick
-            if torch_ok:
-                ratio = row[pick] / row["torch"]
-                score += math.log(ratio) / len(BUCKETS)
-                if ratio > TOLERANCE:
-                    slower.append(f"M={b}: {pick} {ratio:.2f}x torch's time")
-        if not torch_ok:
-            best_layout = "panel"
-            reasons.append("torch failed; the C kernels run every bucket")
-        elif slower:
-            reasons.append("panel layout rejected, slower than torch at " + ", ".join(slower))
-        elif score < best_score:
-            best_layout = "panel"
+    reasons: list[str] = []
+    best = {lay: {str(b): min((c for c in ok if _LAYOUT[c] == lay), key=lambda c: us[str(b)][c])
+                  for b in BUCKETS}
+            for lay in ("panel", "rows") if any(_LAYOUT[c] == lay for c in ok)}  # fmt: skip
+    layout = "rows"
+    if "panel" in best and "rows" not in best:
+        layout = "panel"
+        reasons.append("no rows implementation passed; the C kernels run every bucket")
+    elif "panel" in best:
+        score, slower = 0.0, []
+        for b in map(str, BUCKETS):
+            p, r = best["panel"][b], best["rows"][b]
+            ratio = us[b][p] / us[b][r]
+            score += math.log(ratio) / len(BUCKETS)
+            if ratio > TOLERANCE:
+                slower.append(f"M={b}: {p} {ratio:.2f}x {r}'s time")
+        if slower:
+            reasons.append("panel layout rejected, slower than rows at " + ", ".join(slower))
+        elif score < 0.0:
+            layout = "panel"
             reasons.append(
-                f"panel layout: {math.exp(score):.2f}x torch's time (geometric mean "
-                f"over M={', '.join(map(str, BUCKETS))}), never slower than torch"
+                f"panel layout: {math.exp(score):.2f}x the rows layout's time (geometric mean "
+                f"over M={', '.join(map(str, BUCKETS))}), never slower than it"
             )
         else:
-            reasons.append(f"panel layout no faster than torch overall ({math.exp(score):.2f}x)")
-    if best_layout == "panel":
-        impls = impls_panel
+            reasons.append(f"panel layout no faster than rows overall ({math.exp(score):.2f}x)")
+    if layout in best:
+        impls = best[layout]
     else:
         impls = {str(b): "torch" for b in BUCKETS}
-        if not torch_ok:
-            reasons.append("no implementation passed its check; torch kept")
+        reasons.append("no implementation passed its check; torch kept")
+    if layout == "rows" and any(c != "torch" for c in impls.values()):
+        reasons.append("fastest rows implementation per bucket")
     if rejected:
         reasons.append("rejected: " + "; ".join(f"{c} ({r})" for c, r in rejected.items()))
-    return {"layout": best_layout, "impls": impls, "us": us, "rejected": rejected,
+    return {"layout": layout, "impls": impls, "us": us, "rejected": rejected,
             "why": "; ".join(reasons)}  # fmt: skip

@@ -41,14 +41,14 @@ FORCE_ENV = "IRONLM_CPU_KERNELS"
 TUNE_ENV = "IRONLM_CPU_TUNE"
 # op -> implementations IRONLM_CPU_KERNELS may force
 KNOWN_OPS: dict[str, tuple[str, ...]] = {
-    "linear": ("torch", "c", "c_narrow", "c_wide", "c_bf16"),
+    "linear": ("torch", "c", "c_narrow", "c_wide", "c_bf16", "c_gemv"),
     "rms_norm": ("torch", "c"),
     "decode_attention": ("torch", "c"),
 }
 ROUNDS = 3
 BUDGET_S = 10.0  # measuring time per process (per tuner); past it, ops take their default
 BUSY = 0.75  # load per core above which a measurement is redone once the machine is quieter
-VERSION = 1  # bump when candidates or the decision rule change: old cache entries are ignored
+VERSION = 2  # bump when candidates or the decision rule change: old cache entries are ignored
 
 
 def parse_forced(value: str | None, known: dict[str, tuple[str, ...]]) -> dict[str, str]:
