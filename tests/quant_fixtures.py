@@ -50,8 +50,10 @@ def quantize_variant(src: Path, out: Path, name: str) -> Path:
 def perplexity(model: Path, quantization: str | None = None) -> float:
     """exp(mean negative log-likelihood) of the text's tokens under ``model``, scored in
     independent windows of WINDOW tokens through the prompt logprobs of ``LLM``."""
+    # float32 activations whatever the CPU's auto dtype (bf16 on avx512_bf16 CPUs): the table
+    # compares each method's weights against the float32 model
     llm = LLM(str(model), quantization=quantization, max_model_len=WINDOW + 16,
-              kv_cache_memory=128 << 20, enable_prefix_caching=False)  # fmt: skip
+              kv_cache_memory=128 << 20, enable_prefix_caching=False, dtype="float32")  # fmt: skip
     try:
         ids = llm.get_tokenizer()(TEXT.read_text()).input_ids
         windows = [ids[i : i + WINDOW] for i in range(0, len(ids), WINDOW)]

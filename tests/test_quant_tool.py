@@ -123,6 +123,7 @@ def test_bad_input_fails_clearly_and_never_half_writes(
         (["--quant-type", "gptq", "--group-size", "48"], "group size 48 does not divide"),
         (["--quant-type", "smooth_quant", "-sq", "1.5"], "alpha) must be in [0, 1]"),
         (["--quant-type", "awq", "--sym"], "AWQ checkpoints (AutoAWQ GEMM) carry zero points"),
+        (["--quant-type", "gptq", "--mse", "-1"], "--mse must be 0 (off) or a positive norm"),
     ]
     for flags, message in cases:
         assert _quantize(tiny_llama_dir, out, *flags) == 2
@@ -200,3 +201,25 @@ def test_tp2_gptq_checkpoint_serves_sharded_as_on_one_rank(tiny_llama_dir: Path,
     assert _quantize(tiny_llama_dir, out, "--quant-type", "gptq", "-tp", "2", "--desc-act") == 0
     torch.testing.assert_close(_prompt_logprobs(out, 2), _prompt_logprobs(out, 1),
                                rtol=0, atol=1e-4)  # fmt: skip
+
+
+@pytest.mark.parametrize("zero_points", [False, True])
+def test_gptq_clipping_search_lowers_the_group_error(zero_points: bool) -> None:
+    """--mse: for bell-shaped groups the full min / max range wastes codes on the tails; the
+    clipped range the search finds has a lower p-norm error, and 0 keeps the full range."""
+    from ironlm.quantization.offline.gptq import group_params
+    from ironlm.quantization.rtn import int4_params
+
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(32, 64, generator=gen) * 0.02
+
+    def err(scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:  # (N,) per row
+        q = torch.clamp(torch.round(w / scale) + zero, 0, 15)
+        return ((q - zero) * scale - w).abs().pow(2.4).sum(dim=1)
+
+    full = int4_params(w, 64, zero_points)
+    assert all(torch.equal(a, b) for a, b in zip(group_params(w, zero_points, 0.0), full))
+    searched = group_params(w, zero_points, 2.4)
+    assert bool((err(*searched) <= err(*full)).all())  # never worse: 1.0 is on the grid
+    assert float(err(*searched).sum()) < 0.95 * float(err(*full).sum())
+    assert bool((searched[0] < full[0]).any())  # some rows clipped

@@ -59,6 +59,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--damp", type=float, default=0.05,
                    help="GPTQ damping, a fraction of the mean Hessian diagonal (default 0.05, "
                    "GPTQModel's damp_percent)")
+    p.add_argument("--mse", type=float, default=2.4,
+                   help="GPTQ: clip each group's range by the shrink factor minimizing the "
+                   "p-norm of its rounding error, p = this value (default 2.4, the GPTQ "
+                   "reference's; 0: the full range)")
     p.add_argument("--calib-tokens", type=int, default=4096,
                    help="calibration tokens at most (default 4096)")
     p.add_argument("--calib-seq-len", dest="seq_len", type=int, default=512,
@@ -80,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
         zero_points=args.zero_points,
         desc_act=args.desc_act,
         damp=args.damp,
+        mse=args.mse,
         calib_tokens=args.calib_tokens,
         seq_len=args.seq_len,
     )

@@ -51,6 +51,7 @@ def gptq_quantize(
     damp: float = 0.01,
     act_order: bool = False,
     shards: int = 1,
+    mse: float = 0.0,
 ) -> GPTQResult:
     """GPTQ on one (N, K) weight with the (K, K) Hessian of its inputs. Scales are rounded to
     float16 as they are found, since that is what the checkpoint stores."""
@@ -79,8 +80,7 @@ def gptq_quantize(
             u1 = u[b0:b1, b0:b1]
             for i in range(b1 - b0):
                 if i % group_size == 0:
-                    g_scale, g_zero = int4_params(w1[:, i : i + group_size], group_size,
-                                                  zero_points)  # fmt: skip
+                    g_scale, g_zero = group_params(w1[:, i : i + group_size], zero_points, mse)
                     g_scale = g_scale.half().float()[:, 0]  # (N,), as stored
                     g_zero = g_zero[:, 0]
                     scales.append(g_scale)
@@ -106,6 +106,34 @@ def gptq_quantize(
         g_idx=group[inverse].to(torch.int32),
         dequantized=deq[:, inverse],
     )
+
+
+MSE_GRID = 100  # clipping search: shrink factors 1.0, 0.99, ... down to 1 - MAX_SHRINK
+MAX_SHRINK = 0.8
+
+
+def group_params(
+    w: torch.Tensor, zero_points: bool, mse: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale, zero), each (N, 1), of one (N, G) group. With ``mse`` > 0 (a norm p), the range
+    is clipped per row by the shrink factor that minimizes sum |w - dequant(w)|^p (the GPTQ
+    reference quantizer's grid search); otherwise the full min / max range (round to nearest)."""
+    if mse < 0:
+        raise ValueError(f"--mse must be 0 (off) or a positive norm, got {mse}")
+    g = w.shape[1]
+    scale, zero = int4_params(w, g, zero_points)
+    if mse <= 0:
+        return scale, zero
+    best = torch.full((w.shape[0], 1), float("inf"))
+    for i in range(int(MAX_SHRINK * MSE_GRID)):
+        shrink = 1.0 - i / MSE_GRID
+        s1, z1 = int4_params(w * shrink, g, zero_points)  # the range of the shrunk group
+        q = torch.clamp(torch.round(w / s1) + z1, 0, 15)
+        err = ((q - z1) * s1 - w).abs_().pow_(mse).sum(dim=1, keepdim=True)
+        better = err < best
+        best = torch.where(better, err, best)
+        scale, zero = torch.where(better, s1, scale), torch.where(better, z1, zero)
+    return scale, zero
 
 
 def inverse_cholesky(h: torch.Tensor) -> torch.Tensor:

@@ -68,6 +68,7 @@ class QuantizeOptions:
     zero_points: bool | None = None  # int4: None: awq with zero points, the others without
     desc_act: bool = True  # GPTQ act-order (GPTQModel's default)
     damp: float = 0.05  # GPTQ damping (fraction of the mean Hessian diagonal; GPTQModel's)
+    mse: float = 2.4  # GPTQ: norm of the per-group clipping search (0: full range)
     calib_tokens: int = calib.DEFAULT_MAX_TOKENS
     seq_len: int = calib.DEFAULT_SEQ_LEN
     search_tokens: int = 512  # AWQ: tokens the scale-search and clip losses run on
@@ -244,7 +245,8 @@ def _gptq_layer(layer, x, data, plan, opts) -> LayerResult:  # type: ignore[no-u
         weights = [layer.weight(n) for n in names]
         shards = opts.tp_size if names[0] in ROW_PARALLEL else 1
         res = gptq_quantize(torch.cat(weights), hessian(inputs), plan.group_size,
-                            plan.zero_points, opts.damp, opts.desc_act, shards)  # fmt: skip
+                            plan.zero_points, opts.damp, opts.desc_act, shards,
+                            opts.mse)  # fmt: skip
         start = 0
         for n, w in zip(names, weights):
             rows = slice(start, start + w.shape[0])
