@@ -203,6 +203,27 @@ def test_norm_choice_forced_to_torch_matches(kernel: PackedLinearKernel, tmp_pat
     assert res is not None and torch.equal(res, want_res)
 
 
+def test_cached_choice_of_an_unknown_implementation_is_measured_again(
+    kernel: PackedLinearKernel, tmp_path: Path
+) -> None:
+    """The cache file is shared by every build of the plugin on the machine: an entry naming an
+    implementation this build lacks (another branch's kernel) must not run here."""
+    ops = _ops(kernel, tmp_path)
+    w = torch.randn(64, 48)
+    ops.pack_linear_weight(w)
+    key = next(k for k in ops.tuner.decisions if k.startswith("linear|float32|64x48|"))
+    data = json.loads(ops.tuner.path.read_text())
+    data["choices"][key].update(layout="rows", impls={str(b): "c_other" for b in BUCKETS})
+    ops.tuner.path.write_text(json.dumps(data))
+    again = _ops(kernel, tmp_path)
+    stored = again.pack_linear_weight(w)
+    assert again.tuner.decisions[key]["source"] == "measured"
+    x = torch.randn(5, 48)
+    torch.testing.assert_close(
+        again.linear(x, stored, None), torch.nn.functional.linear(x, w), rtol=1e-4, atol=1e-4
+    )
+
+
 def test_torch_linear_is_recorded_in_decode_graphs(
     kernel: PackedLinearKernel, tmp_path: Path
 ) -> None:

@@ -56,7 +56,7 @@ def choose_decode_path(
                     "why": f"forced by IRONLM_CPU_KERNELS=decode_attention={forced}"}  # fmt: skip
         tuner.record(key, decision, persist=False)
         return decision
-    cached = tuner.lookup(key) if tuner.measuring else None
+    cached = tuner.lookup(key, known=("c", "torch")) if tuner.measuring else None
     if cached is not None:
         return cached
     why = "IRONLM_CPU_TUNE=0: the default" if not tuner.measuring else tuner.busy_reason()

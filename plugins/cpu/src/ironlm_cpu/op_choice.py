@@ -96,7 +96,7 @@ class OpChooser:
             )
         if not self.tuner.measuring:
             return self._fixed(key, names[0], "IRONLM_CPU_TUNE=0: the default", "default")
-        cached = self.tuner.lookup(key)
+        cached = self.tuner.lookup(key, known=names)
         if cached is not None:
             return _plan_of(cached)
         busy = self.tuner.busy_reason()
@@ -161,7 +161,7 @@ class OpChooser:
             )
         if not self.tuner.measuring:
             return self._fixed(key, "c", "IRONLM_CPU_TUNE=0: the default", "default")
-        cached = self.tuner.lookup(key)
+        cached = self.tuner.lookup(key, known=("c", "torch"))
         if cached is not None:
             return _plan_of(cached)
         busy = self.tuner.busy_reason()
