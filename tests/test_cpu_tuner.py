@@ -224,6 +224,25 @@ def test_cached_choice_of_an_unknown_implementation_is_measured_again(
     )
 
 
+def test_bf16_norm_is_measured_under_its_own_key(
+    kernel: PackedLinearKernel, tmp_path: Path
+) -> None:
+    ops = _ops(kernel, tmp_path)
+    if not ops.fused.available:
+        pytest.skip(ops.fused.reason)
+    for dtype in (torch.float32, torch.bfloat16):
+        x, r, w = (torch.randn(3, 48).to(dtype) for _ in range(3))
+        w = w[0]
+        out, res = ops.rms_norm(x, w, 1e-6, r)
+        want, want_res = CpuLayerOps.__mro__[1].rms_norm(ops, x, w, 1e-6, r)
+        assert out.dtype == dtype
+        torch.testing.assert_close(out, want, rtol=1.6e-2, atol=1e-2)
+        assert res is not None and torch.equal(res, want_res)
+    keys = [k for k in ops.tuner.decisions if k.startswith("rms_norm|")]
+    assert sorted(k.split("|")[1] for k in keys) == ["bfloat16", "float32"]
+    assert all(ops.tuner.decisions[k]["source"] == "measured" for k in keys)
+
+
 def test_torch_linear_is_recorded_in_decode_graphs(
     kernel: PackedLinearKernel, tmp_path: Path
 ) -> None:
