@@ -313,3 +313,35 @@ def test_in_the_default_plugin_manager() -> None:
     registry = PluginManager().registries.attention_backends
     assert "cpu_paged" in registry
     assert registry.entry("cpu_paged").provenance.plugin == "cpu"
+
+
+def _isa_requests() -> list[str]:
+    """IRONLM_CPU_ISA values for every build of the decode kernel this CPU runs."""
+    from ironlm_cpu.isa import host_target
+
+    best = host_target()
+    out = ["auto"]
+    if best.has("avx512_bf16"):
+        out.append("avx512,-avx512_bf16")
+    if best.has("avx512"):
+        out.append("avx2")
+    return out + ["generic"]
+
+
+@pytest.mark.parametrize("isa", _isa_requests())
+@pytest.mark.parametrize(("heads", "head_dim"), [((6, 2), 64), ((9, 3), 128), ((4, 4), 48)])
+def test_bf16_decode_kernel_matches_reference(
+    isa: str, heads: tuple[int, int], head_dim: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The C kernel on a bf16 cache (forced, so the measured choice cannot route it to torch):
+    keys and values widened as read, float32 softmax, the output rounded to bf16."""
+    monkeypatch.setenv("IRONLM_CPU_ISA", isa)
+    monkeypatch.setenv("IRONLM_CPU_KERNELS", "decode_attention=c")
+    cpu = CpuPagedAttentionBackend()
+    if not cpu.libraries():
+        pytest.skip(cpu.decode_path)
+    h, kv = heads
+    _compare([5, 20, 33, 1], [1, 1, 1, 1], h, kv, head_dim, 16, torch.bfloat16, None, None, 3, cpu)
+    assert cpu.decode_path.startswith("fused C kernel")
+    _compare([40, 3, 70], [1, 1, 1], h, kv, head_dim, 32, torch.bfloat16, 6, 10.0, 4, cpu)
+    _compare([9, 0, 17], [1, 1, 1], h, kv, head_dim, 1, torch.bfloat16, None, None, 5, cpu)

@@ -139,7 +139,7 @@ def test_kv_write_matches_index_copy() -> None:
 
 def test_layer_ops_fall_back_where_the_kernels_do_not_fit(fused: FusedKernels) -> None:
     ops = CpuLayerOps(fused=fused)
-    half = torch.randn(3, 64, dtype=torch.bfloat16)
+    half = torch.randn(3, 64, dtype=torch.float16)
     strided = torch.randn(3, 128)[:, ::2]
     assert not fused.rms_norm_fits(half, None) and not fused.rms_norm_fits(strided, None)
     for x in (half, strided):
@@ -151,6 +151,148 @@ def test_layer_ops_fall_back_where_the_kernels_do_not_fit(fused: FusedKernels) -
     assert not fused.rotary_fits(q, k, cos)
     for got, ref in zip(ops.rotary(q, k, cos, sin), REF.rotary(q, k, cos, sin), strict=True):
         torch.testing.assert_close(got, ref)
+
+
+# -- bfloat16 -------------------------------------------------------------------------------
+BF16_TOL = dict(rtol=1.6e-2, atol=1e-2)  # a bf16 ulp is 2^-8 relative
+
+
+def _bf16_targets() -> list[IsaTarget]:
+    """Every code path of the bf16 ops this CPU runs: the best target (AVX-512 BF16's
+    ``vcvtneps2bf16`` stores where it has them), AVX-512 without BF16 and AVX2 (integer
+    rounding), and the generic build (scalar and SSE2)."""
+    best = host_target()
+    out = [best]
+    if best.has("avx512_bf16"):
+        out.append(IsaTarget(tuple(g for g in best.groups if g != "avx512_bf16")))
+    if best.has("avx512"):
+        out.append(IsaTarget(tuple(g for g in best.groups if g in ("avx2",))))
+    return [t for t in out if t != GENERIC] + [GENERIC]
+
+
+def _target_id(target: IsaTarget) -> str:
+    return "+".join(target.groups) or "generic"
+
+
+@pytest.fixture(scope="module", params=_bf16_targets(), ids=_target_id)
+def fused_bf16(request: pytest.FixtureRequest) -> FusedKernels:
+    fused = FusedKernels(target=request.param)
+    if not fused.available:
+        pytest.skip(fused.reason)
+    return fused
+
+
+def _bf16(*shape: int, gen: torch.Generator, scale: float = 1.0) -> torch.Tensor:
+    return (torch.randn(*shape, generator=gen) * scale).bfloat16()
+
+
+@pytest.mark.parametrize("tokens", [1, 5, PARALLEL_ROWS + 3])
+@pytest.mark.parametrize("hidden", [64, 576, 70])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_bf16_rms_norm_matches_reference(
+    fused_bf16: FusedKernels, tokens: int, hidden: int, with_residual: bool
+) -> None:
+    gen = torch.Generator().manual_seed(tokens * hidden + 1)
+    x = _bf16(tokens, hidden, gen=gen, scale=3)
+    residual = _bf16(tokens, hidden, gen=gen) if with_residual else None
+    weight = _bf16(hidden, gen=gen)
+    assert fused_bf16.rms_norm_fits(x, residual, weight)
+    assert not fused_bf16.rms_norm_fits(x, residual, weight.float())  # the reference upcasts
+    out, res = fused_bf16.rms_norm(x, weight, 1e-6, residual)
+    ref_out, ref_res = REF.rms_norm(x, weight, 1e-6, residual)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, ref_out, **BF16_TOL)
+    if with_residual:  # x + residual rounded once, as torch's bf16 add
+        assert res is not None and ref_res is not None and torch.equal(res, ref_res)
+
+
+@pytest.mark.parametrize("tokens", [1, 7, PARALLEL_ROWS + 1])
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(9, 3, 64), (4, 1, 256), (2, 2, 8)])
+def test_bf16_rotary_matches_reference_on_qkv_views(
+    fused_bf16: FusedKernels, tokens: int, heads: int, kv_heads: int, head_dim: int
+) -> None:
+    gen = torch.Generator().manual_seed(tokens + heads * head_dim + 1)
+    q_size, kv_size = heads * head_dim, kv_heads * head_dim
+    qkv = _bf16(tokens, q_size + 2 * kv_size, gen=gen)
+    q, k, _ = qkv.split([q_size, kv_size, kv_size], dim=-1)
+    q, k = q.reshape(tokens, heads, head_dim), k.reshape(tokens, kv_heads, head_dim)
+    angles = torch.rand(tokens, head_dim // 2, generator=gen) * 6.28
+    cos, sin = angles.cos().bfloat16(), angles.sin().bfloat16()  # the model dtype's tables
+    assert fused_bf16.rotary_fits(q, k, cos)
+    assert not fused_bf16.rotary_fits(q, k, cos.float())
+    for got, ref in zip(fused_bf16.rotary(q, k, cos, sin), REF.rotary(q, k, cos, sin), strict=True):
+        assert got.dtype == torch.bfloat16
+        torch.testing.assert_close(got, ref, **BF16_TOL)
+
+
+@pytest.mark.parametrize("tokens", [1, 3, PARALLEL_ROWS + 2])
+@pytest.mark.parametrize("inter", [5, 64, 1536, 1539])
+@pytest.mark.parametrize("gelu", [False, True])
+def test_bf16_gated_activation_matches_reference(
+    fused_bf16: FusedKernels, tokens: int, inter: int, gelu: bool
+) -> None:
+    gen = torch.Generator().manual_seed(tokens * inter + gelu + 1)
+    wide = _bf16(tokens, 2 * inter + 6, gen=gen, scale=5)
+    gate_up = wide[:, 3 : 3 + 2 * inter]  # rows a stride apart, as a view may be
+    assert fused_bf16.gated_act_fits(gate_up)
+    ops = CpuLayerOps(fused=fused_bf16)
+    got = ops.gelu_tanh_and_mul(gate_up) if gelu else ops.silu_and_mul(gate_up)
+    ref = REF.gelu_tanh_and_mul(gate_up) if gelu else REF.silu_and_mul(gate_up)
+    assert got.dtype == torch.bfloat16
+    # exact: act(g) rounded to bf16, times u, rounded (torch rounds after each op)
+    g, u = gate_up.double().chunk(2, dim=-1)
+    act = _exact_gated(torch.cat([g, torch.ones_like(u)], dim=-1), gelu).bfloat16()
+    torch.testing.assert_close(got, (act.float() * u.float()).bfloat16(), **BF16_TOL)
+    # torch's float32 tanh-GELU loses the negative tail (see _exact_gated): absolute bound
+    torch.testing.assert_close(got, ref, rtol=1.6e-2, atol=2e-2 if gelu else 1e-2)
+
+
+def test_bf16_nan_and_extremes(fused_bf16: FusedKernels) -> None:
+    g = torch.tensor([-1e4, -100.0, -30.0, -5.0, 0.0, 5.0, 30.0, 100.0, 1e4] * 2)
+    g[3] = g[17] = float("nan")  # one in the 16-lane vector part, one in the tail
+    gate_up = torch.cat([g, torch.ones_like(g)]).unsqueeze(0).bfloat16()
+    for gelu in (False, True):
+        got = fused_bf16.gated_act(gate_up, gelu).float()
+        want = _exact_gated(gate_up.float(), gelu)
+        assert torch.isnan(got[0, 3]) and torch.isnan(got[0, 17])
+        keep = ~torch.isnan(want)
+        torch.testing.assert_close(got[keep], want[keep], rtol=1.6e-2, atol=1e-30)
+    x = torch.ones(2, 40, dtype=torch.bfloat16)
+    x[0, 5] = float("nan")
+    out, _ = fused_bf16.rms_norm(x, torch.ones(40, dtype=torch.bfloat16), 1e-6, None)
+    assert torch.isnan(out[0]).all() and torch.equal(out[1], torch.ones(40, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_bf16_row_lookup_matches_embedding(fused_bf16: FusedKernels, packed: bool) -> None:
+    table = torch.randn(96, 24).bfloat16()
+    ids = torch.tensor([0, 95, 17, 17, 48])
+    stored = PackedLinearKernel.pack(table) if packed else table  # (6, 12, 16, 2) when packed
+    assert fused_bf16.gather_fits(ids, stored)
+    got = CpuLayerOps(fused=fused_bf16).embedding(ids, stored)
+    assert torch.equal(got, REF.embedding(ids, table))
+    with pytest.raises(IndexError, match="outside"):
+        fused_bf16.gather_rows(torch.tensor([3, 96]), stored)
+
+
+def test_bf16_kv_write_matches_index_copy() -> None:
+    kernel = PagedDecodeKernel()
+    if not kernel.available:
+        pytest.skip(kernel.reason)
+    cache = torch.zeros(2, 6, 16, 3, 8, dtype=torch.bfloat16)
+    qkv = torch.randn(4, 4 * 8 + 2 * 3 * 8).bfloat16()
+    k = torch.randn(4, 3, 8).bfloat16()
+    v = qkv[:, 4 * 8 + 3 * 8 :].view(4, 3, 8)  # a strided view of the QKV output
+    slots = torch.tensor([5, 95, -1, 16])
+    assert kernel.write_kv_fits(cache, k, v)
+    assert not kernel.write_kv_fits(cache, k.float(), v)  # one dtype everywhere
+    kernel.write_kv(cache, k, v, slots)
+    want = torch.zeros_like(cache)
+    flat = want.view(2, -1, 3, 8)
+    keep = slots >= 0
+    flat[0].index_copy_(0, slots[keep], k[keep])
+    flat[1].index_copy_(0, slots[keep], v[keep])
+    assert torch.equal(cache, want)
 
 
 def test_missing_compiler_means_reference_path(

@@ -98,6 +98,26 @@ def test_replay_recomputes_from_static_inputs(ops: CpuLayerOps) -> None:
         torch.testing.assert_close(out, want)
 
 
+def test_bfloat16_replay_recomputes_and_converts(ops: CpuLayerOps) -> None:
+    """bf16 norm and activation replayed as C calls; the trailing ``.float()`` (as a bf16 LM
+    head's logits take) is recorded as a copy into the converted tensor."""
+    torch.manual_seed(0)
+    norm_w = torch.rand(32).bfloat16()
+    x = torch.zeros(3, 32, dtype=torch.bfloat16)
+
+    def forward() -> torch.Tensor:
+        h, _ = ops.rms_norm(x, norm_w, 1e-6, None)
+        return ops.silu_and_mul(h).float()
+
+    graph, out = CpuGraphCapture(ops.libraries()).capture(forward)
+    assert len(graph) == 3 and out.dtype == torch.float32
+    for _ in range(2):
+        x.copy_(torch.randn(3, 32))
+        graph.replay()
+        want = ops.silu_and_mul(ops.rms_norm(x, norm_w, 1e-6, None)[0]).float()
+        assert torch.equal(out, want)
+
+
 @pytest.mark.parametrize(
     "body, message",
     [
@@ -147,14 +167,36 @@ def test_other_steps_stay_eager(tiny_llama_dir: Path, ops: CpuLayerOps) -> None:
     assert len(emb.embedding) == 64  # tiny Llama hidden size
 
 
-def test_bfloat16_model_runs_eagerly(tiny_llama_dir: Path, ops: CpuLayerOps) -> None:
-    """bf16 weights and cache: no C kernel takes them, so the capture refuses (before any
-    cache write) and the steps run eagerly, with the eager path's tokens."""
-    kwargs: dict[str, Any] = dict(device="cpu", max_model_len=256, kv_cache_memory=32 * 2**20,
-                                  dtype="bfloat16")  # fmt: skip
-    graphs = LLM(str(tiny_llama_dir), enforce_eager=False, **kwargs)
-    eager = LLM(str(tiny_llama_dir), enforce_eager=True, **kwargs)
-    got, want = _run(graphs, PROMPTS[:2], 6), _run(eager, PROMPTS[:2], 6)
-    assert [g[0] for g in got] == [w[0] for w in want]
+def _engine_bf16(model: Path, eager: bool) -> LLM:
+    return LLM(str(model), device="cpu", max_model_len=256, kv_cache_memory=32 * 2**20,
+               enforce_eager=eager, dtype="bfloat16")  # fmt: skip
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_bfloat16_tiny_llama_graph_matches_eager(
+    tiny_llama_dir: Path, ops: CpuLayerOps, batch: int
+) -> None:
+    """bf16 weights, activations and cache: every op of a decode step is a C call (the bf16
+    fused ops and decode kernel), so the capture succeeds and replays the eager tokens."""
+    graphs, eager = _engine_bf16(tiny_llama_dir, False), _engine_bf16(tiny_llama_dir, True)
+    got = _run(graphs, PROMPTS[:batch], 40)  # contexts cross block boundaries (16)
+    want = _run(eager, PROMPTS[:batch], 40)
+    for (g_ids, g_lps), (w_ids, w_lps) in zip(got, want, strict=True):
+        assert g_ids == w_ids
+        assert g_lps == pytest.approx(w_lps, abs=1e-5)
     dg = _runner(graphs).graphs
-    assert dg is not None and dg.disabled is not None and not dg.graphs
+    assert dg is not None and dg.disabled is None
+    padded = {1: 1, 3: 4}[batch]
+    assert padded in dg.graphs and len(dg.graphs[padded].graph) > 0
+
+
+def test_smollm2_bfloat16_graph_matches_eager(smollm2_dir: Path) -> None:
+    graphs, eager = _engine_bf16(smollm2_dir, False), _engine_bf16(smollm2_dir, True)
+    got, want = _run(graphs, PROMPTS[:3], 24), _run(eager, PROMPTS[:3], 24)
+    for (g_ids, g_lps), (w_ids, w_lps) in zip(got, want, strict=True):
+        assert g_ids == w_ids
+        assert g_lps == pytest.approx(w_lps, abs=1e-4)
+    dg = _runner(graphs).graphs
+    assert dg is not None and dg.disabled is None and 4 in dg.graphs
+    # as the float32 graph, plus the bf16 logits' conversion to float32 (recorded as a copy)
+    assert len(dg.graphs[4].graph) == 30 * 10 + 3 + 2 + 1

@@ -203,6 +203,46 @@ def test_norm_choice_forced_to_torch_matches(kernel: PackedLinearKernel, tmp_pat
     assert res is not None and torch.equal(res, want_res)
 
 
+def test_cached_choice_of_an_unknown_implementation_is_measured_again(
+    kernel: PackedLinearKernel, tmp_path: Path
+) -> None:
+    """The cache file is shared by every build of the plugin on the machine: an entry naming an
+    implementation this build lacks (another branch's kernel) must not run here."""
+    ops = _ops(kernel, tmp_path)
+    w = torch.randn(64, 48)
+    ops.pack_linear_weight(w)
+    key = next(k for k in ops.tuner.decisions if k.startswith("linear|float32|64x48|"))
+    data = json.loads(ops.tuner.path.read_text())
+    data["choices"][key].update(layout="rows", impls={str(b): "c_other" for b in BUCKETS})
+    ops.tuner.path.write_text(json.dumps(data))
+    again = _ops(kernel, tmp_path)
+    stored = again.pack_linear_weight(w)
+    assert again.tuner.decisions[key]["source"] == "measured"
+    x = torch.randn(5, 48)
+    torch.testing.assert_close(
+        again.linear(x, stored, None), torch.nn.functional.linear(x, w), rtol=1e-4, atol=1e-4
+    )
+
+
+def test_bf16_norm_is_measured_under_its_own_key(
+    kernel: PackedLinearKernel, tmp_path: Path
+) -> None:
+    ops = _ops(kernel, tmp_path)
+    if not ops.fused.available:
+        pytest.skip(ops.fused.reason)
+    for dtype in (torch.float32, torch.bfloat16):
+        x, r, w = (torch.randn(3, 48).to(dtype) for _ in range(3))
+        w = w[0]
+        out, res = ops.rms_norm(x, w, 1e-6, r)
+        want, want_res = CpuLayerOps.__mro__[1].rms_norm(ops, x, w, 1e-6, r)
+        assert out.dtype == dtype
+        torch.testing.assert_close(out, want, rtol=1.6e-2, atol=1e-2)
+        assert res is not None and torch.equal(res, want_res)
+    keys = [k for k in ops.tuner.decisions if k.startswith("rms_norm|")]
+    assert sorted(k.split("|")[1] for k in keys) == ["bfloat16", "float32"]
+    assert all(ops.tuner.decisions[k]["source"] == "measured" for k in keys)
+
+
 def test_torch_linear_is_recorded_in_decode_graphs(
     kernel: PackedLinearKernel, tmp_path: Path
 ) -> None:

@@ -4,8 +4,8 @@ Per step, ``build_metadata`` groups the sequences into buckets of similar shape 
 every index and mask (``attention_metadata``); every layer reuses them. Per layer:
 
 - decode rows (one new token per sequence) run on a fused C kernel that reads each sequence's
-  KV blocks straight from the cache (``decode_kernel``), when it builds here and the cache is
-  float32;
+  KV blocks straight from the cache (``decode_kernel``), when it builds here and the cache and
+  queries are float32 or bfloat16;
 - every other bucket (prefill and chunked-prefill chunks, and decode rows otherwise) gathers its
   KV blocks with one ``index_select`` into a reused workspace, views them as (n, Hkv, keys, D)
   without copying, and runs one ``scaled_dot_product_attention`` (GQA without repeating K/V,
@@ -32,6 +32,7 @@ from ironlm_cpu.attention_metadata import (
 )
 from ironlm_cpu.cbuild import KernelLibrary
 from ironlm_cpu.decode_choice import choose_decode_path
+from ironlm_cpu.decode_kernel import DTYPES as DECODE_DTYPES
 from ironlm_cpu.decode_kernel import PagedDecodeKernel
 from ironlm_cpu.tuner import KernelTuner
 
@@ -103,7 +104,9 @@ class CpuPagedAttentionBackend(AttentionBackend):
             # checked before any write: graph metadata holds padding rows with slot -1
             raise GraphCaptureError(
                 f"layer {layer.layer_index}: the C decode kernel and KV write do not take this "
-                "layer (float32 cache and head_dim % 8 == 0 needed)"
+                f"layer (a float32 or bfloat16 cache with q, k, v of its dtype, head_dim % 8 == 0 "
+                f"needed; cache {str(kv_cache.dtype).removeprefix('torch.')}, q "
+                f"{str(q.dtype).removeprefix('torch.')}, head_dim {layer.head_dim})"
             )
         slots = metadata.batch.slot_mapping
         if c_write:
@@ -225,10 +228,12 @@ class CpuPagedAttentionBackend(AttentionBackend):
 
 
 def _kernel_fits(layer: AttentionLayerSpec, q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
-    """The C decode kernel's preconditions: float32, a contiguous cache (q is made contiguous:
-    a view of a fused QKV projection is not), head_dim a multiple of 8."""
+    """The C decode kernel's preconditions: q and cache both float32 or both bf16, a contiguous
+    cache (q is made contiguous: a view of a fused QKV projection is not), head_dim a multiple
+    of 8."""
     return (
-        q.dtype == kv_cache.dtype == torch.float32
+        q.dtype == kv_cache.dtype
+        and q.dtype in DECODE_DTYPES
         and kv_cache.is_contiguous()
         and layer.head_dim % 8 == 0
     )

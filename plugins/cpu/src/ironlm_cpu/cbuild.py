@@ -35,10 +35,11 @@ def compile_flags(target: IsaTarget) -> list[str]:
 
 
 def heads_contiguous(x: torch.Tensor) -> bool:
-    """(T, heads, D) float32 whose heads lie contiguously inside a token (any token stride): the
-    layout the C kernels read q/k/v rows in, views of the fused QKV output included."""
+    """(T, heads, D) float32 or bf16 whose heads lie contiguously inside a token (any token
+    stride): the layout the C kernels read q/k/v rows in, views of the fused QKV output
+    included."""
     return (
-        x.dim() == 3 and x.dtype == torch.float32 and x.stride(2) == 1
+        x.dim() == 3 and x.dtype in (torch.float32, torch.bfloat16) and x.stride(2) == 1
         and x.stride(1) == x.shape[2]
     )  # fmt: skip
 

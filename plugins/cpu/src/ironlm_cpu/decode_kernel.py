@@ -9,9 +9,12 @@ dynamically over an OpenMP team that is torch's own: the library links libgomp.s
 loader resolves to the copy torch has already loaded, so torch's idle workers take the items
 instead of spinning beside extra threads (separate pthreads ran slower than one thread here).
 
-Scope: decode rows only (one new token per sequence), float32 cache and queries, head_dim a
-multiple of 8; any GQA ratio, sliding window and logits soft cap. Everything else, and any
-machine without a working C compiler, uses the torch path (the kernel reports why).
+Scope: decode rows only (one new token per sequence), queries, cache and output all float32 or
+all bfloat16, head_dim a multiple of 8; any GQA ratio, sliding window and logits soft cap. bf16
+keys and values are widened to float32 as they are read (a 16-bit shift), scores, softmax and
+the weighted sum are float32 (as the torch path computes a bf16 cache), and the output is
+rounded to bf16 to nearest even. Everything else, and any machine without a working C
+compiler, uses the torch path (the kernel reports why).
 Built and cached by ``cbuild.load_library``.
 """
 
@@ -24,6 +27,9 @@ import torch
 from ironlm_cpu.cbuild import KernelLibrary, heads_contiguous
 from ironlm_cpu.isa import IsaTarget
 
+DTYPES = (torch.float32, torch.bfloat16)  # what the kernel takes (q, cache and out alike)
+_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
+
 _SOURCE = r"""
 #include <math.h>
 #include <stdint.h>
@@ -34,9 +40,9 @@ _SOURCE = r"""
 typedef float v8 __attribute__((vector_size(32), aligned(4)));
 
 typedef struct {
-    const float *q;         /* (tokens, h, d) */
-    const float *kc, *vc;   /* (blocks, bs, h_kv, d) each */
-    float *out;             /* (tokens, h, d) */
+    const void *q;          /* (tokens, h, d) float32 or bf16 (uint16_t) */
+    const void *kc, *vc;    /* (blocks, bs, h_kv, d) each, q's dtype */
+    void *out;              /* (tokens, h, d) q's dtype */
     const int64_t *tokens;  /* (n,) row of q/out of each sequence */
     const int64_t *lens;    /* (n,) context length incl. the new token */
     const int32_t *tables;  /* (n, table_stride) physical block ids */
@@ -50,6 +56,21 @@ static inline float hsum(v8 a) {
 }
 
 typedef int32_t v8i __attribute__((vector_size(32), aligned(4)));
+typedef uint32_t v8u __attribute__((vector_size(32), aligned(4)));
+typedef uint16_t v8h __attribute__((vector_size(16), aligned(2)));  /* 8 bf16 */
+
+/* 8 floats from 8 float32 or bf16 (widened by a 16-bit shift) values */
+static inline v8 ld_f32(const float *p) { return *(const v8 *)p; }
+static inline v8 ld_bf16(const uint16_t *p) {
+    return (v8)(__builtin_convertvector(*(const v8h *)p, v8u) << 16);
+}
+
+/* float32 -> bf16 rounded to nearest even, as torch converts; NaN -> quiet NaN */
+static inline uint16_t f32_bf16(float f) {
+    union { float f; uint32_t u; } v = {f};
+    if (f != f) return 0x7fc0;
+    return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
+}
 
 static inline v8 vmax(v8 a, v8 b) {
     v8i m = a > b;  /* lanes: -1 where a > b */
@@ -89,152 +110,199 @@ static inline float exp_neg(float x) {
     return u.f;
 }
 
-/* Per block and query head: `cnt` keys/values at stride `row` floats. The NV-specialised
-   versions (NV = head_dim / 8, a compile-time constant) keep q or the accumulator in registers;
-   the generic ones serve other head sizes. */
-#define BLOCK_FNS(NV)                                                                        \
-static void dots_##NV(const v8 *q, const float *k, int64_t row, int64_t cnt, float scale,    \
-                      float *out) {                                                          \
+/* Per block and query head: `cnt` keys/values at stride `row` elements of type T, read with LD.
+   The NV-specialised versions (NV = head_dim / 8, a compile-time constant) keep q or the
+   accumulator in registers; the generic ones serve other head sizes. */
+#define BLOCK_FNS(NV, SFX, T, LD)                                                            \
+static void dots_##NV##SFX(const v8 *q, const T *k, int64_t row, int64_t cnt, float scale,   \
+                           float *out) {                                                     \
     v8 qr[NV];                                                                               \
     for (int i = 0; i < NV; i++) qr[i] = q[i];                                               \
     for (int64_t c = 0; c < cnt; c++) {                                                      \
-        const v8 *kc = (const v8 *)(k + c * row);                                            \
+        const T *kc = k + c * row;                                                           \
         v8 a0 = {0}, a1 = {0};                                                               \
-        for (int i = 0; i + 1 < NV; i += 2) { a0 += qr[i] * kc[i]; a1 += qr[i + 1] * kc[i + 1]; } \
-        if (NV % 2) a0 += qr[NV - 1] * kc[NV - 1];                                           \
+        for (int i = 0; i + 1 < NV; i += 2) {                                                \
+            a0 += qr[i] * LD(kc + 8 * i); a1 += qr[i + 1] * LD(kc + 8 * i + 8);              \
+        }                                                                                    \
+        if (NV % 2) a0 += qr[NV - 1] * LD(kc + 8 * (NV - 1));                                \
         out[c] = hsum(a0 + a1) * scale;                                                      \
     }                                                                                        \
 }                                                                                            \
-static void axpys_##NV(v8 *acc, const float *w, const float *v, int64_t row, int64_t cnt) {  \
+static void axpys_##NV##SFX(v8 *acc, const float *w, const T *v, int64_t row, int64_t cnt) { \
     v8 r[NV];                                                                                \
     for (int i = 0; i < NV; i++) r[i] = acc[i];                                              \
     for (int64_t c = 0; c < cnt; c++) {                                                      \
-        const v8 *vc = (const v8 *)(v + c * row);                                            \
+        const T *vc = v + c * row;                                                           \
         const float wc = w[c];                                                               \
-        for (int i = 0; i < NV; i++) r[i] += wc * vc[i];                                     \
+        for (int i = 0; i < NV; i++) r[i] += wc * LD(vc + 8 * i);                            \
     }                                                                                        \
     for (int i = 0; i < NV; i++) acc[i] = r[i];                                              \
 }
-BLOCK_FNS(8)   /* head_dim 64 */
-BLOCK_FNS(16)  /* head_dim 128 */
 
-static void dots_any(const v8 *q, const float *k, int64_t row, int64_t cnt, float scale,
-                     float *out, int nv) {
-    for (int64_t c = 0; c < cnt; c++) {
-        const v8 *kc = (const v8 *)(k + c * row);
-        v8 a = {0};
-        for (int i = 0; i < nv; i++) a += q[i] * kc[i];
-        out[c] = hsum(a) * scale;
-    }
+#define ANY_FNS(SFX, T, LD)                                                                  \
+static void dots_any##SFX(const v8 *q, const T *k, int64_t row, int64_t cnt, float scale,    \
+                          float *out, int nv) {                                              \
+    for (int64_t c = 0; c < cnt; c++) {                                                      \
+        const T *kc = k + c * row;                                                           \
+        v8 a = {0};                                                                          \
+        for (int i = 0; i < nv; i++) a += q[i] * LD(kc + 8 * i);                             \
+        out[c] = hsum(a) * scale;                                                            \
+    }                                                                                        \
+}                                                                                            \
+static void axpys_any##SFX(v8 *acc, const float *w, const T *v, int64_t row, int64_t cnt,    \
+                           int nv) {                                                         \
+    for (int64_t c = 0; c < cnt; c++) {                                                      \
+        const T *vc = v + c * row;                                                           \
+        for (int i = 0; i < nv; i++) acc[i] += w[c] * LD(vc + 8 * i);                        \
+    }                                                                                        \
 }
 
-static void axpys_any(v8 *acc, const float *w, const float *v, int64_t row, int64_t cnt,
-                      int nv) {
-    for (int64_t c = 0; c < cnt; c++) {
-        const v8 *vc = (const v8 *)(v + c * row);
-        for (int i = 0; i < nv; i++) acc[i] += w[c] * vc[i];
+BLOCK_FNS(8, _f32, float, ld_f32)       /* head_dim 64 */
+BLOCK_FNS(16, _f32, float, ld_f32)      /* head_dim 128 */
+ANY_FNS(_f32, float, ld_f32)
+BLOCK_FNS(8, _bf16, uint16_t, ld_bf16)
+BLOCK_FNS(16, _bf16, uint16_t, ld_bf16)
+ANY_FNS(_bf16, uint16_t, ld_bf16)
+
+/* Softmax of one query head's n scores in place (after the soft cap, when cap > 0). */
+static void softmax(float *sg, int64_t n, float cap) {
+    float mx = -INFINITY, tot = 0;
+    if (cap > 0)
+        for (int64_t p = 0; p < n; p++) sg[p] = cap * tanhf(sg[p] / cap);
+    int64_t p = 0;
+    v8 m8 = mx - (v8){0}, t8 = {0};
+    for (; p + 8 <= n; p += 8) m8 = vmax(m8, *(v8 *)(sg + p));
+    for (int l = 0; l < 8; l++) mx = m8[l] > mx ? m8[l] : mx;
+    for (; p < n; p++) mx = sg[p] > mx ? sg[p] : mx;
+    for (p = 0; p + 8 <= n; p += 8) {
+        v8 e = vexp_neg(*(v8 *)(sg + p) - mx);
+        *(v8 *)(sg + p) = e;
+        t8 += e;
     }
+    for (; p < n; p++) { sg[p] = exp_neg(sg[p] - mx); tot += sg[p]; }
+    tot += hsum(t8);
+    const float inv = 1.0f / tot;
+    for (p = 0; p < n; p++) sg[p] *= inv;
 }
 
-/* One sequence, KV heads [hk0, hk1): scores, softmax, weighted values. */
-static void attend(const job_t *j, int s, int hk0, int hk1, float *scores, v8 *acc) {
-    const int gq = j->h / j->h_kv, d = j->d, nv = d / 8, bs = j->bs, ml = j->max_len;
-    const int g0 = hk0 * gq, g1 = hk1 * gq;
-    const int64_t len = j->lens[s], row = (int64_t)j->h_kv * d;
-    const int64_t start = (j->window > 0 && len > j->window) ? len - j->window : 0;
-    const float scale = j->scale, cap = j->cap;
-    const float *q = j->q + j->tokens[s] * j->h * d;
-    const int32_t *table = j->tables + s * j->table_stride;
+/* One sequence, KV heads [hk0, hk1), cache elements of type T: scores, softmax, weighted
+   values into acc (float32). q is the sequence's (h, d) float32 query row. */
+#define ATTEND(SFX, T)                                                                       \
+static void attend##SFX(const job_t *j, int s, int hk0, int hk1, const float *q,             \
+                        float *scores, v8 *acc) {                                            \
+    const int gq = j->h / j->h_kv, d = j->d, nv = d / 8, bs = j->bs, ml = j->max_len;        \
+    const int g0 = hk0 * gq, g1 = hk1 * gq;                                                  \
+    const int64_t len = j->lens[s], row = (int64_t)j->h_kv * d;                              \
+    const int64_t start = (j->window > 0 && len > j->window) ? len - j->window : 0;          \
+    const T *kc = (const T *)j->kc, *vc = (const T *)j->vc;                                  \
+    const int32_t *table = j->tables + s * j->table_stride;                                  \
+    /* pass 1: scores[g][p - start] = scale * q_g . k_p, block by block */                   \
+    for (int64_t blk = start / bs; blk * bs < len; blk++) {                                  \
+        const int64_t p0 = blk * bs > start ? blk * bs : start;                              \
+        const int64_t p1 = (blk + 1) * bs < len ? (blk + 1) * bs : len;                      \
+        const T *k = kc + ((int64_t)table[blk] * bs + (p0 - blk * bs)) * row;                \
+        for (int g = g0; g < g1; g++) {                                                      \
+            const v8 *qg = (const v8 *)(q + g * d);                                          \
+            const T *kg = k + (g / gq) * d;                                                  \
+            float *out = scores + g * ml + (p0 - start);                                     \
+            if (nv == 8) dots_8##SFX(qg, kg, row, p1 - p0, j->scale, out);                   \
+            else if (nv == 16) dots_16##SFX(qg, kg, row, p1 - p0, j->scale, out);            \
+            else dots_any##SFX(qg, kg, row, p1 - p0, j->scale, out, nv);                     \
+        }                                                                                    \
+    }                                                                                        \
+    for (int g = g0; g < g1; g++) softmax(scores + g * ml, len - start, j->cap);             \
+    /* pass 2: out_g = sum_p w[g][p] v_p, block by block */                                  \
+    memset(acc + g0 * nv, 0, sizeof(float) * (size_t)(g1 - g0) * d);                         \
+    for (int64_t blk = start / bs; blk * bs < len; blk++) {                                  \
+        const int64_t p0 = blk * bs > start ? blk * bs : start;                              \
+        const int64_t p1 = (blk + 1) * bs < len ? (blk + 1) * bs : len;                      \
+        const T *v = vc + ((int64_t)table[blk] * bs + (p0 - blk * bs)) * row;                \
+        for (int g = g0; g < g1; g++) {                                                      \
+            const float *w = scores + g * ml + (p0 - start);                                 \
+            const T *vg = v + (g / gq) * d;                                                  \
+            if (nv == 8) axpys_8##SFX(acc + g * nv, w, vg, row, p1 - p0);                    \
+            else if (nv == 16) axpys_16##SFX(acc + g * nv, w, vg, row, p1 - p0);             \
+            else axpys_any##SFX(acc + g * nv, w, vg, row, p1 - p0, nv);                      \
+        }                                                                                    \
+    }                                                                                        \
+}
+ATTEND(_f32, float)
+ATTEND(_bf16, uint16_t)
 
-    /* pass 1: scores[g][p - start] = scale * q_g . k_p, block by block */
-    for (int64_t blk = start / bs; blk * bs < len; blk++) {
-        const int64_t p0 = blk * bs > start ? blk * bs : start;
-        const int64_t p1 = (blk + 1) * bs < len ? (blk + 1) * bs : len;
-        const float *k = j->kc + ((int64_t)table[blk] * bs + (p0 - blk * bs)) * row;
-        for (int g = g0; g < g1; g++) {
-            const v8 *qg = (const v8 *)(q + g * d);
-            const float *kg = k + (g / gq) * d;
-            float *out = scores + g * ml + (p0 - start);
-            if (nv == 8) dots_8(qg, kg, row, p1 - p0, scale, out);
-            else if (nv == 16) dots_16(qg, kg, row, p1 - p0, scale, out);
-            else dots_any(qg, kg, row, p1 - p0, scale, out, nv);
-        }
+/* One work item: the float32 query row (a bf16 one widened into qbuf), attention, and the
+   output heads [g0, g1) stored in the output's dtype (bf16 rounded to nearest even). */
+static void item(const job_t *j, int bf16, int s, int hk0, int hk1, float *scores, v8 *acc,
+                 float *qbuf) {
+    const int d = j->d, gq = j->h / j->h_kv, g0 = hk0 * gq, g1 = hk1 * gq;
+    const int64_t row0 = j->tokens[s] * j->h * d;  /* the sequence's first q/out element */
+    float *a = (float *)acc;
+    if (!bf16) {
+        attend_f32(j, s, hk0, hk1, (const float *)j->q + row0, scores, acc);
+        float *o = (float *)j->out + row0;
+        memcpy(o + g0 * d, a + g0 * d, sizeof(float) * (size_t)(g1 - g0) * d);
+        return;
     }
-    /* soft cap, then softmax per query head */
-    const int64_t n = len - start;
-    for (int g = g0; g < g1; g++) {
-        float *sg = scores + g * ml, mx = -INFINITY, tot = 0;
-        if (cap > 0)
-            for (int64_t p = 0; p < n; p++) sg[p] = cap * tanhf(sg[p] / cap);
-        int64_t p = 0;
-        v8 m8 = mx - (v8){0}, t8 = {0};
-        for (; p + 8 <= n; p += 8) m8 = vmax(m8, *(v8 *)(sg + p));
-        for (int l = 0; l < 8; l++) mx = m8[l] > mx ? m8[l] : mx;
-        for (; p < n; p++) mx = sg[p] > mx ? sg[p] : mx;
-        for (p = 0; p + 8 <= n; p += 8) {
-            v8 e = vexp_neg(*(v8 *)(sg + p) - mx);
-            *(v8 *)(sg + p) = e;
-            t8 += e;
-        }
-        for (; p < n; p++) { sg[p] = exp_neg(sg[p] - mx); tot += sg[p]; }
-        tot += hsum(t8);
-        const float inv = 1.0f / tot;
-        for (p = 0; p < n; p++) sg[p] *= inv;
+    const uint16_t *q = (const uint16_t *)j->q + row0;
+    for (int64_t e = (int64_t)g0 * d; e < (int64_t)g1 * d; e++) {
+        union { uint32_t u; float f; } v = {(uint32_t)q[e] << 16};
+        qbuf[e] = v.f;
     }
-    /* pass 2: out_g = sum_p w[g][p] v_p, block by block */
-    memset(acc + g0 * nv, 0, sizeof(float) * (size_t)(g1 - g0) * d);
-    for (int64_t blk = start / bs; blk * bs < len; blk++) {
-        const int64_t p0 = blk * bs > start ? blk * bs : start;
-        const int64_t p1 = (blk + 1) * bs < len ? (blk + 1) * bs : len;
-        const float *v = j->vc + ((int64_t)table[blk] * bs + (p0 - blk * bs)) * row;
-        for (int g = g0; g < g1; g++) {
-            const float *w = scores + g * ml + (p0 - start), *vg = v + (g / gq) * d;
-            if (nv == 8) axpys_8(acc + g * nv, w, vg, row, p1 - p0);
-            else if (nv == 16) axpys_16(acc + g * nv, w, vg, row, p1 - p0);
-            else axpys_any(acc + g * nv, w, vg, row, p1 - p0, nv);
-        }
-    }
-    memcpy(j->out + (j->tokens[s] * j->h + g0) * d, acc + g0 * nv,
-           sizeof(float) * (size_t)(g1 - g0) * d);
+    attend_bf16(j, s, hk0, hk1, qbuf, scores, acc);
+    uint16_t *o = (uint16_t *)j->out + row0;
+    for (int64_t e = (int64_t)g0 * d; e < (int64_t)g1 * d; e++) o[e] = f32_bf16(a[e]);
 }
 
 /* Returns 0 on success, 1 when a thread could not allocate its scratch. Work items are
    (sequence, KV-head range), handed out dynamically; the OpenMP team is torch's own (the
    library is linked against the libgomp torch has loaded), so torch's idle workers pick the
-   items up instead of spinning beside extra threads of ours. */
-int ironlm_paged_decode_f32(const float *q, const float *kc, const float *vc, float *out,
-                            const int64_t *tokens, const int64_t *lens, const int32_t *tables,
-                            int64_t table_stride, int n, int h, int h_kv, int d, int bs,
-                            int window, int max_len, float scale, float cap, int threads) {
+   items up instead of spinning beside extra threads of ours. bf16: q, cache and out bf16. */
+static int paged_decode(const job_t *j, int bf16, int threads) {
+    const int n = j->n, h = j->h, h_kv = j->h_kv, d = j->d, max_len = j->max_len;
     /* few sequences: one work item per (sequence, KV head) so every thread has work */
     const int heads_per_item = n >= 4 * threads ? h_kv : 1;
     const int per_seq = h_kv / heads_per_item, items = n * per_seq;
-    const job_t j = {q, kc, vc, out, tokens, lens, tables, table_stride, n, h, h_kv, d, bs,
-                     window, max_len, scale, cap};
     int failed = 0;
     #pragma omp parallel num_threads(threads > items ? (items > 0 ? items : 1) : threads) \
         reduction(|: failed)
     {
         float *scores = malloc(sizeof(float) * (size_t)h * max_len);
         v8 *acc = malloc(sizeof(float) * (size_t)h * d);
-        if (scores == NULL || acc == NULL) failed = 1;
+        float *qbuf = bf16 ? malloc(sizeof(float) * (size_t)h * d) : NULL;
+        const int ok = scores != NULL && acc != NULL && (!bf16 || qbuf != NULL);
+        if (!ok) failed = 1;
         #pragma omp for schedule(dynamic, 1)
         for (int it = 0; it < items; it++) {
-            if (scores == NULL || acc == NULL) continue;
+            if (!ok) continue;
             const int hk0 = (it % per_seq) * heads_per_item;
-            attend(&j, it / per_seq, hk0, hk0 + heads_per_item, scores, acc);
+            item(j, bf16, it / per_seq, hk0, hk0 + heads_per_item, scores, acc, qbuf);
         }
         free(scores);
         free(acc);
+        free(qbuf);
     }
     return failed;
 }
 
-/* Store t new tokens' K and V rows (row floats each; token r's rows start at k + r * ks and
-   v + r * vs) at their cache slots. A negative slot marks a padding row (skipped, as vLLM's
-   pad slot -1); returns the number of slots >= num_slots, which are skipped too. */
-int ironlm_write_kv_f32(const float *k, int64_t ks, const float *v, int64_t vs, float *kc,
-                        float *vc, const int64_t *slots, int t, int row, int64_t num_slots) {
+#define DECODE_ENTRY(SFX, T, BF16)                                                           \
+int ironlm_paged_decode##SFX(const T *q, const T *kc, const T *vc, T *out,                   \
+                             const int64_t *tokens, const int64_t *lens,                     \
+                             const int32_t *tables, int64_t table_stride, int n, int h,      \
+                             int h_kv, int d, int bs, int window, int max_len, float scale,  \
+                             float cap, int threads) {                                       \
+    const job_t j = {q, kc, vc, out, tokens, lens, tables, table_stride, n, h, h_kv, d, bs,  \
+                     window, max_len, scale, cap};                                           \
+    return paged_decode(&j, BF16, threads);                                                  \
+}
+DECODE_ENTRY(_f32, float, 0)
+DECODE_ENTRY(_bf16, uint16_t, 1)
+
+/* Store t new tokens' K and V rows (row elements of esize bytes each; token r's rows start
+   at element r * ks of k and r * vs of v) at their cache slots. A negative slot marks a padding
+   row (skipped, as vLLM's pad slot -1); returns the number of slots >= num_slots, which are
+   skipped too. */
+static int write_kv(const char *k, int64_t ks, const char *v, int64_t vs, char *kc, char *vc,
+                    const int64_t *slots, int t, int row, int64_t num_slots, size_t esize) {
+    const size_t bytes = esize * (size_t)row;
     int bad = 0;
     for (int r = 0; r < t; r++) {
         const int64_t s = slots[r];
@@ -242,10 +310,23 @@ int ironlm_write_kv_f32(const float *k, int64_t ks, const float *v, int64_t vs, 
             bad += s >= num_slots;
             continue;
         }
-        memcpy(kc + s * row, k + (int64_t)r * ks, sizeof(float) * (size_t)row);
-        memcpy(vc + s * row, v + (int64_t)r * vs, sizeof(float) * (size_t)row);
+        memcpy(kc + s * bytes, k + (int64_t)r * ks * esize, bytes);
+        memcpy(vc + s * bytes, v + (int64_t)r * vs * esize, bytes);
     }
     return bad;
+}
+
+int ironlm_write_kv_f32(const float *k, int64_t ks, const float *v, int64_t vs, float *kc,
+                        float *vc, const int64_t *slots, int t, int row, int64_t num_slots) {
+    return write_kv((const char *)k, ks, (const char *)v, vs, (char *)kc, (char *)vc, slots, t,
+                    row, num_slots, sizeof(float));
+}
+
+int ironlm_write_kv_bf16(const uint16_t *k, int64_t ks, const uint16_t *v, int64_t vs,
+                         uint16_t *kc, uint16_t *vc, const int64_t *slots, int t, int row,
+                         int64_t num_slots) {
+    return write_kv((const char *)k, ks, (const char *)v, vs, (char *)kc, (char *)vc, slots, t,
+                    row, num_slots, sizeof(uint16_t));
 }
 """
 
@@ -256,23 +337,27 @@ class PagedDecodeKernel(KernelLibrary):
 
     def __init__(self, target: IsaTarget | None = None) -> None:
         ptr, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
+        decode = ([ptr] * 7 + [i64] + [i32] * 7 + [f32, f32, i32], i32)
+        write = ([ptr, i64, ptr, i64] + [ptr] * 3 + [i32, i32, i64], i32)
         super().__init__(
             "cpu_paged_decode", _SOURCE,
-            {
-                "ironlm_paged_decode_f32": ([ptr] * 7 + [i64] + [i32] * 7 + [f32, f32, i32], i32),
-                "ironlm_write_kv_f32": ([ptr, i64, ptr, i64] + [ptr] * 3 + [i32, i32, i64], i32),
-            },
+            {f"ironlm_{fn}_{sfx}": sig for fn, sig in (("paged_decode", decode),
+                                                      ("write_kv", write))
+             for sfx in _SUFFIX.values()},
             "C decode kernel", target=target,
         )  # fmt: skip
         lib = self.lib
-        self._fn = None if lib is None else lib.ironlm_paged_decode_f32
-        self._write = None if lib is None else lib.ironlm_write_kv_f32
+        # dtype -> C function
+        self._fn = {} if lib is None else {
+            dt: getattr(lib, f"ironlm_paged_decode_{sfx}") for dt, sfx in _SUFFIX.items()}
+        self._write = {} if lib is None else {
+            dt: getattr(lib, f"ironlm_write_kv_{sfx}") for dt, sfx in _SUFFIX.items()}
 
     def __call__(
         self,
-        q: torch.Tensor,  # (num_tokens, H, D) float32, contiguous
-        kv_cache: torch.Tensor,  # (2, num_blocks, block_size, Hkv, D) float32, contiguous
-        out: torch.Tensor,  # (num_tokens, H, D) float32, contiguous: rows `tokens` are written
+        q: torch.Tensor,  # (num_tokens, H, D) float32 or bf16, contiguous
+        kv_cache: torch.Tensor,  # (2, num_blocks, block_size, Hkv, D) q's dtype, contiguous
+        out: torch.Tensor,  # (num_tokens, H, D) q's dtype, contiguous: rows `tokens` are written
         tokens: torch.Tensor,  # (n,) int64: each sequence's query row
         seq_lens: torch.Tensor,  # (n,) int64: context length including the new token
         tables: torch.Tensor,  # (n, max_blocks) int32, contiguous: block ids of each sequence
@@ -281,10 +366,11 @@ class PagedDecodeKernel(KernelLibrary):
         window: int | None,
         soft_cap: float | None,
     ) -> None:
-        assert self._fn is not None, self.reason
+        assert self._fn, self.reason
+        assert q.dtype == kv_cache.dtype == out.dtype, (q.dtype, kv_cache.dtype, out.dtype)
         _, _, block_size, h_kv, d = kv_cache.shape
         status = self.call(
-            self._fn,
+            self._fn[q.dtype],
             q.data_ptr(), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(), out.data_ptr(),
             tokens.data_ptr(), seq_lens.data_ptr(), tables.data_ptr(), tables.stride(0),
             tokens.numel(), q.shape[1], h_kv, d, block_size, window or 0, max_len,
@@ -295,25 +381,26 @@ class PagedDecodeKernel(KernelLibrary):
 
     @staticmethod
     def write_kv_fits(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-        """float32 everywhere, a contiguous cache, and each token's (Hkv, D) rows contiguous in
-        k and v (v may be a strided view of the fused QKV output)."""
-        cache_ok = kv_cache.dtype == torch.float32 and kv_cache.is_contiguous()
-        return cache_ok and heads_contiguous(k) and heads_contiguous(v)
+        """float32 or bf16 everywhere (one dtype), a contiguous cache, and each token's (Hkv, D)
+        rows contiguous in k and v (v may be a strided view of the fused QKV output)."""
+        cache_ok = kv_cache.dtype in DTYPES and kv_cache.is_contiguous()
+        same = k.dtype == v.dtype == kv_cache.dtype
+        return cache_ok and same and heads_contiguous(k) and heads_contiguous(v)
 
     def write_kv(
         self,
-        kv_cache: torch.Tensor,  # (2, num_blocks, block_size, Hkv, D) float32, contiguous
-        k: torch.Tensor,  # (num_tokens, Hkv, D)
+        kv_cache: torch.Tensor,  # (2, num_blocks, block_size, Hkv, D) float32 / bf16, contiguous
+        k: torch.Tensor,  # (num_tokens, Hkv, D) in the cache's dtype
         v: torch.Tensor,  # (num_tokens, Hkv, D)
         slot_mapping: torch.Tensor,  # (num_tokens,) int64: block_id * block_size + offset
     ) -> None:
         """Store the new tokens' keys and values at their cache slots (one C call); a slot of
         -1 marks a padding row, which is skipped."""
-        assert self._write is not None, self.reason
+        assert self._write, self.reason
         _, num_blocks, block_size, h_kv, d = kv_cache.shape
         slots = slot_mapping.contiguous()
         bad = self.call(
-            self._write,
+            self._write[kv_cache.dtype],
             k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), kv_cache[0].data_ptr(),
             kv_cache[1].data_ptr(), slots.data_ptr(), slots.numel(), h_kv * d,
             num_blocks * block_size,

@@ -1,6 +1,6 @@
-"""Fused float32 element-wise layer ops in C: RMSNorm (+ residual add), neox rotary, the gated
-MLP's activation (SiLU or tanh-GELU of the gate times the up half), and row lookups (embedding,
-rotary cos/sin) from row-major or panel-packed tables.
+"""Fused element-wise layer ops in C, float32 and bfloat16 (``fused_bf16``): RMSNorm (+ residual
+add), neox rotary, the gated MLP's activation (SiLU or tanh-GELU of the gate times the up half),
+and row lookups (embedding, rotary cos/sin) from row-major or panel-packed tables.
 
 Why: after the packed linear kernel, a batch-1 decode step on SmolLM2 spends about half its
 time outside the matmuls, in ~1,900 small torch ops (the reference RMSNorm is 8 ops, rotary
@@ -13,20 +13,25 @@ accumulated in double, rotary as x1*cos - x2*sin, x2*cos + x1*sin on the two hal
 activations use one exp per element, written as g / (1 + exp(-a)) (SiLU: a = g; tanh-GELU:
 a = 2 * sqrt(2/pi) * (g + 0.044715 g^3), since 0.5 * (1 + tanh(y)) = 1 / (1 + exp(-2y))), with
 an AVX2 exp (range reduction to |r| <= ln2/2 and Cephes' degree-6 polynomial, about 1 ulp) when
-the compiler targets AVX2, libm's expf otherwise.
+the compiler targets AVX2, libm's expf otherwise. The bf16 variants compute in float32 and
+round to bf16 where torch's bf16 ops do (``fused_bf16``).
 """
 
 from __future__ import annotations
 
 import ctypes
+from typing import Any
 
 import torch
 
 from ironlm_cpu.cbuild import KernelLibrary, heads_contiguous
+from ironlm_cpu.fused_bf16 import BF16_SOURCE
 from ironlm_cpu.isa import IsaTarget
 from ironlm_cpu.linear_kernel import PANEL
 
 PARALLEL_ROWS = 64  # fewer rows run on the calling thread
+DTYPES = (torch.float32, torch.bfloat16)  # what the C ops take
+_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
 _SOURCE = r"""
 #include <math.h>
@@ -169,30 +174,45 @@ class FusedKernels(KernelLibrary):
 
     def __init__(self, target: IsaTarget | None = None) -> None:
         ptr, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
+        signatures = {
+            "rms_norm": ([ptr] * 5 + [i32, i32, f32, i32], None),
+            "rotary": ([ptr, i64, i32, ptr, i64, i32] + [ptr] * 4 + [i32] * 3, None),
+            "gated_act": ([ptr, i64, ptr] + [i32] * 4, None),
+            "gather_rows": ([ptr] * 3 + [i32, i32, i64, i32], i32),
+        }
         super().__init__(
-            "cpu_fused", _SOURCE,
-            {
-                "ironlm_rms_norm_f32": ([ptr] * 5 + [i32, i32, f32, i32], None),
-                "ironlm_rotary_f32": ([ptr, i64, i32, ptr, i64, i32] + [ptr] * 4 + [i32] * 3, None),
-                "ironlm_gated_act_f32": ([ptr, i64, ptr] + [i32] * 4, None),
-                "ironlm_gather_rows_f32": ([ptr] * 3 + [i32, i32, i64, i32], i32),
-            },
+            "cpu_fused", _SOURCE + BF16_SOURCE,
+            {f"ironlm_{op}_{sfx}": sig for op, sig in signatures.items()
+             for sfx in _SUFFIX.values()},
             "fused C layer ops", target=target,
         )  # fmt: skip
         self._lib = self.lib
+        # (op, dtype) -> its C function
+        self._fns: dict[tuple[str, torch.dtype], Any] = {} if self._lib is None else {
+            (op, dt): getattr(self._lib, f"ironlm_{op}_{sfx}")
+            for op in signatures for dt, sfx in _SUFFIX.items()
+        }  # fmt: skip
+
+    def _fn(self, op: str, dtype: torch.dtype) -> Any:
+        """The C function of ``op`` for tensors of ``dtype``."""
+        return self._fns[(op, dtype)]
 
     @staticmethod
     def _threads(rows: int) -> int:
         return torch.get_num_threads() if rows >= PARALLEL_ROWS else 1
 
-    def rms_norm_fits(self, x: torch.Tensor, residual: torch.Tensor | None) -> bool:
+    def rms_norm_fits(
+        self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None = None
+    ) -> bool:
+        # (T, hidden) float32 or bf16; residual and weight (when given) in x's dtype
         return (
             self._lib is not None
-            and x.dtype == torch.float32
+            and x.dtype in DTYPES
             and x.dim() == 2
             and x.is_contiguous()
-            and (residual is None or (residual.dtype == torch.float32 and residual.is_contiguous()
+            and (residual is None or (residual.dtype == x.dtype and residual.is_contiguous()
                                       and residual.shape == x.shape))
+            and (weight is None or (weight.dtype == x.dtype and weight.numel() == x.shape[1]))
         )  # fmt: skip
 
     def rms_norm(
@@ -204,7 +224,7 @@ class FusedKernels(KernelLibrary):
         new_res = torch.empty_like(x) if residual is not None else None
         w = weight.contiguous()
         self.call(
-            self._lib.ironlm_rms_norm_f32,
+            self._fn("rms_norm", x.dtype),
             x.data_ptr(), None if residual is None else residual.data_ptr(),
             None if new_res is None else new_res.data_ptr(), w.data_ptr(), out.data_ptr(),
             t, h, eps, self._threads(t),
@@ -212,11 +232,12 @@ class FusedKernels(KernelLibrary):
         return out, new_res
 
     def rotary_fits(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor) -> bool:
-        # (T, heads, D) with heads contiguous inside a token; any token stride
+        # (T, heads, D) with heads contiguous inside a token; any token stride; q, k and the
+        # (T, D / 2) cos / sin all float32 or all bf16
         return (
             self._lib is not None
             and q.dim() == 3 and k.dim() == 3 and heads_contiguous(q) and heads_contiguous(k)
-            and q.shape[2] % 2 == 0 and cos.dtype == torch.float32
+            and q.shape[2] % 2 == 0 and q.dtype == k.dtype == cos.dtype
         )  # fmt: skip
 
     def rotary(
@@ -228,7 +249,7 @@ class FusedKernels(KernelLibrary):
         q_out = torch.empty(t, hq, d, dtype=q.dtype)
         k_out = torch.empty(k.shape, dtype=k.dtype)
         self.call(
-            self._lib.ironlm_rotary_f32,
+            self._fn("rotary", q.dtype),
             q.data_ptr(), q.stride(0), hq, k.data_ptr(), k.stride(0), k.shape[1],
             c.data_ptr(), s.data_ptr(), q_out.data_ptr(), k_out.data_ptr(), t, d,
             self._threads(t),
@@ -236,10 +257,10 @@ class FusedKernels(KernelLibrary):
         return q_out, k_out
 
     def gated_act_fits(self, gate_up: torch.Tensor) -> bool:
-        # (T, 2 * I) float32 with contiguous rows (any row stride)
+        # (T, 2 * I) float32 or bf16 with contiguous rows (any row stride)
         return (
             self._lib is not None
-            and gate_up.dtype == torch.float32
+            and gate_up.dtype in DTYPES
             and gate_up.dim() == 2
             and gate_up.stride(1) == 1
             and gate_up.shape[1] % 2 == 0
@@ -251,33 +272,39 @@ class FusedKernels(KernelLibrary):
         t, n = gate_up.shape[0], gate_up.shape[1] // 2
         out = torch.empty(t, n, dtype=gate_up.dtype)
         self.call(
-            self._lib.ironlm_gated_act_f32,
+            self._fn("gated_act", gate_up.dtype),
             gate_up.data_ptr(), gate_up.stride(0), out.data_ptr(), t, n, int(gelu),
             self._threads(t),
         )  # fmt: skip
         return out
 
     def gather_fits(self, ids: torch.Tensor, table: torch.Tensor) -> bool:
-        # (T,) int64 ids; a (rows, width) table or a (rows / 16, width, 16) packed one
+        # (T,) int64 ids; a (rows, width) table, or one packed by the linear kernel: float32
+        # (rows / 16, width, 16), bf16 (rows / 16, width / 2, 16, 2)
+        packed = (
+            table.dim() == 3 and table.shape[2] == PANEL if table.dtype == torch.float32
+            else table.dim() == 4 and table.shape[2:] == (PANEL, 2)
+        )  # fmt: skip
         return (
             self._lib is not None
             and ids.dtype == torch.int64
             and ids.dim() == 1
-            and table.dtype == torch.float32
+            and table.dtype in DTYPES
             and table.is_contiguous()
-            and (table.dim() == 2 or (table.dim() == 3 and table.shape[2] == PANEL))
+            and (table.dim() == 2 or packed)
         )  # fmt: skip
 
     def gather_rows(self, ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
         """(T,) ids -> (T, width): rows of ``table`` (row-major or panel-packed)."""
         assert self._lib is not None, self.reason
-        packed = table.dim() == 3
+        packed = table.dim() > 2
         rows = table.shape[0] * PANEL if packed else table.shape[0]
+        width = table.shape[1] * (2 if table.dim() == 4 else 1)
         idx = ids.contiguous()
-        out = torch.empty(idx.numel(), table.shape[1], dtype=table.dtype)
+        out = torch.empty(idx.numel(), width, dtype=table.dtype)
         bad = self.call(
-            self._lib.ironlm_gather_rows_f32, idx.data_ptr(), table.data_ptr(), out.data_ptr(),
-            idx.numel(), table.shape[1], rows, int(packed),
+            self._fn("gather_rows", table.dtype), idx.data_ptr(), table.data_ptr(),
+            out.data_ptr(), idx.numel(), width, rows, int(packed),
         )  # fmt: skip
         if bad:
             raise IndexError(f"{bad} id(s) outside the table's {rows} rows")

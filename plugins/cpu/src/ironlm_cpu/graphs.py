@@ -15,8 +15,11 @@ What makes a recording faithful is checked while capturing, through a torch func
 outside the C kernels (an op whose result is new memory other than an ``empty``, an in-place op,
 an ``out=`` argument) or read tensor data into Python (``item``, ``tolist``, ``bool``) makes the
 capture fail with the op's name, and the engine runs that batch eagerly (Gemma's embedding
-scale and Qwen3's per-head norms on strided views are such ops today). The guard also keeps
-every tensor the forward touched alive, so recorded pointers stay valid.
+scale and Qwen3's per-head norms on strided views are such ops today). One kind of torch op is
+recorded instead of refused: a dtype conversion (``x.float()``, ``x.to(dtype)``; a bf16 model's
+LM head returns its logits as float32 this way), replayed as a ``copy_`` into the result it
+made. The guard also keeps every tensor the forward touched alive, so recorded pointers stay
+valid.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ _ALLOCATORS = frozenset({torch.empty, torch.empty_like})
 # reading tensor data into Python would freeze a data-dependent branch into the recording
 _DATA_READS = frozenset({"item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__"})
 _INPLACE_DUNDERS = frozenset({"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__"})
+# dtype conversions a replay redoes as ``result.copy_(source)``
+_CONVERSIONS = frozenset({torch.Tensor.float, torch.Tensor.to})
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:
@@ -72,8 +77,21 @@ class _CaptureGuard(TorchFunctionMode):
         self.kept += inputs + outputs
         # ops inside a recorded call (``Recordable.call``) are replayed with it
         if self.problem is None and not self.recording.trusted:
+            if self._conversion(func, inputs, result):
+                self.recording.calls.append((result.copy_, (inputs[0],)))
+                return result
             self.problem = self._check(func, name, kwargs, inputs, outputs)
         return result
+
+    @staticmethod
+    def _conversion(func: Any, inputs: list[torch.Tensor], result: Any) -> bool:
+        """Whether ``func`` converted one tensor's dtype into fresh memory of the same shape."""
+        return (
+            func in _CONVERSIONS and len(inputs) == 1 and isinstance(result, torch.Tensor)
+            and result.dtype != inputs[0].dtype and result.shape == inputs[0].shape
+            and result.device == inputs[0].device and result.numel() > 0
+            and _storage(result) != _storage(inputs[0])
+        )  # fmt: skip
 
     @staticmethod
     def _check(

@@ -3,8 +3,8 @@ and bfloat16) or on row-major ones (torch's matmul; ``gemv_kernel`` for bf16 at 
 whichever measured faster for the weight's shape here
 (``op_choice``); quantized linears and embeddings on packed int8 / int4 / fp8 / GGUF weights
 (``quant_kernels``); RMSNorm, rotary, the gated MLP activations and row lookups as single C
-calls (``fused_kernels``), RMSNorm against torch by measurement too; the segmented LoRA
-matmul of mixed-adapter batches (``lora_kernel``).
+calls (``fused_kernels``, float32 and bfloat16), RMSNorm against torch by measurement too;
+the segmented LoRA matmul of mixed-adapter batches (``lora_kernel``).
 
 Weights no C kernel takes (float16, output size not a multiple of 16) stay row-major and use
 torch; quantized layouts without a C kernel use the core's torch reference (said in
@@ -47,7 +47,8 @@ class CpuLayerOps(LayerOps):
         self.chooser = OpChooser(self.tuner, self.kernel, self.fused, self.torch_ops, self.gemv)
         # (weight shape as stored, dtype) -> plan, for every weight pack_linear_weight saw
         self._linear: dict[tuple[torch.Size, torch.dtype], OpPlan] = {}
-        self._norm: dict[tuple[int, bool], OpPlan | None] = {}
+        # (hidden, residual, dtype) -> RMSNorm plan
+        self._norm: dict[tuple[int, bool, torch.dtype], OpPlan | None] = {}
 
     def libraries(self) -> list[Recordable]:
         """What these ops call through (what a decode-graph capture records)."""
@@ -105,8 +106,8 @@ class CpuLayerOps(LayerOps):
     def rms_norm(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if self.fused.rms_norm_fits(x, residual):
-            key = (x.shape[1], residual is not None)
+        if self.fused.rms_norm_fits(x, residual, weight):
+            key = (x.shape[1], residual is not None, x.dtype)
             if key not in self._norm and self.fused.recorder is None:  # never inside a capture
                 self._norm[key] = self.chooser.norm_plan(*key)
             plan = self._norm.get(key)

@@ -103,7 +103,7 @@ class OpChooser:
             )
         if not self.tuner.measuring:
             return self._fixed(key, names[0], "IRONLM_CPU_TUNE=0: the default", "default")
-        cached = self.tuner.lookup(key)
+        cached = self.tuner.lookup(key, known=names)
         if cached is not None:
             return _plan_of(cached)
         busy = self.tuner.busy_reason()
@@ -156,13 +156,16 @@ class OpChooser:
         return decide_linear(us, rejected, names)
 
     # -- RMSNorm -----------------------------------------------------------------------------
-    def norm_plan(self, hidden: int, residual: bool) -> OpPlan | None:
-        """C or torch per rows bucket for a float32 RMSNorm of ``hidden`` (None: the fused C op
-        is not available here)."""
+    def norm_plan(
+        self, hidden: int, residual: bool, dtype: torch.dtype = torch.float32
+    ) -> OpPlan | None:
+        """C or torch per rows bucket for an RMSNorm of ``hidden`` in ``dtype`` (float32 or
+        bf16; None: the fused C op is not available here)."""
         if not self.fused.available:
             return None
         threads = torch.get_num_threads()
-        key = f"rms_norm|float32|{hidden}|res{int(residual)}|t{threads}|v{VERSION}"
+        name = str(dtype).removeprefix("torch.")
+        key = f"rms_norm|{name}|{hidden}|res{int(residual)}|t{threads}|v{VERSION}"
         forced = self.forced.get("rms_norm")
         if forced is not None:
             return self._fixed(
@@ -170,29 +173,30 @@ class OpChooser:
             )
         if not self.tuner.measuring:
             return self._fixed(key, "c", "IRONLM_CPU_TUNE=0: the default", "default")
-        cached = self.tuner.lookup(key)
+        cached = self.tuner.lookup(key, known=("c", "torch"))
         if cached is not None:
             return _plan_of(cached)
         busy = self.tuner.busy_reason()
         if busy is not None:
             return self._fixed(key, "c", busy, "busy")
         gen = torch.Generator().manual_seed(hidden)
-        w = torch.randn(hidden, generator=gen)
+        w = torch.randn(hidden, generator=gen).to(dtype)
+        tol = 1e-4 if dtype == torch.float32 else 1.6e-2  # bf16: about two roundings
         impls, us, rejected = {}, {}, {}
         for m in BUCKETS:
-            x = torch.randn(m, hidden, generator=gen)
-            res = torch.randn(m, hidden, generator=gen) if residual else None
+            x = torch.randn(m, hidden, generator=gen).to(dtype)
+            res = torch.randn(m, hidden, generator=gen).to(dtype) if residual else None
             ref = self.torch_ops.rms_norm(x, w, 1e-6, res)[0]
             meas = self.tuner.measure(
                 {"c": lambda: self.fused.rms_norm(x, w, 1e-6, res)[0],
                  "torch": lambda: self.torch_ops.rms_norm(x, w, 1e-6, res)[0]},
-                ref, rtol=1e-4, atol=1e-4,
+                ref, rtol=tol, atol=tol,
             )  # fmt: skip
             rejected.update({c: f"M={m}: {r}" for c, r in meas.rejected.items()})
             impls[str(m)] = meas.fastest() or "torch"
             us[str(m)] = meas.us
         decision = {"op": "rms_norm", "layout": "rows", "impls": impls, "us": us,
-                    "rejected": rejected, "threads": threads, "shape": [hidden],
+                    "rejected": rejected, "threads": threads, "shape": [hidden], "dtype": name,
                     "why": "fastest per bucket", "source": "measured"}  # fmt: skip
         self.tuner.record(key, decision)
         return _plan_of(decision)

@@ -29,7 +29,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -197,11 +197,19 @@ class KernelTuner:
         return result
 
     # -- the cache -----------------------------------------------------------------------------
-    def lookup(self, key: str) -> dict[str, Any] | None:
-        """A decision made earlier on this machine (None when refreshing or not cached)."""
+    def lookup(self, key: str, known: Collection[str] = ()) -> dict[str, Any] | None:
+        """A decision made earlier on this machine (None when refreshing or not cached, or, when
+        ``known`` is given, when the entry picks an implementation outside it: the cache file is
+        shared by every build of the plugin on this machine, and another build's candidate would
+        be run on the wrong weight layout here)."""
         if self.refresh:
             return None
         entry = self._read().get(key)
+        if entry is not None and known:
+            picked = set(entry.get("impls", {}).values()) | ({entry["impl"]} if "impl" in entry
+                                                             else set())
+            if not picked <= set(known):
+                return None
         if (
             entry is not None
             and entry.get("pid") != os.getpid()

@@ -1,0 +1,203 @@
+"""The bfloat16 variants of the fused layer ops (C source, built into ``FusedKernels``' library).
+
+Why: a bf16 model's norms, rotary, gated activations and row lookups otherwise fall back to the
+core's torch reference (several torch ops each, ~7 ms of a 18 ms batch-1 decode step on
+SmolLM2), and a decode graph cannot record them.
+
+Numerics: values are widened to float32 (a 16-bit shift), computed in float32 and rounded back
+to bf16 to nearest even wherever the core's reference (``LayerOps``) rounds, because torch's
+bf16 ops compute each op in float32 and round its result:
+- RMSNorm: s = bf16(x + residual); normed = bf16(bf16(s / rms(s)) * w), mean of squares in
+  float32;
+- rotary: bf16(bf16(x1 * c) - bf16(x2 * s)), bf16(bf16(x2 * c) + bf16(x1 * s)) with bf16 cos/sin;
+- gated activations: bf16(bf16(act(g)) * u), act as in ``fused_kernels`` (one exp per element);
+- row lookups copy 16-bit rows: row-major, or the bf16 panel layout of ``linear_kernel.pack``
+  ((rows / 16, width / 2, 16, 2): row v's elements 2kk, 2kk + 1 sit at [v / 16, kk, v % 16]).
+A NaN rounds to a quiet NaN. Vector code uses GCC vector types of 16 lanes, which the compiler
+maps to one AVX-512 register, two AVX2 ones or four SSE2 ones per target; stores use AVX-512
+BF16's ``vcvtneps2bf16`` where the target has it (the same rounding; it flushes float32
+denormals to zero), integer rounding elsewhere.
+"""
+
+from __future__ import annotations
+
+BF16_SOURCE = r"""
+#include <string.h>
+#ifdef __AVX512BF16__
+#include <immintrin.h>
+#endif
+
+typedef float vf __attribute__((vector_size(64)));      /* 16 float32 lanes */
+typedef int32_t vi __attribute__((vector_size(64)));
+typedef uint32_t vu __attribute__((vector_size(64)));
+typedef uint16_t vh __attribute__((vector_size(32)));   /* 16 bf16 */
+
+static inline float bf_f(uint16_t h) {
+    union { uint32_t u; float f; } v = {(uint32_t)h << 16};
+    return v.f;
+}
+
+/* round to nearest even (torch's float -> bf16); NaN -> quiet NaN */
+static inline uint16_t f_bf(float f) {
+    union { float f; uint32_t u; } v = {f};
+    if (f != f) return 0x7fc0;
+    return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
+}
+
+static inline float rbf(float f) { return bf_f(f_bf(f)); }  /* f rounded to bf16 precision */
+
+static inline vf ld16(const uint16_t *p) {
+    vh h;
+    memcpy(&h, p, sizeof h);
+    return (vf)(__builtin_convertvector(h, vu) << 16);
+}
+
+/* f rounded to bf16 precision, kept as float32 lanes (low 16 bits zero) */
+static inline vf vrbf(vf x) {
+    const vu u = (vu)x;
+    const vu nan = (vu)(x != x);  /* all ones on NaN lanes */
+    const vu r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    return (vf)((r & ~nan) | (nan & 0x7fc00000u));
+}
+
+static inline void st16(uint16_t *p, vf x) {
+#ifdef __AVX512BF16__
+    const __m256bh h = _mm512_cvtneps_pbh((__m512)x);
+    memcpy(p, &h, 32);
+#else
+    const vh h = __builtin_convertvector((vu)vrbf(x) >> 16, vh);
+    memcpy(p, &h, sizeof h);
+#endif
+}
+
+static inline vf vsel(vi m, vf a, vf b) { return (vf)((m & (vi)a) | (~m & (vi)b)); }
+
+/* exp of 16 lanes: x clamped to [-87.3, 88.3], x log2(e) = i + f with f in [0, 1), 2^f by a
+   degree-6 polynomial (rel. error ~2e-7), 2^i through the exponent bits */
+static inline vf vexp16(vf x) {
+    const vf zero = {0}, lo = zero - 87.3f, hi = zero + 88.3f;
+    x = vsel(x < lo, lo, x);
+    x = vsel(x > hi, hi, x);
+    const vf t = x * 1.44269504088896341f;
+    vi ti = __builtin_convertvector(t, vi);           /* truncates; floor for t < 0: */
+    ti += (vi)(__builtin_convertvector(ti, vf) > t);
+    const vf f = t - __builtin_convertvector(ti, vf);
+    vf p = f * 1.535336188319500e-4f + 1.339887440266574e-3f;
+    p = p * f + 9.618437357674640e-3f;
+    p = p * f + 5.550332471162809e-2f;
+    p = p * f + 2.402264791363012e-1f;
+    p = p * f + 6.931472028550421e-1f;
+    p = p * f + 1.0f;
+    return (vf)((vi)p + (ti << 23));
+}
+
+void ironlm_rms_norm_bf16(const uint16_t *x, const uint16_t *residual, uint16_t *res_out,
+                          const uint16_t *w, uint16_t *out, int t, int h, float eps,
+                          int threads) {
+    #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (int r = 0; r < t; r++) {
+        const uint16_t *xr = x + (int64_t)r * h, *s = xr;
+        uint16_t *o = out + (int64_t)r * h;
+        if (residual != NULL) {  /* s = bf16(x + residual), the new residual stream */
+            const uint16_t *rr = residual + (int64_t)r * h;
+            uint16_t *ro = res_out + (int64_t)r * h;
+            int j = 0;
+            for (; j + 16 <= h; j += 16) st16(ro + j, ld16(xr + j) + ld16(rr + j));
+            for (; j < h; j++) ro[j] = f_bf(bf_f(xr[j]) + bf_f(rr[j]));
+            s = ro;
+        }
+        vf acc = {0};
+        float tail = 0.0f;
+        int j = 0;
+        for (; j + 16 <= h; j += 16) { const vf v = ld16(s + j); acc += v * v; }
+        for (; j < h; j++) tail += bf_f(s[j]) * bf_f(s[j]);
+        double sum = tail;
+        for (int l = 0; l < 16; l++) sum += acc[l];
+        const float inv = 1.0f / sqrtf((float)(sum / h) + eps);
+        for (j = 0; j + 16 <= h; j += 16) st16(o + j, vrbf(ld16(s + j) * inv) * ld16(w + j));
+        for (; j < h; j++) o[j] = f_bf(rbf(bf_f(s[j]) * inv) * bf_f(w[j]));
+    }
+}
+
+/* neox rotary of one bf16 tensor: rows (t, heads, d) with token stride xs, cos/sin (t, d/2) */
+static void rotate_bf16(const uint16_t *x, int64_t xs, int heads, const uint16_t *cs,
+                        const uint16_t *sn, uint16_t *out, int t, int d, int threads) {
+    const int half = d / 2;
+    #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (int r = 0; r < t; r++) {
+        const uint16_t *c = cs + (int64_t)r * half, *s = sn + (int64_t)r * half;
+        for (int hh = 0; hh < heads; hh++) {
+            const uint16_t *xr = x + (int64_t)r * xs + (int64_t)hh * d;
+            uint16_t *o = out + ((int64_t)r * heads + hh) * d;
+            int j = 0;
+            for (; j + 16 <= half; j += 16) {
+                const vf x1 = ld16(xr + j), x2 = ld16(xr + j + half);
+                const vf cv = ld16(c + j), sv = ld16(s + j);
+                st16(o + j, vrbf(x1 * cv) - vrbf(x2 * sv));
+                st16(o + j + half, vrbf(x2 * cv) + vrbf(x1 * sv));
+            }
+            for (; j < half; j++) {
+                const float x1 = bf_f(xr[j]), x2 = bf_f(xr[j + half]);
+                const float cj = bf_f(c[j]), sj = bf_f(s[j]);
+                o[j] = f_bf(rbf(x1 * cj) - rbf(x2 * sj));
+                o[j + half] = f_bf(rbf(x2 * cj) + rbf(x1 * sj));
+            }
+        }
+    }
+}
+
+void ironlm_rotary_bf16(const uint16_t *q, int64_t qs, int hq, const uint16_t *k, int64_t ks,
+                        int hk, const uint16_t *cs, const uint16_t *sn, uint16_t *q_out,
+                        uint16_t *k_out, int t, int d, int threads) {
+    rotate_bf16(q, qs, hq, cs, sn, q_out, t, d, threads);
+    rotate_bf16(k, ks, hk, cs, sn, k_out, t, d, threads);
+}
+
+/* out (t, n) = bf16(bf16(g / (1 + exp(-a(g)))) * u), g = x[:, :n], u = x[:, n:2n] */
+void ironlm_gated_act_bf16(const uint16_t *x, int64_t xs, uint16_t *out, int t, int n,
+                           int gelu, int threads) {
+    const float c = 1.5957691216f; /* 2 * sqrt(2 / pi) */
+    #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (int r = 0; r < t; r++) {
+        const uint16_t *g = x + (int64_t)r * xs, *u = g + n;
+        uint16_t *o = out + (int64_t)r * n;
+        int j = 0;
+        for (; j + 16 <= n; j += 16) {
+            const vf gv = ld16(g + j);
+            const vf a = gelu ? c * (gv + 0.044715f * gv * gv * gv) : gv;
+            st16(o + j, vrbf(gv / (1.0f + vexp16(-a))) * ld16(u + j));
+        }
+        for (; j < n; j++) {
+            const float gj = bf_f(g[j]);
+            const float a = gelu ? c * (gj + 0.044715f * gj * gj * gj) : gj;
+            o[j] = f_bf(rbf(gj / (1.0f + expf(-a))) * bf_f(u[j]));
+        }
+    }
+}
+
+/* out (t, width) = rows ids of a bf16 (rows, width) table, row-major or, when packed, in the
+   linear kernel's bf16 panels (rows / 16, width / 2, 16, 2). Returns the number of ids outside
+   [0, rows) (their output rows are left unwritten). */
+int ironlm_gather_rows_bf16(const int64_t *ids, const uint16_t *table, uint16_t *out, int t,
+                            int width, int64_t rows, int packed) {
+    int bad = 0;
+    for (int r = 0; r < t; r++) {
+        const int64_t v = ids[r];
+        uint16_t *o = out + (int64_t)r * width;
+        if (v < 0 || v >= rows) {
+            bad++;
+            continue;
+        }
+        if (packed) {
+            const uint16_t *p = table + (v / 16) * (int64_t)width * 16 + (v % 16) * 2;
+            for (int kk = 0; kk < width / 2; kk++) {
+                o[2 * kk] = p[(int64_t)kk * 32];
+                o[2 * kk + 1] = p[(int64_t)kk * 32 + 1];
+            }
+        } else {
+            memcpy(o, table + v * (int64_t)width, sizeof(uint16_t) * (size_t)width);
+        }
+    }
+    return bad;
+}
+"""
