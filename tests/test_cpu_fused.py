@@ -116,16 +116,19 @@ def test_row_lookup_matches_embedding(fused: FusedKernels, packed: bool) -> None
         fused.gather_rows(torch.tensor([3, 96]), stored)
 
 
-def test_kv_write_matches_index_copy() -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kv_write_matches_index_copy(dtype: torch.dtype) -> None:
     kernel = PagedDecodeKernel()
     if not kernel.available:
         pytest.skip(kernel.reason)
-    cache = torch.zeros(2, 6, 16, 3, 8)  # (2, blocks, block_size, Hkv, D)
-    qkv = torch.randn(4, 4 * 8 + 2 * 3 * 8)
-    k = torch.randn(4, 3, 8)
+    cache = torch.zeros(2, 6, 16, 3, 8, dtype=dtype)  # (2, blocks, block_size, Hkv, D)
+    qkv = torch.randn(4, 4 * 8 + 2 * 3 * 8).to(dtype)
+    k = torch.randn(4, 3, 8).to(dtype)
     v = qkv[:, 4 * 8 + 3 * 8 :].view(4, 3, 8)  # a strided view of the QKV output
     slots = torch.tensor([5, 95, -1, 16])  # -1: a padding row, skipped
     assert kernel.write_kv_fits(cache, k, v)
+    other = torch.bfloat16 if dtype == torch.float32 else torch.float32
+    assert not kernel.write_kv_fits(cache, k.to(other), v)  # one dtype everywhere
     kernel.write_kv(cache, k, v, slots)
     want = torch.zeros_like(cache)
     flat = want.view(2, -1, 3, 8)
@@ -273,26 +276,6 @@ def test_bf16_row_lookup_matches_embedding(fused_bf16: FusedKernels, packed: boo
     assert torch.equal(got, REF.embedding(ids, table))
     with pytest.raises(IndexError, match="outside"):
         fused_bf16.gather_rows(torch.tensor([3, 96]), stored)
-
-
-def test_bf16_kv_write_matches_index_copy() -> None:
-    kernel = PagedDecodeKernel()
-    if not kernel.available:
-        pytest.skip(kernel.reason)
-    cache = torch.zeros(2, 6, 16, 3, 8, dtype=torch.bfloat16)
-    qkv = torch.randn(4, 4 * 8 + 2 * 3 * 8).bfloat16()
-    k = torch.randn(4, 3, 8).bfloat16()
-    v = qkv[:, 4 * 8 + 3 * 8 :].view(4, 3, 8)  # a strided view of the QKV output
-    slots = torch.tensor([5, 95, -1, 16])
-    assert kernel.write_kv_fits(cache, k, v)
-    assert not kernel.write_kv_fits(cache, k.float(), v)  # one dtype everywhere
-    kernel.write_kv(cache, k, v, slots)
-    want = torch.zeros_like(cache)
-    flat = want.view(2, -1, 3, 8)
-    keep = slots >= 0
-    flat[0].index_copy_(0, slots[keep], k[keep])
-    flat[1].index_copy_(0, slots[keep], v[keep])
-    assert torch.equal(cache, want)
 
 
 def test_missing_compiler_means_reference_path(
