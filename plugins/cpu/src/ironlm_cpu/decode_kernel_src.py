@@ -1,0 +1,325 @@
+"""The C source of the paged decode attention kernel and KV write (``decode_kernel`` builds and
+calls it): per (sequence, KV-head range) work item, scores block by block from the paged cache,
+a vectorised softmax, and the weighted values; float32 and bf16 caches."""
+
+SOURCE = r"""
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* 8 floats; alignment 4 so loads from cache rows need not be 32-byte aligned */
+typedef float v8 __attribute__((vector_size(32), aligned(4)));
+
+typedef struct {
+    const void *q;          /* (tokens, h, d) float32 or bf16 (uint16_t) */
+    const void *kc, *vc;    /* (blocks, bs, h_kv, d) each, q's dtype */
+    void *out;              /* (tokens, h, d) q's dtype */
+    const int64_t *tokens;  /* (n,) row of q/out of each sequence */
+    const int64_t *lens;    /* (n,) context length incl. the new token */
+    const int32_t *tables;  /* (n, table_stride) physical block ids */
+    int64_t table_stride;
+    int n, h, h_kv, d, bs, window, max_len;
+    float scale, cap;
+} job_t;
+
+static inline float hsum(v8 a) {
+    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
+typedef int32_t v8i __attribute__((vector_size(32), aligned(4)));
+typedef uint32_t v8u __attribute__((vector_size(32), aligned(4)));
+typedef uint16_t v8h __attribute__((vector_size(16), aligned(2)));  /* 8 bf16 */
+
+/* 8 floats from 8 float32 or bf16 (widened by a 16-bit shift) values */
+static inline v8 ld_f32(const float *p) { return *(const v8 *)p; }
+static inline v8 ld_bf16(const uint16_t *p) {
+    return (v8)(__builtin_convertvector(*(const v8h *)p, v8u) << 16);
+}
+
+/* float32 -> bf16 rounded to nearest even, as torch converts; NaN -> quiet NaN */
+static inline uint16_t f32_bf16(float f) {
+    union { float f; uint32_t u; } v = {f};
+    if (f != f) return 0x7fc0;
+    return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
+}
+
+static inline v8 vmax(v8 a, v8 b) {
+    v8i m = a > b;  /* lanes: -1 where a > b */
+    return (v8)((m & (v8i)a) | (~m & (v8i)b));
+}
+
+/* exp_neg (below) on 8 lanes */
+static inline v8 vexp_neg(v8 x) {
+    x = vmax(x, (v8){0} - 87.0f);
+    v8 t = x * 1.44269504088896341f;
+    v8i ti = __builtin_convertvector(t, v8i);  /* truncates; floor for t <= 0: */
+    ti += (v8i)(__builtin_convertvector(ti, v8) > t);
+    v8 f = t - __builtin_convertvector(ti, v8);
+    v8 p = f * 1.535336188319500e-4f + 1.339887440266574e-3f;
+    p = p * f + 9.618437357674640e-3f;
+    p = p * f + 5.550332471162809e-2f;
+    p = p * f + 2.402264791363012e-1f;
+    p = p * f + 6.931472028550421e-1f;
+    p = p * f + 1.0f;
+    return (v8)((v8i)p + (ti << 23));
+}
+
+/* exp(x) for x <= 0: 2^(x log2 e), degree-6 polynomial for the fraction (rel. error ~2e-7) */
+static inline float exp_neg(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    float t = x * 1.44269504088896341f, fi = floorf(t), f = t - fi;
+    float p = 1.535336188319500e-4f;
+    p = p * f + 1.339887440266574e-3f;
+    p = p * f + 9.618437357674640e-3f;
+    p = p * f + 5.550332471162809e-2f;
+    p = p * f + 2.402264791363012e-1f;
+    p = p * f + 6.931472028550421e-1f;
+    p = p * f + 1.0f;
+    union { float f; int32_t i; } u;
+    u.f = p;
+    u.i += (int32_t)fi << 23;
+    return u.f;
+}
+
+/* Per block and query head: `cnt` keys/values at stride `row` elements of type T, read with LD.
+   The NV-specialised versions (NV = head_dim / 8, a compile-time constant) keep q or the
+   accumulator in registers; the generic ones serve other head sizes. */
+#define BLOCK_FNS(NV, SFX, T, LD)                                                            \
+static void dots_##NV##SFX(const v8 *q, const T *k, int64_t row, int64_t cnt, float scale,   \
+                           float *out) {                                                     \
+    v8 qr[NV];                                                                               \
+    for (int i = 0; i < NV; i++) qr[i] = q[i];                                               \
+    for (int64_t c = 0; c < cnt; c++) {                                                      \
+        const T *kc = k + c * row;                                                           \
+        v8 a0 = {0}, a1 = {0};                                                               \
+        for (int i = 0; i + 1 < NV; i += 2) {                                                \
+            a0 += qr[i] * LD(kc + 8 * i); a1 += qr[i + 1] * LD(kc + 8 * i + 8);              \
+        }                                                                                    \
+        if (NV % 2) a0 += qr[NV - 1] * LD(kc + 8 * (NV - 1));                                \
+        out[c] = hsum(a0 + a1) * scale;                                                      \
+    }                                                                                        \
+}                                                                                            \
+static void axpys_##NV##SFX(v8 *acc, const float *w, const T *v, int64_t row, int64_t cnt) { \
+    v8 r[NV];                                                                                \
+    for (int i = 0; i < NV; i++) r[i] = acc[i];                                              \
+    for (int64_t c = 0; c < cnt; c++) {                                                      \
+        const T *vc = v + c * row;                                                           \
+        const float wc = w[c];                                                               \
+        for (int i = 0; i < NV; i++) r[i] += wc * LD(vc + 8 * i);                            \
+    }                                                                                        \
+    for (int i = 0; i < NV; i++) acc[i] = r[i];                                              \
+}
+
+#define ANY_FNS(SFX, T, LD)                                                                  \
+static void dots_any##SFX(const v8 *q, const T *k, int64_t row, int64_t cnt, float scale,    \
+                          float *out, int nv) {                                              \
+    for (int64_t c = 0; c < cnt; c++) {                                                      \
+        const T *kc = k + c * row;                                                           \
+        v8 a = {0};                                                                          \
+        for (int i = 0; i < nv; i++) a += q[i] * LD(kc + 8 * i);                             \
+        out[c] = hsum(a) * scale;                                                            \
+    }                                                                                        \
+}                                                                                            \
+static void axpys_any##SFX(v8 *acc, const float *w, const T *v, int64_t row, int64_t cnt,    \
+                           int nv) {                                                         \
+    for (int64_t c = 0; c < cnt; c++) {                                                      \
+        const T *vc = v + c * row;                                                           \
+        for (int i = 0; i < nv; i++) acc[i] += w[c] * LD(vc + 8 * i);                        \
+    }                                                                                        \
+}
+
+BLOCK_FNS(8, _f32, float, ld_f32)       /* head_dim 64 */
+BLOCK_FNS(16, _f32, float, ld_f32)      /* head_dim 128 */
+ANY_FNS(_f32, float, ld_f32)
+
+/* A block's rows of one KV head as float32 for the dots above: float32 rows are read in
+   place (*stride = row); bf16 rows are widened once into `buf` (cnt x d, *stride = d), so
+   the query heads of a GQA group share one widening instead of each widening every key. */
+static inline const float *stage_f32(const float *src, int64_t row, int64_t cnt, int d,
+                                     float *buf, int64_t *stride) {
+    (void)cnt, (void)d, (void)buf;
+    *stride = row;
+    return src;
+}
+static inline const float *stage_bf16(const uint16_t *src, int64_t row, int64_t cnt, int d,
+                                      float *buf, int64_t *stride) {
+    for (int64_t c = 0; c < cnt; c++)
+        for (int i = 0; i < d; i += 8) *(v8 *)(buf + c * d + i) = ld_bf16(src + c * row + i);
+    *stride = d;
+    return buf;
+}
+
+/* Softmax of one query head's n scores in place (after the soft cap, when cap > 0). */
+static void softmax(float *sg, int64_t n, float cap) {
+    float mx = -INFINITY, tot = 0;
+    if (cap > 0)
+        for (int64_t p = 0; p < n; p++) sg[p] = cap * tanhf(sg[p] / cap);
+    int64_t p = 0;
+    v8 m8 = mx - (v8){0}, t8 = {0};
+    for (; p + 8 <= n; p += 8) m8 = vmax(m8, *(v8 *)(sg + p));
+    for (int l = 0; l < 8; l++) mx = m8[l] > mx ? m8[l] : mx;
+    for (; p < n; p++) mx = sg[p] > mx ? sg[p] : mx;
+    for (p = 0; p + 8 <= n; p += 8) {
+        v8 e = vexp_neg(*(v8 *)(sg + p) - mx);
+        *(v8 *)(sg + p) = e;
+        t8 += e;
+    }
+    for (; p < n; p++) { sg[p] = exp_neg(sg[p] - mx); tot += sg[p]; }
+    tot += hsum(t8);
+    const float inv = 1.0f / tot;
+    for (p = 0; p < n; p++) sg[p] *= inv;
+}
+
+/* One sequence, KV heads [hk0, hk1), cache elements of type T: scores, softmax, weighted
+   values into acc (float32). q is the sequence's (h, d) float32 query row; buf holds one
+   block's rows of one KV head (bs x d floats) when T is bf16. */
+#define ATTEND(SFX, T)                                                                       \
+static void attend##SFX(const job_t *j, int s, int hk0, int hk1, const float *q,             \
+                        float *scores, v8 *acc, float *buf) {                                \
+    const int gq = j->h / j->h_kv, d = j->d, nv = d / 8, bs = j->bs, ml = j->max_len;        \
+    const int g0 = hk0 * gq, g1 = hk1 * gq;                                                  \
+    const int64_t len = j->lens[s], row = (int64_t)j->h_kv * d;                              \
+    const int64_t start = (j->window > 0 && len > j->window) ? len - j->window : 0;          \
+    const T *kc = (const T *)j->kc, *vc = (const T *)j->vc;                                  \
+    const int32_t *table = j->tables + s * j->table_stride;                                  \
+    int64_t st;                                                                              \
+    /* pass 1: scores[g][p - start] = scale * q_g . k_p, block by block */                   \
+    for (int64_t blk = start / bs; blk * bs < len; blk++) {                                  \
+        const int64_t p0 = blk * bs > start ? blk * bs : start;                              \
+        const int64_t p1 = (blk + 1) * bs < len ? (blk + 1) * bs : len;                      \
+        const T *k = kc + ((int64_t)table[blk] * bs + (p0 - blk * bs)) * row;                \
+        for (int hk = hk0; hk < hk1; hk++) {                                                 \
+            const float *kg = stage##SFX(k + hk * d, row, p1 - p0, d, buf, &st);             \
+            for (int g = hk * gq; g < (hk + 1) * gq; g++) {                                  \
+                const v8 *qg = (const v8 *)(q + g * d);                                      \
+                float *out = scores + g * ml + (p0 - start);                                 \
+                if (nv == 8) dots_8_f32(qg, kg, st, p1 - p0, j->scale, out);                 \
+                else if (nv == 16) dots_16_f32(qg, kg, st, p1 - p0, j->scale, out);          \
+                else dots_any_f32(qg, kg, st, p1 - p0, j->scale, out, nv);                   \
+            }                                                                                \
+        }                                                                                    \
+    }                                                                                        \
+    for (int g = g0; g < g1; g++) softmax(scores + g * ml, len - start, j->cap);             \
+    /* pass 2: out_g = sum_p w[g][p] v_p, block by block */                                  \
+    memset(acc + g0 * nv, 0, sizeof(float) * (size_t)(g1 - g0) * d);                         \
+    for (int64_t blk = start / bs; blk * bs < len; blk++) {                                  \
+        const int64_t p0 = blk * bs > start ? blk * bs : start;                              \
+        const int64_t p1 = (blk + 1) * bs < len ? (blk + 1) * bs : len;                      \
+        const T *v = vc + ((int64_t)table[blk] * bs + (p0 - blk * bs)) * row;                \
+        for (int hk = hk0; hk < hk1; hk++) {                                                 \
+            const float *vg = stage##SFX(v + hk * d, row, p1 - p0, d, buf, &st);             \
+            for (int g = hk * gq; g < (hk + 1) * gq; g++) {                                  \
+                const float *w = scores + g * ml + (p0 - start);                             \
+                if (nv == 8) axpys_8_f32(acc + g * nv, w, vg, st, p1 - p0);                  \
+                else if (nv == 16) axpys_16_f32(acc + g * nv, w, vg, st, p1 - p0);           \
+                else axpys_any_f32(acc + g * nv, w, vg, st, p1 - p0, nv);                    \
+            }                                                                                \
+        }                                                                                    \
+    }                                                                                        \
+}
+ATTEND(_f32, float)
+ATTEND(_bf16, uint16_t)
+
+/* One work item: the float32 query row (a bf16 one widened into qbuf), attention, and the
+   output heads [g0, g1) stored in the output's dtype (bf16 rounded to nearest even). */
+static void item(const job_t *j, int bf16, int s, int hk0, int hk1, float *scores, v8 *acc,
+                 float *qbuf, float *buf) {
+    const int d = j->d, gq = j->h / j->h_kv, g0 = hk0 * gq, g1 = hk1 * gq;
+    const int64_t row0 = j->tokens[s] * j->h * d;  /* the sequence's first q/out element */
+    float *a = (float *)acc;
+    if (!bf16) {
+        attend_f32(j, s, hk0, hk1, (const float *)j->q + row0, scores, acc, NULL);
+        float *o = (float *)j->out + row0;
+        memcpy(o + g0 * d, a + g0 * d, sizeof(float) * (size_t)(g1 - g0) * d);
+        return;
+    }
+    const uint16_t *q = (const uint16_t *)j->q + row0;
+    for (int64_t e = (int64_t)g0 * d; e < (int64_t)g1 * d; e++) {
+        union { uint32_t u; float f; } v = {(uint32_t)q[e] << 16};
+        qbuf[e] = v.f;
+    }
+    attend_bf16(j, s, hk0, hk1, qbuf, scores, acc, buf);
+    uint16_t *o = (uint16_t *)j->out + row0;
+    for (int64_t e = (int64_t)g0 * d; e < (int64_t)g1 * d; e++) o[e] = f32_bf16(a[e]);
+}
+
+/* Returns 0 on success, 1 when a thread could not allocate its scratch. Work items are
+   (sequence, KV-head range), handed out dynamically; the OpenMP team is torch's own (the
+   library is linked against the libgomp torch has loaded), so torch's idle workers pick the
+   items up instead of spinning beside extra threads of ours. bf16: q, cache and out bf16. */
+static int paged_decode(const job_t *j, int bf16, int threads) {
+    const int n = j->n, h = j->h, h_kv = j->h_kv, d = j->d, max_len = j->max_len;
+    /* few sequences: one work item per (sequence, KV head) so every thread has work */
+    const int heads_per_item = n >= 4 * threads ? h_kv : 1;
+    const int per_seq = h_kv / heads_per_item, items = n * per_seq;
+    int failed = 0;
+    #pragma omp parallel num_threads(threads > items ? (items > 0 ? items : 1) : threads) \
+        reduction(|: failed)
+    {
+        float *scores = malloc(sizeof(float) * (size_t)h * max_len);
+        v8 *acc = malloc(sizeof(float) * (size_t)h * d);
+        float *qbuf = bf16 ? malloc(sizeof(float) * (size_t)h * d) : NULL;
+        float *buf = bf16 ? malloc(sizeof(float) * (size_t)j->bs * d) : NULL;
+        const int ok = scores != NULL && acc != NULL && (!bf16 || (qbuf != NULL && buf != NULL));
+        if (!ok) failed = 1;
+        #pragma omp for schedule(dynamic, 1)
+        for (int it = 0; it < items; it++) {
+            if (!ok) continue;
+            const int hk0 = (it % per_seq) * heads_per_item;
+            item(j, bf16, it / per_seq, hk0, hk0 + heads_per_item, scores, acc, qbuf, buf);
+        }
+        free(scores);
+        free(acc);
+        free(qbuf);
+        free(buf);
+    }
+    return failed;
+}
+
+#define DECODE_ENTRY(SFX, T, BF16)                                                           \
+int ironlm_paged_decode##SFX(const T *q, const T *kc, const T *vc, T *out,                   \
+                             const int64_t *tokens, const int64_t *lens,                     \
+                             const int32_t *tables, int64_t table_stride, int n, int h,      \
+                             int h_kv, int d, int bs, int window, int max_len, float scale,  \
+                             float cap, int threads) {                                       \
+    const job_t j = {q, kc, vc, out, tokens, lens, tables, table_stride, n, h, h_kv, d, bs,  \
+                     window, max_len, scale, cap};                                           \
+    return paged_decode(&j, BF16, threads);                                                  \
+}
+DECODE_ENTRY(_f32, float, 0)
+DECODE_ENTRY(_bf16, uint16_t, 1)
+
+/* Store t new tokens' K and V rows (row elements of esize bytes each; token r's rows start
+   at element r * ks of k and r * vs of v) at their cache slots. A negative slot marks a padding
+   row (skipped, as vLLM's pad slot -1); returns the number of slots >= num_slots, which are
+   skipped too. */
+static int write_kv(const char *k, int64_t ks, const char *v, int64_t vs, char *kc, char *vc,
+                    const int64_t *slots, int t, int row, int64_t num_slots, size_t esize) {
+    const size_t bytes = esize * (size_t)row;
+    int bad = 0;
+    for (int r = 0; r < t; r++) {
+        const int64_t s = slots[r];
+        if (s < 0 || s >= num_slots) {
+            bad += s >= num_slots;
+            continue;
+        }
+        memcpy(kc + s * bytes, k + (int64_t)r * ks * esize, bytes);
+        memcpy(vc + s * bytes, v + (int64_t)r * vs * esize, bytes);
+    }
+    return bad;
+}
+
+int ironlm_write_kv_f32(const float *k, int64_t ks, const float *v, int64_t vs, float *kc,
+                        float *vc, const int64_t *slots, int t, int row, int64_t num_slots) {
+    return write_kv((const char *)k, ks, (const char *)v, vs, (char *)kc, (char *)vc, slots, t,
+                    row, num_slots, sizeof(float));
+}
+
+int ironlm_write_kv_bf16(const uint16_t *k, int64_t ks, const uint16_t *v, int64_t vs,
+                         uint16_t *kc, uint16_t *vc, const int64_t *slots, int t, int row,
+                         int64_t num_slots) {
+    return write_kv((const char *)k, ks, (const char *)v, vs, (char *)kc, (char *)vc, slots, t,
+                    row, num_slots, sizeof(uint16_t));
+}
+"""
