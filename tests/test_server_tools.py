@@ -78,7 +78,8 @@ def server(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     args = ["--max-model-len", "1024", "--kv-cache-memory", "128MiB", "--max-num-seqs", "32",
             "--served-model-name", MODEL, "--chat-template", str(template),
             "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-            "--disable-log-stats", "--disable-log-requests"]
+            "--disable-log-stats", "--disable-log-requests",
+            "--dtype", "float32"]  # whatever the CPU's auto dtype: streamed == non-streamed
     if _outlines_available():
         args += ["--guided-decoding-backend", "outlines"]
     with RemoteServer(smollm2_dir, args) as srv:
