@@ -46,7 +46,8 @@ def test_gemv_matches_torch(gemv: RowsGemvKernel, m: int, n: int, k: int) -> Non
     x = torch.randn(m, k, generator=gen).bfloat16()
     b = torch.randn(n, generator=gen).bfloat16()
     for bias in (b, None):
-        want = torch.nn.functional.linear(x.float(), w.float(), None if bias is None else bias.float())
+        fb = None if bias is None else bias.float()
+        want = torch.nn.functional.linear(x.float(), w.float(), fb)
         got = gemv(x, w, bias)
         assert got.dtype == torch.bfloat16 and got.shape == (m, n)
         # float32 sums rounded once to bf16: within one bf16 ulp of the float32 result

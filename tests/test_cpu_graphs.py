@@ -44,15 +44,20 @@ def _run(llm: LLM, prompts: list[str], n_tokens: int) -> list[tuple[list[int], l
     return result
 
 
-def _engine(model: Path, eager: bool) -> LLM:
-    # float32 explicitly: the platform's auto dtype is bf16 on CPUs with avx512_bf16
+def _engine(model: Path, eager: bool, dtype: str = "float32") -> LLM:
+    # float32 unless asked: the platform's auto dtype is bf16 on CPUs with avx512_bf16
     return LLM(str(model), device="cpu", max_model_len=256, kv_cache_memory=32 * 2**20,
-               enforce_eager=eager, dtype="float32")  # fmt: skip
+               enforce_eager=eager, dtype=dtype)  # fmt: skip
 
 
-@pytest.mark.parametrize("batch", [1, 3, 5])
-def test_tiny_llama_graph_matches_eager(tiny_llama_dir: Path, ops: CpuLayerOps, batch: int) -> None:
-    graphs, eager = _engine(tiny_llama_dir, False), _engine(tiny_llama_dir, True)
+@pytest.mark.parametrize("dtype, batch", [("float32", 1), ("float32", 3), ("float32", 5),
+                                          ("bfloat16", 1), ("bfloat16", 3)])  # fmt: skip
+def test_tiny_llama_graph_matches_eager(
+    tiny_llama_dir: Path, ops: CpuLayerOps, dtype: str, batch: int
+) -> None:
+    """bf16 too: weights, activations and cache in bf16, every op of a decode step is a C call
+    (the bf16 fused ops and decode kernel), so the capture succeeds and replays eager tokens."""
+    graphs, eager = _engine(tiny_llama_dir, False, dtype), _engine(tiny_llama_dir, True, dtype)
     assert _runner(eager).graphs is None
     got = _run(graphs, PROMPTS[:batch], 40)  # contexts cross block boundaries (16)
     want = _run(eager, PROMPTS[:batch], 40)
@@ -66,16 +71,18 @@ def test_tiny_llama_graph_matches_eager(tiny_llama_dir: Path, ops: CpuLayerOps, 
     assert len(dg.graphs[padded].graph) > 0
 
 
-def test_smollm2_graph_matches_eager(smollm2_dir: Path) -> None:
-    graphs, eager = _engine(smollm2_dir, False), _engine(smollm2_dir, True)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_smollm2_graph_matches_eager(smollm2_dir: Path, dtype: str) -> None:
+    graphs, eager = _engine(smollm2_dir, False, dtype), _engine(smollm2_dir, True, dtype)
     got, want = _run(graphs, PROMPTS[:3], 24), _run(eager, PROMPTS[:3], 24)
     for (g_ids, g_lps), (w_ids, w_lps) in zip(got, want, strict=True):
         assert g_ids == w_ids
         assert g_lps == pytest.approx(w_lps, abs=1e-4)
     dg = _runner(graphs).graphs
     assert dg is not None and dg.disabled is None and 4 in dg.graphs
-    # SmolLM2: 30 layers x 10 kernel calls, the embedding and rotary lookups, final norm, LM head
-    assert len(dg.graphs[4].graph) == 30 * 10 + 3 + 2
+    # SmolLM2: 30 layers x 10 kernel calls, the embedding and rotary lookups, final norm, LM
+    # head; bf16: plus the logits' conversion to float32 (recorded as a copy)
+    assert len(dg.graphs[4].graph) == 30 * 10 + 3 + 2 + (dtype == "bfloat16")
 
 
 def test_replay_recomputes_from_static_inputs(ops: CpuLayerOps) -> None:
@@ -165,38 +172,3 @@ def test_other_steps_stay_eager(tiny_llama_dir: Path, ops: CpuLayerOps) -> None:
     assert out.prompt_logprobs is not None and len(out.outputs[0].token_ids) == 3
     emb = llm.encode(["Hello there"], use_tqdm=False)[0]
     assert len(emb.embedding) == 64  # tiny Llama hidden size
-
-
-def _engine_bf16(model: Path, eager: bool) -> LLM:
-    return LLM(str(model), device="cpu", max_model_len=256, kv_cache_memory=32 * 2**20,
-               enforce_eager=eager, dtype="bfloat16")  # fmt: skip
-
-
-@pytest.mark.parametrize("batch", [1, 3])
-def test_bfloat16_tiny_llama_graph_matches_eager(
-    tiny_llama_dir: Path, ops: CpuLayerOps, batch: int
-) -> None:
-    """bf16 weights, activations and cache: every op of a decode step is a C call (the bf16
-    fused ops and decode kernel), so the capture succeeds and replays the eager tokens."""
-    graphs, eager = _engine_bf16(tiny_llama_dir, False), _engine_bf16(tiny_llama_dir, True)
-    got = _run(graphs, PROMPTS[:batch], 40)  # contexts cross block boundaries (16)
-    want = _run(eager, PROMPTS[:batch], 40)
-    for (g_ids, g_lps), (w_ids, w_lps) in zip(got, want, strict=True):
-        assert g_ids == w_ids
-        assert g_lps == pytest.approx(w_lps, abs=1e-5)
-    dg = _runner(graphs).graphs
-    assert dg is not None and dg.disabled is None
-    padded = {1: 1, 3: 4}[batch]
-    assert padded in dg.graphs and len(dg.graphs[padded].graph) > 0
-
-
-def test_smollm2_bfloat16_graph_matches_eager(smollm2_dir: Path) -> None:
-    graphs, eager = _engine_bf16(smollm2_dir, False), _engine_bf16(smollm2_dir, True)
-    got, want = _run(graphs, PROMPTS[:3], 24), _run(eager, PROMPTS[:3], 24)
-    for (g_ids, g_lps), (w_ids, w_lps) in zip(got, want, strict=True):
-        assert g_ids == w_ids
-        assert g_lps == pytest.approx(w_lps, abs=1e-4)
-    dg = _runner(graphs).graphs
-    assert dg is not None and dg.disabled is None and 4 in dg.graphs
-    # as the float32 graph, plus the bf16 logits' conversion to float32 (recorded as a copy)
-    assert len(dg.graphs[4].graph) == 30 * 10 + 3 + 2 + 1

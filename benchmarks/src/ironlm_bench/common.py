@@ -193,12 +193,13 @@ def machine_context(args: argparse.Namespace) -> MachineContext:
     try:
         from ironlm.model_loader import resolve_model
 
+        dtype = engine_dtype(args)
         ctx.cost = model_cost(resolve_model(args.model, args.trust_remote_code).hf_config,
-                              dtype_bytes(engine_dtype(args)))
+                              dtype_bytes(dtype))
     except (ValueError, TypeError, KeyError, OSError) as exc:  # unknown architecture: no bounds
         print(f"note: cannot count the model's parameters ({exc}); no bounds", file=sys.stderr)
         return ctx
-    ctx.bounds = bounds(ctx.limits, ctx.cost, engine_dtype(args))
+    ctx.bounds = bounds(ctx.limits, ctx.cost, dtype)
     return ctx
 
 

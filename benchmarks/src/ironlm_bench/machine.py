@@ -98,7 +98,7 @@ class MachineLimits:
     read_bandwidth_gbs: float  # GB/s (1e9) reading a float32 tensor (torch sum)
     copy_bandwidth_gbs: float  # GB/s (read + write) of a float32 tensor copy
     matmul_gflops: float  # fp32 square matmul, 2 n^3 FLOPs
-    matmul_bf16_gflops: float  # the same in bf16 (torch / oneDNN; AMX or AVX-512 BF16 where present)
+    matmul_bf16_gflops: float  # the same in bf16 (oneDNN: AMX or AVX-512 BF16 where present)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -30,9 +30,8 @@ from ironlm_cpu.attention_metadata import (
     build_cpu_metadata,
     build_graph_metadata,
 )
-from ironlm_cpu.cbuild import KernelLibrary
+from ironlm_cpu.cbuild import KERNEL_DTYPES, KernelLibrary
 from ironlm_cpu.decode_choice import choose_decode_path
-from ironlm_cpu.decode_kernel import DTYPES as DECODE_DTYPES
 from ironlm_cpu.decode_kernel import PagedDecodeKernel
 from ironlm_cpu.tuner import KernelTuner
 
@@ -233,7 +232,7 @@ def _kernel_fits(layer: AttentionLayerSpec, q: torch.Tensor, kv_cache: torch.Ten
     of 8."""
     return (
         q.dtype == kv_cache.dtype
-        and q.dtype in DECODE_DTYPES
+        and q.dtype in KERNEL_DTYPES
         and kv_cache.is_contiguous()
         and layer.head_dim % 8 == 0
     )

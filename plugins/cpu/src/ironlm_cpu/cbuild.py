@@ -34,12 +34,16 @@ def compile_flags(target: IsaTarget) -> list[str]:
     return [*BASE_FLAGS, "-fopenmp", *target.cc_flags]
 
 
+# the dtypes the fused and decode C kernels take, and the suffix of their C entry points
+KERNEL_DTYPES: dict[torch.dtype, str] = {torch.float32: "f32", torch.bfloat16: "bf16"}
+
+
 def heads_contiguous(x: torch.Tensor) -> bool:
     """(T, heads, D) float32 or bf16 whose heads lie contiguously inside a token (any token
     stride): the layout the C kernels read q/k/v rows in, views of the fused QKV output
     included."""
     return (
-        x.dim() == 3 and x.dtype in (torch.float32, torch.bfloat16) and x.stride(2) == 1
+        x.dim() == 3 and x.dtype in KERNEL_DTYPES and x.stride(2) == 1
         and x.stride(1) == x.shape[2]
     )  # fmt: skip
 

@@ -2,9 +2,10 @@
 
 Timed once per (dtype: float32 or bfloat16, heads, KV heads, head_dim, threads) on a synthetic
 paged batch: 16 sequences of 256 cached tokens each, one new token each, blocks of 16 (what a
-batch decode step reads); both paths are checked against each other's result first. The decision is cached with
-the other kernel choices (``tuner``). The C path is the only one decode graphs can record: when
-torch wins, the backend offers no graph metadata and decode steps run eagerly.
+batch decode step reads); both paths are checked against each other's result first. The
+decision is cached with the other kernel choices (``tuner``). The C path is the only one decode
+graphs can record: when torch wins, the backend offers no graph metadata and decode steps run
+eagerly.
 """
 
 from __future__ import annotations

@@ -13,9 +13,10 @@ Scope: decode rows only (one new token per sequence), queries, cache and output 
 all bfloat16, head_dim a multiple of 8; any GQA ratio, sliding window and logits soft cap. bf16
 keys and values are widened to float32 (a 16-bit shift) once per block and KV head into a
 scratch the group's query heads share (with GQA each key was otherwise widened once per query
-head: 1.6x slower at 64 x 257 tokens), scores, softmax and the weighted sum are float32 (as the torch path computes a bf16 cache), and the output is
-rounded to bf16 to nearest even. Everything else, and any machine without a working C
-compiler, uses the torch path (the kernel reports why).
+head: 1.6x slower at 64 x 257 tokens); scores, softmax and the weighted sum are float32 (as
+the torch path computes a bf16 cache), and the output is rounded to bf16 to nearest even.
+Everything else, and any machine without a working C compiler, uses the torch path (the kernel
+reports why).
 Built and cached by ``cbuild.load_library``.
 """
 
@@ -25,12 +26,10 @@ import ctypes
 
 import torch
 
-from ironlm_cpu.cbuild import KernelLibrary, heads_contiguous
+from ironlm_cpu.cbuild import KERNEL_DTYPES, KernelLibrary, heads_contiguous
 from ironlm_cpu.decode_kernel_src import SOURCE as _SOURCE
 from ironlm_cpu.isa import IsaTarget
 
-DTYPES = (torch.float32, torch.bfloat16)  # what the kernel takes (q, cache and out alike)
-_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
 
 
@@ -47,15 +46,15 @@ class PagedDecodeKernel(KernelLibrary):
             "cpu_paged_decode", _SOURCE,
             {f"ironlm_{fn}_{sfx}": sig for fn, sig in (("paged_decode", decode),
                                                       ("write_kv", write))
-             for sfx in _SUFFIX.values()},
+             for sfx in KERNEL_DTYPES.values()},
             "C decode kernel", target=target,
         )  # fmt: skip
         lib = self.lib
         # dtype -> C function
         self._fn = {} if lib is None else {
-            dt: getattr(lib, f"ironlm_paged_decode_{sfx}") for dt, sfx in _SUFFIX.items()}
+            dt: getattr(lib, f"ironlm_paged_decode_{sfx}") for dt, sfx in KERNEL_DTYPES.items()}
         self._write = {} if lib is None else {
-            dt: getattr(lib, f"ironlm_write_kv_{sfx}") for dt, sfx in _SUFFIX.items()}
+            dt: getattr(lib, f"ironlm_write_kv_{sfx}") for dt, sfx in KERNEL_DTYPES.items()}
 
     def __call__(
         self,
@@ -87,7 +86,7 @@ class PagedDecodeKernel(KernelLibrary):
     def write_kv_fits(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
         """float32 or bf16 everywhere (one dtype), a contiguous cache, and each token's (Hkv, D)
         rows contiguous in k and v (v may be a strided view of the fused QKV output)."""
-        cache_ok = kv_cache.dtype in DTYPES and kv_cache.is_contiguous()
+        cache_ok = kv_cache.dtype in KERNEL_DTYPES and kv_cache.is_contiguous()
         same = k.dtype == v.dtype == kv_cache.dtype
         return cache_ok and same and heads_contiguous(k) and heads_contiguous(v)
 

@@ -24,14 +24,12 @@ from typing import Any
 
 import torch
 
-from ironlm_cpu.cbuild import KernelLibrary, heads_contiguous
+from ironlm_cpu.cbuild import KERNEL_DTYPES, KernelLibrary, heads_contiguous
 from ironlm_cpu.fused_bf16 import BF16_SOURCE
 from ironlm_cpu.isa import IsaTarget
 from ironlm_cpu.linear_kernel import PANEL
 
 PARALLEL_ROWS = 64  # fewer rows run on the calling thread
-DTYPES = (torch.float32, torch.bfloat16)  # what the C ops take
-_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
 _SOURCE = r"""
 #include <math.h>
@@ -183,14 +181,14 @@ class FusedKernels(KernelLibrary):
         super().__init__(
             "cpu_fused", _SOURCE + BF16_SOURCE,
             {f"ironlm_{op}_{sfx}": sig for op, sig in signatures.items()
-             for sfx in _SUFFIX.values()},
+             for sfx in KERNEL_DTYPES.values()},
             "fused C layer ops", target=target,
         )  # fmt: skip
         self._lib = self.lib
         # (op, dtype) -> its C function
         self._fns: dict[tuple[str, torch.dtype], Any] = {} if self._lib is None else {
             (op, dt): getattr(self._lib, f"ironlm_{op}_{sfx}")
-            for op in signatures for dt, sfx in _SUFFIX.items()
+            for op in signatures for dt, sfx in KERNEL_DTYPES.items()
         }  # fmt: skip
 
     def _fn(self, op: str, dtype: torch.dtype) -> Any:
@@ -207,7 +205,7 @@ class FusedKernels(KernelLibrary):
         # (T, hidden) float32 or bf16; residual and weight (when given) in x's dtype
         return (
             self._lib is not None
-            and x.dtype in DTYPES
+            and x.dtype in KERNEL_DTYPES
             and x.dim() == 2
             and x.is_contiguous()
             and (residual is None or (residual.dtype == x.dtype and residual.is_contiguous()
@@ -260,7 +258,7 @@ class FusedKernels(KernelLibrary):
         # (T, 2 * I) float32 or bf16 with contiguous rows (any row stride)
         return (
             self._lib is not None
-            and gate_up.dtype in DTYPES
+            and gate_up.dtype in KERNEL_DTYPES
             and gate_up.dim() == 2
             and gate_up.stride(1) == 1
             and gate_up.shape[1] % 2 == 0
@@ -289,7 +287,7 @@ class FusedKernels(KernelLibrary):
             self._lib is not None
             and ids.dtype == torch.int64
             and ids.dim() == 1
-            and table.dtype in DTYPES
+            and table.dtype in KERNEL_DTYPES
             and table.is_contiguous()
             and (table.dim() == 2 or packed)
         )  # fmt: skip
