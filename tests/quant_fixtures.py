@@ -31,13 +31,6 @@ VARIANTS: dict[str, QuantizeOptions] = {
     "rtn_int4_asym": QuantizeOptions("weight_only_int4", group_size=GROUP, zero_points=True),
 }
 
-# GPTQ (act-order, damping 0.05, clipping search) beats round to nearest on SmolLM2 (+16.3% vs
-# +40.8% symmetric) but not the issue's 15% bound: open (docs/quantization.md). Strict: a pass
-# fails the run until the mark is removed.
-GPTQ_OPEN = pytest.mark.xfail(strict=True, reason="GPTQ on SmolLM2 beats round-to-nearest 4-bit "
-                              "but is not yet within 15% of float32 (open item of issue 15)")
-
-
 def quantize_variant(src: Path, out: Path, name: str) -> Path:
     """Write SmolLM2 (``src``) quantized as the variant ``name`` into ``out`` with the tool's
     code path (the session fixture ``quantized_smollm2`` in conftest.py caches the folders)."""

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-from quant_fixtures import GPTQ_OPEN, GROUP, perplexity
+from quant_fixtures import GROUP, perplexity
 
 pytestmark = pytest.mark.real_model
 
@@ -48,7 +48,7 @@ def test_fp8_within_5_percent(table: dict[str, float]) -> None:
 
 
 @pytest.mark.parametrize(("method", "rtn"), [
-    ("awq", "rtn_int4_asym"), pytest.param("gptq", "rtn_int4_sym", marks=GPTQ_OPEN),
+    ("awq", "rtn_int4_asym"), ("gptq", "rtn_int4_sym"),
 ])
 def test_4bit_algorithms_beat_round_to_nearest(table: dict[str, float], method: str,
                                                rtn: str) -> None:  # fmt: skip
@@ -56,9 +56,3 @@ def test_4bit_algorithms_beat_round_to_nearest(table: dict[str, float], method: 
     size and zero-point choice."""
     assert _ratio(table, method) <= 1.15
     assert table[method] < table[rtn]
-
-
-def test_gptq_beats_round_to_nearest(table: dict[str, float]) -> None:
-    """GPTQ's defaults (act-order, damping 0.05, as GPTQModel) beat round to nearest with the
-    same group size and symmetric groups (the 15% bound above is still open)."""
-    assert table["gptq"] < table["rtn_int4_sym"]

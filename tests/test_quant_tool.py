@@ -124,6 +124,8 @@ def test_bad_input_fails_clearly_and_never_half_writes(
         (["--quant-type", "smooth_quant", "-sq", "1.5"], "alpha) must be in [0, 1]"),
         (["--quant-type", "awq", "--sym"], "AWQ checkpoints (AutoAWQ GEMM) carry zero points"),
         (["--quant-type", "gptq", "--mse", "-1"], "--mse must be 0 (off) or a positive norm"),
+        (["--quant-type", "gptq", "--v2-alpha", "2"], "--v2-alpha must be in [0, 1], got 2.0"),
+        (["--quant-type", "awq", "--v2-alpha", "0.5"], "--v2-alpha is a GPTQ option"),
     ]
     for flags, message in cases:
         assert _quantize(tiny_llama_dir, out, *flags) == 2
@@ -223,3 +225,25 @@ def test_gptq_clipping_search_lowers_the_group_error(zero_points: bool) -> None:
     assert bool((err(*searched) <= err(*full)).all())  # never worse: 1.0 is on the grid
     assert float(err(*searched).sum()) < 0.95 * float(err(*full).sum())
     assert bool((searched[0] < full[0]).any())  # some rows clipped
+
+
+def test_gptq_v2_target_fits_the_float_outputs() -> None:
+    """--v2-alpha: with inputs X~ that differ from the float model's X (the error of the layers
+    before), the target W* fits W X on X~ better than W itself, exactly (least squares) at
+    alpha 1, partly in between; equal inputs give W back."""
+    from ironlm.quantization.offline.gptq import asymmetric_target
+
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(24, 32, generator=gen)
+    x = torch.randn(256, 32, generator=gen)
+    xq = x + 0.1 * torch.randn(256, 32, generator=gen)  # upstream quantization noise
+
+    def misfit(target: torch.Tensor) -> float:
+        return float((xq @ target.t() - x @ w.t()).square().sum())
+
+    exact = torch.linalg.lstsq(xq, x @ w.t()).solution.t()
+    torch.testing.assert_close(asymmetric_target(w, xq, x, 0.0, 1.0), exact, rtol=1e-3,
+                               atol=1e-3)  # fmt: skip
+    half = asymmetric_target(w, xq, x, 0.01, 0.5)
+    assert misfit(exact) < misfit(half) < misfit(w)
+    torch.testing.assert_close(asymmetric_target(w, x, x, 0.01, 1.0), w)

@@ -63,6 +63,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="GPTQ: clip each group's range by the shrink factor minimizing the "
                    "p-norm of its rounding error, p = this value (default 2.4, the GPTQ "
                    "reference's; 0: the full range)")
+    p.add_argument("--v2-alpha", type=float, default=None,
+                   help="GPTQ v2 asymmetric calibration: move each linear's target toward the "
+                   "float model's outputs on the quantized model's inputs, strength in [0, 1] "
+                   "(default 0.25; 1: the least-squares fit; 0: plain GPTQ)")
     p.add_argument("--calib-tokens", type=int, default=4096,
                    help="calibration tokens at most (default 4096)")
     p.add_argument("--calib-seq-len", dest="seq_len", type=int, default=512,
@@ -85,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
         desc_act=args.desc_act,
         damp=args.damp,
         mse=args.mse,
+        v2_alpha=args.v2_alpha,
         calib_tokens=args.calib_tokens,
         seq_len=args.seq_len,
     )

@@ -36,7 +36,12 @@ from ironlm.quantization.offline.formats import (
     int8_tensors,
     quantization_config,
 )
-from ironlm.quantization.offline.gptq import gptq_quantize, hessian
+from ironlm.quantization.offline.gptq import (
+    V2_ALPHA,
+    asymmetric_target,
+    gptq_quantize,
+    hessian,
+)
 from ironlm.quantization.offline.llama_block import (
     ATTN_O,
     ATTN_QKV,
@@ -69,6 +74,7 @@ class QuantizeOptions:
     desc_act: bool = True  # GPTQ act-order (GPTQModel's default)
     damp: float = 0.05  # GPTQ damping (fraction of the mean Hessian diagonal; GPTQModel's)
     mse: float = 2.4  # GPTQ: norm of the per-group clipping search (0: full range)
+    v2_alpha: float | None = None  # GPTQ v2 asymmetric calibration (None: V2_ALPHA; 0: off)
     calib_tokens: int = calib.DEFAULT_MAX_TOKENS
     seq_len: int = calib.DEFAULT_SEQ_LEN
     search_tokens: int = 512  # AWQ: tokens the scale-search and clip losses run on
@@ -157,6 +163,10 @@ def _plan(hf_config: object, opts: QuantizeOptions) -> _Plan:
         )
     if opts.quant_type == "smooth_quant" and not 0.0 <= opts.alpha <= 1.0:
         raise ValueError(f"-sq (SmoothQuant alpha) must be in [0, 1], got {opts.alpha}")
+    if opts.v2_alpha is not None and not 0.0 <= opts.v2_alpha <= 1.0:
+        raise ValueError(f"--v2-alpha must be in [0, 1], got {opts.v2_alpha}")
+    if opts.v2_alpha is not None and opts.quant_type != "gptq":
+        raise ValueError(f"--v2-alpha is a GPTQ option; --quant-type is {opts.quant_type}")
     zero_points = opts.zero_points if opts.zero_points is not None else opts.quant_type == "awq"
     if opts.quant_type == "awq" and not zero_points:
         raise ValueError("AWQ checkpoints (AutoAWQ GEMM) carry zero points; drop --sym")
@@ -236,17 +246,26 @@ def _awq_layer(layer, x, data, plan, opts) -> LayerResult:  # type: ignore[no-un
 
 def _gptq_layer(layer, x, data, plan, opts) -> LayerResult:  # type: ignore[no-untyped-def]
     """True-sequential: each linear group is quantized on inputs computed with the already
-    quantized linears before it; the next layer sees the quantized layer's output."""
+    quantized linears before it; the next layer sees the quantized layer's output. With
+    ``v2_alpha`` > 0 the float model's activations run beside them (``x`` is then the stacked
+    pair (2, T, hidden): quantized, float; the first layer gets one tensor for both) and each
+    linear is fitted to the float model's outputs (``asymmetric_target``)."""
     out: dict[str, torch.Tensor] = {}
+    alpha = V2_ALPHA if opts.v2_alpha is None else opts.v2_alpha
+    v2 = alpha > 0
+    xq, xf = (x, x) if x.dim() == 2 else (x[0], x[1])
 
-    def run(names: tuple[str, ...], inputs: torch.Tensor) -> None:
+    def run(names: tuple[str, ...], inputs: torch.Tensor,
+            float_inputs: torch.Tensor | None) -> None:
         # linears reading the same input share H (and so the act-order permutation): one
         # stacked solve, split by rows afterwards
         weights = [layer.weight(n) for n in names]
+        target = torch.cat(weights)
+        if v2:
+            target = asymmetric_target(target, inputs, float_inputs, opts.damp, alpha)
         shards = opts.tp_size if names[0] in ROW_PARALLEL else 1
-        res = gptq_quantize(torch.cat(weights), hessian(inputs), plan.group_size,
-                            plan.zero_points, opts.damp, opts.desc_act, shards,
-                            opts.mse)  # fmt: skip
+        res = gptq_quantize(target, hessian(inputs), plan.group_size, plan.zero_points,
+                            opts.damp, opts.desc_act, shards, opts.mse)  # fmt: skip
         start = 0
         for n, w in zip(names, weights):
             rows = slice(start, start + w.shape[0])
@@ -255,16 +274,24 @@ def _gptq_layer(layer, x, data, plan, opts) -> LayerResult:  # type: ignore[no-u
                                     res.g_idx.clone()))  # fmt: skip
             layer.t[f"{n}.weight"] = res.dequantized[rows]
 
-    h = layer.attn_input(x)
-    run(ATTN_QKV, h)
+    # each float-path stage runs before the linears it reads are replaced by their quantized
+    # values
+    h, hf = layer.attn_input(xq), layer.attn_input(xf)
+    of = layer.attention(hf, data.lengths) if v2 else None
+    run(ATTN_QKV, h, hf)
     o_in = layer.attention(h, data.lengths)
-    run((ATTN_O,), o_in)
-    x1 = x + layer.linear(ATTN_O, o_in)
+    x1f = xf + layer.linear(ATTN_O, of) if v2 else None
+    run((ATTN_O,), o_in, of)
+    x1 = xq + layer.linear(ATTN_O, o_in)
     h2 = layer.mlp_input(x1)
-    run(MLP_GATE_UP, h2)
+    h2f = layer.mlp_input(x1f) if v2 else None
+    mf = layer.down_input(h2f) if v2 else None
+    run(MLP_GATE_UP, h2, h2f)
     m = layer.down_input(h2)
-    run((MLP_DOWN,), m)
-    return x1 + layer.linear(MLP_DOWN, m), out
+    x_next_f = x1f + layer.linear(MLP_DOWN, mf) if v2 else None
+    run((MLP_DOWN,), m, mf)
+    x_next = x1 + layer.linear(MLP_DOWN, m)
+    return (torch.stack([x_next, x_next_f]) if v2 else x_next), out
 
 
 _LAYER_QUANTIZERS: dict[str, Callable[..., LayerResult]] = {
