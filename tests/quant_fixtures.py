@@ -10,7 +10,6 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
-
 from ironlm import LLM, SamplingParams
 from ironlm.quantization.offline.quantizer import QuantizeOptions, quantize_model
 
