@@ -87,8 +87,9 @@ def emulate_q8(x: torch.Tensor, block: int) -> torch.Tensor:
 
 
 # (kind, n, k): n % 16 == 0 takes the 16-row panel kernels (int8, fp8, int4), odd n the row
-# kernels; w8a8 pads n to 8-row panels; k not a multiple of 8 / 32 exercises the tails
-FLOAT_CASES = [("int8", 37, 100), ("int8", 48, 100), ("w8a8", 37, 100), ("w8a8", 16, 576),
+# kernels; w8a8 pads n to 8-row panels; k not a multiple of 8 / 32 (panels: 4) exercises the
+# tails
+FLOAT_CASES = [("int8", 37, 100), ("int8", 48, 100), ("int8", 32, 102), ("fp8", 48, 98), ("w8a8", 37, 100), ("w8a8", 16, 576),
                ("w8a8", 19, 30), ("fp8", 37, 100), ("fp8", 32, 72), ("fp8-tensor", 19, 72),
                ("int4-g32", 37, 96), ("int4-g32", 64, 96), ("int4-g64-sym", 21, 192),
                ("int4-g64-sym", 16, 128), ("int4-g128", 37, 256)]  # fmt: skip
