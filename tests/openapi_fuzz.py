@@ -23,6 +23,7 @@ IMPLEMENTED = [("/completions", "post"), ("/chat/completions", "post"), ("/model
 # generated values the spec allows but that would make a case run for long on a 2-core CI
 # machine (max_tokens up to the context, n up to 128): capped (and max_tokens set when the
 # case has none), the rest of the case is kept
+NOT_AN_ERROR_OBJECT = "not an OpenAI error object: "  # prefix of a refusal the client can't read
 CAPS = {"max_tokens": 4, "max_completion_tokens": 4, "n": 2, "best_of": 2}
 
 
@@ -56,6 +57,8 @@ class FuzzResult:
     statuses: Counter[tuple[str, str, int]] = field(default_factory=Counter)  # (mode, op, status)
     server_errors: list[str] = field(default_factory=list)  # one line per 5xx answer
     no_negative_case: list[str] = field(default_factory=list)  # operations with no input
+    # why valid (positive-mode) cases were refused: (operation, error message) -> count
+    refused: Counter[tuple[str, str]] = field(default_factory=Counter)
 
     def count(self, mode: str, ok: bool) -> int:
         return sum(n for (m, _, s), n in self.statuses.items()
@@ -105,6 +108,12 @@ def _run_operation(op: Any, mode: Any, base_url: str, headers: dict[str, str], m
         _aim(case, model, mode.value == "positive")
         response = case.call(base_url=base_url, headers=headers, timeout=60)
         result.statuses[(mode.value, name, response.status_code)] += 1
+        if mode.value == "positive" and 400 <= response.status_code < 500:
+            try:
+                message = str(response.json()["error"]["message"]) or NOT_AN_ERROR_OBJECT
+            except (ValueError, KeyError, TypeError):
+                message = NOT_AN_ERROR_OBJECT + response.text
+            result.refused[(name, message[:160])] += 1
         if response.status_code >= 500:
             result.server_errors.append(
                 f"{mode.value} {name} -> {response.status_code}: {response.text[:300]} "

@@ -16,7 +16,7 @@ import httpx
 import numpy as np
 import openai
 import pytest
-from openapi_fuzz import fuzz
+from openapi_fuzz import NOT_AN_ERROR_OBJECT, fuzz
 from server_utils import RemoteServer
 
 pytestmark = [pytest.mark.server, pytest.mark.real_model]
@@ -222,6 +222,22 @@ def test_chat_echo_and_max_completion_tokens(http: httpx.Client) -> None:
     assert choice["message"]["role"] == "assistant"
     assert choice["message"]["content"].startswith("Hello")
     assert r.json()["usage"]["completion_tokens"] <= 2
+
+
+def test_chat_turns_without_text_render_as_vllm_does(http: httpx.Client) -> None:
+    """An assistant turn with only tool calls (content absent or null) renders with empty
+    content and a refusal part as its text, as vLLM does, instead of failing SmolLM2's
+    template (which concatenates content)."""
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    turns = [{"role": "user", "content": "Hi"}, {"role": "assistant", "tool_calls": [call]},
+             {"role": "tool", "tool_call_id": "c1", "content": None},
+             {"role": "assistant", "content": [{"type": "refusal", "refusal": "No."}]},
+             {"role": "user", "content": "Name one colour."}]
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": turns,
+                                                "max_tokens": 2, "temperature": 0})
+    assert r.status_code == 200, r.text
+    tok = http.post("/tokenize", json={"messages": turns, "return_token_strs": True}).json()
+    assert "No." in "".join(tok["token_strs"]).replace("\u0120", " ")
 
 
 # -- other endpoints -----------------------------------------------------------------------
@@ -442,9 +458,14 @@ def test_openapi_spec_cases_get_no_server_error(server: RemoteServer) -> None:
     a few per operation in positive (valid) and negative (invalid) mode: never a 5xx."""
     result = fuzz(server.url("/v1"), server.headers(), MODEL, examples=8)
     print("openapi fuzz (mode, operation, status): count", dict(result.statuses),
-          "no negative case:", result.no_negative_case)
+          "no negative case:", result.no_negative_case, "refused valid cases:",
+          dict(result.refused))
     assert not result.server_errors, "\n".join(result.server_errors)
     assert result.count("positive", ok=True) > 0  # valid cases reach the handlers
+    # the valid cases refused ask for what vLLM refuses too or a text-only engine lacks
+    # (audio, images, web search, a null prompt, token ids outside the vocabulary, ...): each
+    # refusal is an OpenAI error object whose message says what
+    assert not [m for (_, m) in result.refused if m.startswith(NOT_AN_ERROR_OBJECT)]
 
 
 def test_server_still_serves_after_bad_input(client: openai.OpenAI) -> None:

@@ -21,16 +21,20 @@ def load_chat_template(template: str | None) -> str | None:
     return template
 
 
-def _content_text(content: Any) -> Any:
-    """OpenAI content may be a list of parts; text parts are joined (others are rejected)."""
-    if content is None or isinstance(content, str):
+def _content_text(content: Any) -> str:
+    """OpenAI content may be absent / null (an assistant turn with only tool calls), a string
+    or a list of parts: text and refusal parts are joined as text, others are rejected. Absent
+    content is the empty string, as vLLM renders it (templates concatenate it)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
         return content
     if isinstance(content, list):
         texts = []
         for part in content:
             kind = part.get("type") if isinstance(part, dict) else None
-            if kind == "text":
-                texts.append(part.get("text", ""))
+            if kind in ("text", "refusal"):
+                texts.append(part.get(kind) or "")
             else:
                 raise ValueError(f"messages: content part of type {kind!r} is not supported "
                                  "(text only)")
