@@ -225,10 +225,11 @@ def test_tool_call_validity(server: RemoteServer) -> None:
     from tool_call_validity import measure, table
 
     client = server.async_openai_client(timeout=300)
-    results = asyncio.run(measure(client, modes=("required", "named"), every=8, start=2,
+    results = asyncio.run(measure(client, modes=("required", "required-single", "named"),
+                                  every=8, start=2,
                                   max_tokens=128, extra_body={"guided_decoding_backend": "auto"}))
     print(table(results))
-    assert sum(len(got) for got in results.values()) == 4 * 7
+    assert sum(len(got) for got in results.values()) == 6 * 7
     # every call that finished parses and validates; at most a few are cut by max_tokens
     # (the model loops inside an unbounded string), never all of them
     assert all("invalid" not in got for got in results.values()), table(results)

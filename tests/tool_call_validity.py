@@ -1,7 +1,8 @@
 """Tool-calling validity over the function schemas of tests/data/tool_functions.json.
 
-Each function gets one chat request per mode: ``required`` and ``auto`` offer it with two
-neighbours as distractors, ``named`` names it. A call is valid when the response holds at
+Each function gets one chat request per mode: ``required`` (also with parallel_tool_calls
+false: ``required-single``) and ``auto`` offer it with two neighbours as distractors, ``named``
+names it. A call is valid when the response holds at
 least one tool call whose name is offered and whose arguments parse as JSON and validate
 against that function's parameters (and, for named, the call is the named function). A
 response cut by ``max_tokens`` (finish_reason "length": greedy SmolLM2 can loop inside an
@@ -41,7 +42,9 @@ Reply with <tool_call>{"name": ..., "arguments": {...}}</tool_call>.<|im_end|>
 SERVER_ARGS = ["--max-model-len", "1024", "--kv-cache-memory", "128MiB", "--max-num-seqs", "64",
                "--served-model-name", "smollm2", "--enable-auto-tool-choice",
                "--tool-call-parser", "hermes", "--disable-log-stats", "--disable-log-requests"]
-MODES = ("required", "named", "auto")
+# "required-single": tool_choice "required" with parallel_tool_calls false (at most one call:
+# the grammar's array takes one item, so the model cannot repeat its call until max_tokens)
+MODES = ("required", "required-single", "named", "auto")
 
 
 def load_functions() -> list[dict[str, Any]]:
@@ -84,11 +87,12 @@ async def one(client: openai.AsyncOpenAI, functions: list[dict[str, Any]], i: in
               ) -> Outcome:
     tools = _tools(functions, i)
     name = functions[i]["function"]["name"]
-    choice: Any = {"type": "function", "function": {"name": name}} if mode == "named" else mode
+    choice: Any = ({"type": "function", "function": {"name": name}} if mode == "named"
+                   else mode.removesuffix("-single"))  # fmt: skip
     kwargs: dict[str, Any] = dict(
         model="smollm2", messages=[{"role": "user", "content": functions[i]["query"]}],
         tools=tools, tool_choice=choice, max_tokens=max_tokens, temperature=0, stream=stream,
-        extra_body=extra_body,
+        extra_body=extra_body, parallel_tool_calls=not mode.endswith("-single"),
     )
     named = name if mode == "named" else None
     if not stream:
