@@ -60,8 +60,10 @@ def test_kernel_matches_torch(
     assert torch.equal(kernel.unpack(packed), w)
 
 
-@pytest.mark.parametrize("m", [1, 4, 5, 64])
-@pytest.mark.parametrize(("n", "k"), [(16, 8), (96, 40), (576, 1536)])
+# AVX-512 BF16 tiles: 8 rows x 3 panels, one-row tiles with two k chains; (32, 42) and (80, 30):
+# 2-panel remainders and an odd number of k pairs; m 9 and 13: row remainders
+@pytest.mark.parametrize("m", [1, 4, 5, 9, 13, 64])
+@pytest.mark.parametrize(("n", "k"), [(16, 8), (96, 40), (576, 1536), (32, 42), (80, 30)])
 def test_bf16_kernel_matches_torch(kernel: PackedLinearKernel, m: int, n: int, k: int) -> None:
     """bf16 weights and activations, float32 sums, one rounding to bf16: against torch's
     float32 result of the same bf16 values, rounded once."""

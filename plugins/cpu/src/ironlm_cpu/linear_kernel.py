@@ -19,8 +19,8 @@ while its panels stream past it. With at most one tile of rows (decode of small 
 thread takes one contiguous run of panels, so it streams the weight at full bandwidth.
 
 bfloat16 weights are packed as (N/16, K/2, 16, 2): row kk of a panel holds each column's
-weights of inputs 2kk and 2kk+1, the pairs an AVX-512 BF16 ``vdpbf16ps`` multiplies (12 rows x
-16 columns per tile); without AVX-512 BF16 the same 32-bit lanes are widened to float32 by a
+weights of inputs 2kk and 2kk+1, the pairs an AVX-512 BF16 ``vdpbf16ps`` multiplies (8 rows x
+48 columns per tile; ``linear_bf16_src``); without AVX-512 BF16 the same 32-bit lanes are widened to float32 by a
 shift and a mask (4 x 16 tiles), so bf16 weights halve the bytes a decode step reads on any
 CPU. Sums are float32, the output rounded to bf16 to nearest even, as torch does.
 
@@ -36,6 +36,7 @@ import torch
 
 from ironlm_cpu.cbuild import KernelLibrary
 from ironlm_cpu.isa import IsaTarget
+from ironlm_cpu.linear_bf16_src import BF16_SOURCE
 
 PANEL = 16  # output columns per panel
 
@@ -145,113 +146,6 @@ void ironlm_linear_f32(const float *x, const float *wp, const float *bias, float
     }
 }
 
-/* -- bfloat16: W packed as (n / 16, k / 2, 16, 2), x and y bf16 (m, k) / (m, n), f32 sums --- */
-static inline float bf16_f32(uint16_t h) {
-    union { uint32_t u; float f; } v = {(uint32_t)h << 16};
-    return v.f;
-}
-
-/* round to nearest even, as torch converts float32 to bfloat16 */
-static inline void store_bf16(uint16_t *y, v8 a) {
-    v8u u = (v8u)a;
-    u = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    *(v8h *)y = __builtin_convertvector(u, v8h);
-}
-
-#if defined(__AVX512BF16__)
-#define BF_MR 12
-/* 16 columns x MR rows: per k pair, one load of the panel row (16 columns x 2 bf16) and one
-   vdpbf16ps per row against that row's (x[k], x[k+1]) pair */
-static void bf_tile(int rows, const uint16_t *x, int64_t ldx, const uint16_t *p, int k,
-                    const uint16_t *bias, uint16_t *y, int64_t ldy) {
-    __m512 acc[BF_MR];
-    for (int i = 0; i < BF_MR; i++) acc[i] = _mm512_setzero_ps();
-    for (int kk = 0; kk < k / 2; kk++) {
-        const __m512i w = _mm512_loadu_si512((const void *)(p + 32 * (int64_t)kk));
-        for (int i = 0; i < BF_MR; i++)
-            if (i < rows) {
-                const __m512i xp = _mm512_set1_epi32(*(const int32_t *)(x + i * ldx + 2 * kk));
-                acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)xp, (__m512bh)w);
-            }
-    }
-    for (int i = 0; i < rows; i++) {
-        __attribute__((aligned(64))) float out[16];
-        _mm512_store_ps(out, acc[i]);
-        v8 lo, hi;
-        for (int c = 0; c < 8; c++) {
-            lo[c] = out[c] + (bias ? bf16_f32(bias[c]) : 0.0f);
-            hi[c] = out[c + 8] + (bias ? bf16_f32(bias[c + 8]) : 0.0f);
-        }
-        store_bf16(y + i * ldy, lo);
-        store_bf16(y + i * ldy + 8, hi);
-    }
-}
-#else
-#define BF_MR 4
-/* 16 columns x MR rows: a panel row's 32-bit lane c holds (W[c, k], W[c, k+1]); shifting the
-   lane left by 16 gives W[c, k] as a float, masking the low half gives W[c, k+1] */
-static void bf_tile(int rows, const uint16_t *x, int64_t ldx, const uint16_t *p, int k,
-                    const uint16_t *bias, uint16_t *y, int64_t ldy) {
-    v8 a0 = {0}, b0 = {0}, a1 = {0}, b1 = {0}, a2 = {0}, b2 = {0}, a3 = {0}, b3 = {0};
-    const v8u hi_mask = (v8u){0} + 0xffff0000u;
-    for (int kk = 0; kk < k / 2; kk++) {
-        const v8u wa = *(const v8u *)(p + 32 * (int64_t)kk);
-        const v8u wb = *(const v8u *)(p + 32 * (int64_t)kk + 16);
-        const v8 la = (v8)(wa << 16), ha = (v8)(wa & hi_mask);
-        const v8 lb = (v8)(wb << 16), hb = (v8)(wb & hi_mask);
-#define BF_ROW(I)                                                                              \
-        if (rows > I) {                                                                        \
-            const float x0 = bf16_f32(x[I * ldx + 2 * kk]);                                    \
-            const float x1 = bf16_f32(x[I * ldx + 2 * kk + 1]);                                \
-            a##I += x0 * la + x1 * ha;                                                         \
-            b##I += x0 * lb + x1 * hb;                                                         \
-        }
-        BF_ROW(0) BF_ROW(1) BF_ROW(2) BF_ROW(3)
-    }
-    v8 bl = {0}, bh = {0};
-    if (bias)
-        for (int c = 0; c < 8; c++) { bl[c] = bf16_f32(bias[c]); bh[c] = bf16_f32(bias[c + 8]); }
-#define BF_OUT(I)                                                                              \
-    if (rows > I) {                                                                            \
-        store_bf16(y + I * ldy, a##I + bl);                                                    \
-        store_bf16(y + I * ldy + 8, b##I + bh);                                                \
-    }
-    BF_OUT(0) BF_OUT(1) BF_OUT(2) BF_OUT(3)
-}
-#endif
-
-/* y (m, n) = x (m, k) @ W^T (+ bias) in bfloat16 (float32 sums); n % 16 == 0, k % 2 == 0 */
-void ironlm_linear_bf16(const uint16_t *x, const uint16_t *wp, const uint16_t *bias,
-                        uint16_t *y, int m, int n, int k, int threads) {
-    const int panels = n / 16;
-    int mc = (65536 / k) / BF_MR * BF_MR;
-    if (mc < BF_MR) mc = BF_MR;
-    if (mc > m) mc = m;
-    const int chunks = (m + mc - 1) / mc;
-    const int group = m <= BF_MR ? (panels + threads - 1) / threads : 4;
-    const int groups = (panels + group - 1) / group;
-    #pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
-    for (int c = 0; c < chunks; c++) {
-        for (int g = 0; g < groups; g++) {
-            const int m0 = c * mc, m1 = m0 + mc < m ? m0 + mc : m;
-            const int p1 = (g + 1) * group < panels ? (g + 1) * group : panels;
-            for (int pi = g * group; pi < p1; pi++)
-                for (int i = m0; i < m1; i += BF_MR)
-                    bf_tile(m1 - i < BF_MR ? m1 - i : BF_MR, x + (int64_t)i * k, k,
-                            wp + (int64_t)pi * k * 16, k, bias ? bias + pi * 16 : NULL,
-                            y + (int64_t)i * n + pi * 16, n);
-        }
-    }
-}
-
-/* the bf16 path this build runs: 1 AVX-512 BF16 dot products, 0 widening to float32 */
-int ironlm_linear_bf16_native(void) {
-#if defined(__AVX512BF16__)
-    return 1;
-#else
-    return 0;
-#endif
-}
 """
 
 
@@ -264,7 +158,7 @@ class PackedLinearKernel(KernelLibrary):
     def __init__(self, target: IsaTarget | None = None) -> None:
         ptr, i32 = ctypes.c_void_p, ctypes.c_int
         super().__init__(
-            "cpu_linear", _SOURCE,
+            "cpu_linear", _SOURCE + BF16_SOURCE,
             {
                 "ironlm_linear_f32": ([ptr] * 4 + [i32] * 5, None),
                 "ironlm_linear_bf16": ([ptr] * 4 + [i32] * 4, None),
