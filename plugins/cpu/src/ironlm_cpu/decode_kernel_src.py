@@ -27,6 +27,24 @@ static inline float hsum(v8 a) {
     return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
 }
 
+/* The 8 lane sums of a[0..7] as one vector (lane r: the sum of a[r]): three rounds of
+   shuffle-and-add over pairs instead of eight scalar horizontal sums */
+static inline v8 hsum8x8(const v8 *a) {
+    v8 b[4], c0, c1;
+    for (int i = 0; i < 4; i++) /* lanes: a[2i] folded to 4, then a[2i + 1] folded to 4 */
+        b[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
+               __builtin_shufflevector(a[2 * i], a[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15);
+    /* lanes: pairs of a[0], a[2], a[1], a[3] (c0) and of a[4], a[6], a[5], a[7] (c1) */
+    c0 = __builtin_shufflevector(b[0], b[1], 0, 1, 8, 9, 4, 5, 12, 13) +
+         __builtin_shufflevector(b[0], b[1], 2, 3, 10, 11, 6, 7, 14, 15);
+    c1 = __builtin_shufflevector(b[2], b[3], 0, 1, 8, 9, 4, 5, 12, 13) +
+         __builtin_shufflevector(b[2], b[3], 2, 3, 10, 11, 6, 7, 14, 15);
+    /* sums of a[0], a[2], a[1], a[3], a[4], a[6], a[5], a[7], then into order */
+    const v8 d = __builtin_shufflevector(c0, c1, 0, 2, 4, 6, 8, 10, 12, 14) +
+                 __builtin_shufflevector(c0, c1, 1, 3, 5, 7, 9, 11, 13, 15);
+    return __builtin_shufflevector(d, d, 0, 2, 1, 3, 4, 6, 5, 7);
+}
+
 typedef int32_t v8i __attribute__((vector_size(32), aligned(4)));
 typedef uint32_t v8u __attribute__((vector_size(32), aligned(4)));
 typedef uint16_t v8h __attribute__((vector_size(16), aligned(2)));  /* 8 bf16 */
@@ -90,7 +108,18 @@ static void dots_##NV##SFX(const v8 *q, const T *k, int64_t row, int64_t cnt, fl
                            float *out) {                                                     \
     v8 qr[NV];                                                                               \
     for (int i = 0; i < NV; i++) qr[i] = q[i];                                               \
-    for (int64_t c = 0; c < cnt; c++) {                                                      \
+    int64_t c = 0;                                                                           \
+    for (; c + 8 <= cnt; c += 8) { /* 8 keys at once: their sums reduced together */         \
+        v8 a[8];                                                                             \
+        for (int r = 0; r < 8; r++) {                                                        \
+            const T *kc = k + (c + r) * row;                                                 \
+            v8 s = qr[0] * LD(kc);                                                           \
+            for (int i = 1; i < NV; i++) s += qr[i] * LD(kc + 8 * i);                        \
+            a[r] = s;                                                                        \
+        }                                                                                    \
+        *(v8 *)(out + c) = hsum8x8(a) * scale;                                               \
+    }                                                                                        \
+    for (; c < cnt; c++) {                                                                   \
         const T *kc = k + c * row;                                                           \
         v8 a0 = {0}, a1 = {0};                                                               \
         for (int i = 0; i + 1 < NV; i += 2) {                                                \
