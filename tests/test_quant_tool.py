@@ -231,7 +231,7 @@ def test_gptq_v2_target_fits_the_float_outputs() -> None:
     """--v2-alpha: with inputs X~ that differ from the float model's X (the error of the layers
     before), the target W* fits W X on X~ better than W itself, exactly (least squares) at
     alpha 1, partly in between; equal inputs give W back."""
-    from ironlm.quantization.offline.gptq import asymmetric_target
+    from ironlm.quantization.offline.gptq import asymmetric_target, hessian
 
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(24, 32, generator=gen)
@@ -242,8 +242,8 @@ def test_gptq_v2_target_fits_the_float_outputs() -> None:
         return float((xq @ target.t() - x @ w.t()).square().sum())
 
     exact = torch.linalg.lstsq(xq, x @ w.t()).solution.t()
-    torch.testing.assert_close(asymmetric_target(w, xq, x, 0.0, 1.0), exact, rtol=1e-3,
-                               atol=1e-3)  # fmt: skip
-    half = asymmetric_target(w, xq, x, 0.01, 0.5)
+    torch.testing.assert_close(asymmetric_target(w, hessian(xq), xq, x, 0.0, 1.0), exact,
+                               rtol=1e-3, atol=1e-3)  # fmt: skip
+    half = asymmetric_target(w, hessian(xq), xq, x, 0.01, 0.5)
     assert misfit(exact) < misfit(half) < misfit(w)
-    torch.testing.assert_close(asymmetric_target(w, x, x, 0.01, 1.0), w)
+    torch.testing.assert_close(asymmetric_target(w, hessian(x), x, x, 0.01, 1.0), w)

@@ -27,8 +27,8 @@ from ironlm.quantization.rtn import int4_params
 
 BLOCK = 128
 # default strength of the asymmetric calibration: on SmolLM2 (group 64, sym) 0.25 and 0.5 gave
-# +10.6% / +10.1-10.8% perplexity, 1.0 (the exact fit to 3300 calibration tokens) +13.4-14.1%,
-# 0 (plain GPTQ) +16.3% (docs/quantization.md)
+# +10.6-12.2% / +10.1-10.8% perplexity, 1.0 (the exact fit to 3300 calibration tokens)
+# +13.4-14.1%, 0 (plain GPTQ) +16.3% (docs/quantization.md)
 V2_ALPHA = 0.25
 
 
@@ -48,20 +48,21 @@ def hessian(x: torch.Tensor) -> torch.Tensor:
 
 
 def asymmetric_target(
-    weight: torch.Tensor, x_quant: torch.Tensor, x_float: torch.Tensor, damp: float,
-    alpha: float,
+    weight: torch.Tensor, h: torch.Tensor, x_quant: torch.Tensor, x_float: torch.Tensor,
+    damp: float, alpha: float,
 ) -> torch.Tensor:
     """GPTQ v2's asymmetric calibration (Li et al., 2025): the (N, K) weight whose outputs on
     the quantized model's inputs X~ (T, K) come closest to the float model's outputs W X, so
-    GPTQ also undoes the error the layers before it left in X~. Least squares:
-    W* = W + alpha * W D (X~^T X~ + lambda I)^-1 with D = (X - X~)^T X~; alpha 1 is the exact
+    GPTQ also undoes the error the layers before it left in X~. ``h`` is X~'s Hessian
+    (``hessian(x_quant)``, 2 X~^T X~ / T). Least squares:
+    W* = W + alpha * W D (H + lambda I)^-1 with D = 2 (X - X~)^T X~ / T; alpha 1 is the exact
     minimizer, 0 plain GPTQ (equal inputs give W back). Since X - X~ is orthogonal to W* X~'s
     residual, GPTQ on W* with X~'s Hessian minimizes ||Q X~ - W X|| as a whole."""
     xq, xf = x_quant.float(), x_float.float()
-    h = xq.t() @ xq  # (K, K)
-    h += damp * torch.mean(torch.diag(h)).clamp(min=1e-8) * torch.eye(h.shape[0])
-    wd = weight.float() @ ((xf - xq).t() @ xq)  # (N, K) W D
-    return weight.float() + alpha * torch.linalg.solve(h, wd.t()).t()  # h symmetric
+    hd = h + damp * torch.mean(torch.diag(h)).clamp(min=1e-8) * torch.eye(h.shape[0])
+    d = 2.0 * (xf - xq).t() @ xq / max(1, xq.shape[0])  # (K, K), scaled as h
+    wd = weight.float() @ d  # (N, K) W D
+    return weight.float() + alpha * torch.linalg.solve(hd, wd.t()).t()  # hd symmetric
 
 
 def gptq_quantize(

@@ -260,12 +260,12 @@ def _gptq_layer(layer, x, data, plan, opts) -> LayerResult:  # type: ignore[no-u
         # linears reading the same input share H (and so the act-order permutation): one
         # stacked solve, split by rows afterwards
         weights = [layer.weight(n) for n in names]
-        target = torch.cat(weights)
-        if v2:
-            target = asymmetric_target(target, inputs, float_inputs, opts.damp, alpha)
+        target, h = torch.cat(weights), hessian(inputs)
+        if float_inputs is not None:
+            target = asymmetric_target(target, h, inputs, float_inputs, opts.damp, alpha)
         shards = opts.tp_size if names[0] in ROW_PARALLEL else 1
-        res = gptq_quantize(target, hessian(inputs), plan.group_size, plan.zero_points,
-                            opts.damp, opts.desc_act, shards, opts.mse)  # fmt: skip
+        res = gptq_quantize(target, h, plan.group_size, plan.zero_points, opts.damp,
+                            opts.desc_act, shards, opts.mse)  # fmt: skip
         start = 0
         for n, w in zip(names, weights):
             rows = slice(start, start + w.shape[0])
@@ -276,7 +276,8 @@ def _gptq_layer(layer, x, data, plan, opts) -> LayerResult:  # type: ignore[no-u
 
     # each float-path stage runs before the linears it reads are replaced by their quantized
     # values
-    h, hf = layer.attn_input(xq), layer.attn_input(xf)
+    h = layer.attn_input(xq)
+    hf = layer.attn_input(xf) if v2 else None
     of = layer.attention(hf, data.lengths) if v2 else None
     run(ATTN_QKV, h, hf)
     o_in = layer.attention(h, data.lengths)
