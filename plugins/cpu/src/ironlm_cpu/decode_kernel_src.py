@@ -2,6 +2,8 @@
 calls it): per (sequence, KV-head range) work item, scores block by block from the paged cache,
 a vectorised softmax, and the weighted values; float32 and bf16 caches."""
 
+from ironlm_cpu.decode_bf16_src import BF16_ATTEND_SOURCE
+
 SOURCE = r"""
 #include <math.h>
 #include <stdint.h>
@@ -249,6 +251,7 @@ static void attend##SFX(const job_t *j, int s, int hk0, int hk1, const float *q,
 }
 ATTEND(_f32, float)
 ATTEND(_bf16, uint16_t)
+""" + BF16_ATTEND_SOURCE + r"""
 
 /* One work item: the float32 query row (a bf16 one widened into qbuf), attention, and the
    output heads [g0, g1) stored in the output's dtype (bf16 rounded to nearest even). */
@@ -264,11 +267,18 @@ static void item(const job_t *j, int bf16, int s, int hk0, int hk1, float *score
         return;
     }
     const uint16_t *q = (const uint16_t *)j->q + row0;
-    for (int64_t e = (int64_t)g0 * d; e < (int64_t)g1 * d; e++) {
-        union { uint32_t u; float f; } v = {(uint32_t)q[e] << 16};
-        qbuf[e] = v.f;
+#ifdef HAVE_ATTEND_512
+    if (d % 64 == 0 && d <= 256) /* vdpbf16ps on the bf16 rows (decode_bf16_src) */
+        attend_512(j, s, hk0, hk1, q, scores, a, buf);
+    else
+#endif
+    {
+        for (int64_t e = (int64_t)g0 * d; e < (int64_t)g1 * d; e++) {
+            union { uint32_t u; float f; } v = {(uint32_t)q[e] << 16};
+            qbuf[e] = v.f;
+        }
+        attend_bf16(j, s, hk0, hk1, qbuf, scores, acc, buf);
     }
-    attend_bf16(j, s, hk0, hk1, qbuf, scores, acc, buf);
     uint16_t *o = (uint16_t *)j->out + row0;
     for (int64_t e = (int64_t)g0 * d; e < (int64_t)g1 * d; e++) o[e] = f32_bf16(a[e]);
 }
