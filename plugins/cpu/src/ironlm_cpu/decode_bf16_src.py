@@ -116,6 +116,8 @@ static void attend_512(const job_t *j, int s, int hk0, int hk1, const uint16_t *
         const int64_t p0 = blk * bs > start ? blk * bs : start;
         const int64_t p1 = (blk + 1) * bs < len ? (blk + 1) * bs : len;
         const uint16_t *k = kc + ((int64_t)table[blk] * bs + (p0 - blk * bs)) * row;
+        if ((blk - start / bs) % touch_every(bs) == 0)
+            touch_blocks(j, kc, 2, s, blk, hk0, hk1);
         for (int g = g0; g < g1; g++) {
             const uint16_t *kg = k + (g / gq) * d;
             float *out = scores + g * ml + (p0 - start);
@@ -130,6 +132,8 @@ static void attend_512(const job_t *j, int s, int hk0, int hk1, const uint16_t *
         const int64_t p0 = blk * bs > start ? blk * bs : start;
         const int64_t p1 = (blk + 1) * bs < len ? (blk + 1) * bs : len;
         const uint16_t *v = vc + ((int64_t)table[blk] * bs + (p0 - blk * bs)) * row;
+        if ((blk - start / bs) % touch_every(bs) == 0)
+            touch_blocks(j, vc, 2, s, blk, hk0, hk1);
         for (int hk = hk0; hk < hk1; hk++) {
             stage_512(v + hk * d, row, p1 - p0, d, buf);
             for (int g = hk * gq; g < (hk + 1) * gq; g++)

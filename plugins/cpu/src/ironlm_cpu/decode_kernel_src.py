@@ -202,6 +202,30 @@ static void softmax(float *sg, int64_t n, float cap) {
     for (p = 0; p < n; p++) sg[p] *= inv;
 }
 
+/* Load one byte of every cache line of KV heads [hk0, hk1)'s rows in the sequence's blocks
+   [blk0, blk0 + TOUCH_TOKENS / bs) before they are computed on: a sequence's blocks are
+   scattered over the cache, the hardware prefetchers stop at each (4 KiB page) boundary, and
+   the dot loops keep too few misses in flight; these independent loads keep many. 64 x 128
+   tokens in 30 layers' caches (cold): bf16 576 -> 348 us per layer; software prefetch
+   instructions for the next block gave nothing here. The chunk (128 tokens: 96 KiB for 3
+   float32 heads of 64, K or V) stays in L2 until used. */
+#define TOUCH_TOKENS 128
+static inline int64_t touch_every(int bs) { return TOUCH_TOKENS / bs > 0 ? TOUCH_TOKENS / bs : 1; }
+static inline void touch_blocks(const job_t *j, const void *cache, size_t esize, int s,
+                                int64_t blk0, int hk0, int hk1) {
+    const int64_t len = j->lens[s], row = (int64_t)j->h_kv * j->d;
+    const int64_t span = (int64_t)(hk1 - hk0) * j->d * esize;
+    unsigned sum = 0;
+    for (int64_t blk = blk0; blk < blk0 + touch_every(j->bs) && blk * j->bs < len; blk++) {
+        const int64_t cnt = len - blk * j->bs < j->bs ? len - blk * j->bs : j->bs;
+        const char *base = (const char *)cache +
+            ((int64_t)j->tables[s * j->table_stride + blk] * j->bs * row + hk0 * j->d) * esize;
+        for (int64_t c = 0; c < cnt; c++)
+            for (int64_t b = 0; b < span; b += 64) sum += (unsigned char)base[c * row * esize + b];
+    }
+    __asm__ volatile("" : : "r"(sum)); /* the loads are the point: keep them */
+}
+
 /* One sequence, KV heads [hk0, hk1), cache elements of type T: scores, softmax, weighted
    values into acc (float32). q is the sequence's (h, d) float32 query row; buf holds one
    block's rows of one KV head (bs x d floats) when T is bf16. */
@@ -220,6 +244,8 @@ static void attend##SFX(const job_t *j, int s, int hk0, int hk1, const float *q,
         const int64_t p0 = blk * bs > start ? blk * bs : start;                              \
         const int64_t p1 = (blk + 1) * bs < len ? (blk + 1) * bs : len;                      \
         const T *k = kc + ((int64_t)table[blk] * bs + (p0 - blk * bs)) * row;                \
+        if ((blk - start / bs) % touch_every(bs) == 0)                                      \
+            touch_blocks(j, kc, sizeof(T), s, blk, hk0, hk1);                                \
         for (int hk = hk0; hk < hk1; hk++) {                                                 \
             const float *kg = stage##SFX(k + hk * d, row, p1 - p0, d, buf, &st);             \
             for (int g = hk * gq; g < (hk + 1) * gq; g++) {                                  \
@@ -238,6 +264,8 @@ static void attend##SFX(const job_t *j, int s, int hk0, int hk1, const float *q,
         const int64_t p0 = blk * bs > start ? blk * bs : start;                              \
         const int64_t p1 = (blk + 1) * bs < len ? (blk + 1) * bs : len;                      \
         const T *v = vc + ((int64_t)table[blk] * bs + (p0 - blk * bs)) * row;                \
+        if ((blk - start / bs) % touch_every(bs) == 0)                                      \
+            touch_blocks(j, vc, sizeof(T), s, blk, hk0, hk1);                                \
         for (int hk = hk0; hk < hk1; hk++) {                                                 \
             const float *vg = stage##SFX(v + hk * d, row, p1 - p0, d, buf, &st);             \
             for (int g = hk * gq; g < (hk + 1) * gq; g++) {                                  \
