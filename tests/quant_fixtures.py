@@ -21,6 +21,7 @@ WINDOW = 1024  # perplexity windows (each scored on its own)
 # name -> the tool's options (everything else unquantized in float32, like the reference)
 VARIANTS: dict[str, QuantizeOptions] = {
     "weight_only_int8": QuantizeOptions("weight_only_int8"),
+    "int8_lm_head": QuantizeOptions("weight_only_int8", lm_head=True),  # + the tied LM head
     "smooth_quant": QuantizeOptions("smooth_quant", alpha=0.5),
     "fp8": QuantizeOptions("fp8"),
     "awq": QuantizeOptions("awq", group_size=GROUP),

@@ -14,7 +14,7 @@ from quant_fixtures import GROUP, perplexity
 
 pytestmark = pytest.mark.real_model
 
-ROWS = ("weight_only_int8", "smooth_quant", "fp8", "awq", "gptq", "rtn_int4_sym",
+ROWS = ("weight_only_int8", "int8_lm_head", "smooth_quant", "fp8", "awq", "gptq", "rtn_int4_sym",
         "rtn_int4_asym")  # fmt: skip
 
 
@@ -37,6 +37,8 @@ def _ratio(table: dict[str, float], name: str) -> float:
 
 def test_int8_within_2_percent(table: dict[str, float]) -> None:
     assert _ratio(table, "weight_only_int8") <= 1.02
+    # --quantize-lm-head: the tied embedding / LM head table in int8 as well
+    assert _ratio(table, "int8_lm_head") <= 1.02
 
 
 def test_w8a8_smoothquant_within_5_percent(table: dict[str, float]) -> None:

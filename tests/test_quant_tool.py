@@ -126,6 +126,8 @@ def test_bad_input_fails_clearly_and_never_half_writes(
         (["--quant-type", "gptq", "--mse", "-1"], "--mse must be 0 (off) or a positive norm"),
         (["--quant-type", "gptq", "--v2-alpha", "2"], "--v2-alpha must be in [0, 1], got 2.0"),
         (["--quant-type", "awq", "--v2-alpha", "0.5"], "--v2-alpha is a GPTQ option"),
+        (["--quant-type", "fp8", "--quantize-lm-head"],
+         "--quantize-lm-head is a weight_only_int8 option"),
     ]
     for flags, message in cases:
         assert _quantize(tiny_llama_dir, out, *flags) == 2
@@ -143,6 +145,43 @@ def test_bad_input_fails_clearly_and_never_half_writes(
     assert "already exists" in capsys.readouterr().err
     assert _quantize(out, tmp_path / "again", "--quant-type", "fp8") == 2
     assert "already quantized (quant_method 'fp8')" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_quantize_lm_head_writes_an_int8_table_that_loads(
+    tiny_llama_dir: Path, tmp_path: Path, tied: bool
+) -> None:
+    """--quantize-lm-head: the LM head's matrix (the embedding's when tied) as int8 rows with a
+    scale per row and ``lm_head`` in the config; the model loads the table quantized (lookups
+    and logits from the int8 rows) and its logits stay within int8's error of the float ones."""
+    src = tiny_llama_dir
+    if not tied:  # a separate head: the embedding must stay float
+        tensors = float_tensors(tiny_llama_dir)
+        gen = torch.Generator().manual_seed(5)
+        emb = tensors["model.embed_tokens.weight"]
+        tensors["lm_head.weight"] = emb + 0.02 * torch.randn(emb.shape, generator=gen)
+        src = write_variant(tiny_llama_dir, tmp_path / "untied", tensors, None)
+        config = json.loads((src / "config.json").read_text())
+        (src / "config.json").write_text(json.dumps(dict(config, tie_word_embeddings=False)))
+    out, plain = tmp_path / "out", tmp_path / "plain"
+    assert _quantize(src, out, "--quant-type", "weight_only_int8", "--quantize-lm-head") == 0
+    assert _quantize(src, plain, "--quant-type", "weight_only_int8") == 0
+    config = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert config == {"quant_method": "weight_only_int8", "bits": 8, "lm_head": True}
+    written = load_file(str(out / "model.safetensors"))
+    head = "model.embed_tokens" if tied else "lm_head"
+    vocab = written[f"{head}.weight"].shape[0]
+    assert written[f"{head}.weight"].dtype == torch.int8
+    assert written[f"{head}.weight_scale"].shape == (vocab,)
+    if not tied:
+        assert written["model.embed_tokens.weight"].dtype == torch.float32
+    model = load(out)
+    assert model.lm_head.quant_layout is not None and model.lm_head.quant_layout.kind == "int8"
+    embedding_layout = model.model.embed_tokens.quant_layout
+    assert (embedding_layout is not None) == tied
+    want, got = our_logits(src, IDS_TINY), our_logits(out, IDS_TINY)
+    assert (got - want).norm() / want.norm() < 0.02
+    assert not torch.equal(got, our_logits(plain, IDS_TINY))  # the head's rounding shows
 
 
 def test_tensor_parallel_size_makes_groups_whole_per_rank(tiny_llama_dir: Path,

@@ -67,6 +67,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="GPTQ v2 asymmetric calibration: move each linear's target toward the "
                    "float model's outputs on the quantized model's inputs, strength in [0, 1] "
                    "(default 0.25; 1: the least-squares fit; 0: plain GPTQ)")
+    p.add_argument("--quantize-lm-head", action="store_true",
+                   help="weight_only_int8: quantize the LM head too (per vocabulary row; a tied "
+                   "embedding shares it), as GPTQ configs' lm_head and llama.cpp's Q8_0 files "
+                   "do; default: the LM head stays in -t's dtype, as vLLM's weight-only "
+                   "methods leave it")  # fmt: skip
     p.add_argument("--calib-tokens", type=int, default=4096,
                    help="calibration tokens at most (default 4096)")
     p.add_argument("--calib-seq-len", dest="seq_len", type=int, default=512,
@@ -90,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
         damp=args.damp,
         mse=args.mse,
         v2_alpha=args.v2_alpha,
+        lm_head=args.quantize_lm_head,
         calib_tokens=args.calib_tokens,
         seq_len=args.seq_len,
     )

@@ -6,11 +6,14 @@ slice (zeros elsewhere) and all-reduces; the LM head computes its slice of the l
 all-gathers them. With tp_size 1 both are the plain operations. Tied embeddings share one
 parameter between the two.
 
-Quantized tables (a GGUF file's token embedding, and its tied or separate output matrix, in a
-kept block type): the checkpoint announces ``qweight_type`` (0-dim GGMLQuantizationType), then
-``weight`` arrives as uint8 block rows (vocab, row bytes), which replace the float storage of the
-same parameter (so a tied head shares them). Lookups then go through the platform's
-``quantized_embedding`` and the head through ``quantized_linear`` on one packed copy.
+Quantized tables replace the float storage of the same parameter (so a tied head shares them):
+- a GGUF file's token embedding and its tied or separate output matrix, in a kept block type:
+  the checkpoint announces ``qweight_type`` (0-dim GGMLQuantizationType), then ``weight``
+  arrives as uint8 block rows (vocab, row bytes);
+- an int8 table (``ironlm quantize --quant-type weight_only_int8 --quantize-lm-head``):
+  ``weight`` int8 (vocab, hidden) and ``weight_scale`` (vocab,) float32, W = weight * scale.
+Lookups then go through the platform's ``quantized_embedding`` and the head through
+``quantized_linear`` on one packed copy.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from ironlm.interfaces.model import ModelContext
-from ironlm.interfaces.quant import GGUF, QuantLayout
+from ironlm.interfaces.quant import GGUF, INT8, QuantLayout
 from ironlm.layers.linear import divide
 
 
@@ -40,6 +43,7 @@ class VocabParallelEmbedding(torch.nn.Module):
         self.quant_layout: QuantLayout | None = None  # set when the table arrives quantized
         self.quant_packed: dict[str, torch.Tensor] | None = None  # pack_quantized's result
         self._pending_type: int | None = None  # qweight_type announced for the next weight
+        self.weight_scale: torch.Tensor | None = None  # (rows_per_rank,) of an int8 table
         if allocate:
             self.weight = torch.nn.Parameter(
                 torch.empty(self.rows_per_rank, hidden_size, dtype=ctx.dtype), requires_grad=False
@@ -64,13 +68,21 @@ class VocabParallelEmbedding(torch.nn.Module):
     def load_weight(
         self, name: str, loaded: torch.Tensor, shard_id: str | int | None = None
     ) -> None:
-        if shard_id is not None or name not in ("weight", "qweight_type"):
+        if shard_id is not None or name not in ("weight", "qweight_type", "weight_scale"):
             raise ValueError(f"{type(self).__name__} has only 'weight'; got {name!r}")
         if name == "qweight_type":
             self._pending_type = int(loaded.reshape(()).item())
             return
-        quantized = loaded.dtype == torch.uint8
-        if quantized and self._pending_type is None:
+        if name == "weight_scale":  # an int8 table's per-row scales
+            if loaded.shape != (self.vocab_size,):
+                raise ValueError(
+                    f"embedding: weight_scale shape {tuple(loaded.shape)} != ({self.vocab_size},)"
+                )
+            self.weight_scale = loaded[self.vocab_start : self.vocab_start + self.rows_per_rank]
+            self.weight_scale = self.weight_scale.float().contiguous()
+            return
+        quantized = loaded.dtype in (torch.uint8, torch.int8)
+        if loaded.dtype == torch.uint8 and self._pending_type is None:
             raise ValueError(f"{type(self).__name__}: uint8 rows came without a qweight_type")
         if loaded.shape[0] != self.vocab_size or (
             not quantized and loaded.shape != (self.vocab_size, self.hidden_size)
@@ -82,9 +94,12 @@ class VocabParallelEmbedding(torch.nn.Module):
         rows = loaded[self.vocab_start : self.vocab_start + self.rows_per_rank]
         with torch.no_grad():
             if quantized:
-                # the same parameter, now this rank's block rows
+                # the same parameter, now this rank's block (GGUF) or int8 rows
                 self.weight.data = rows.contiguous().to(self.weight.device)
-                self.quant_layout = QuantLayout(GGUF, ggml_type=self._pending_type)
+                self.quant_layout = (
+                    QuantLayout(INT8) if loaded.dtype == torch.int8
+                    else QuantLayout(GGUF, ggml_type=self._pending_type)
+                )  # fmt: skip
                 self._pending_type = None
                 return
             self.weight.copy_(rows)
@@ -94,7 +109,12 @@ class VocabParallelEmbedding(torch.nn.Module):
         up as loaded)."""
         if self.quant_layout is not None:
             rows = self.weight.data
-            self.quant_packed = self.layer_ops.pack_quantized(self.quant_layout, {"qweight": rows})
+            tensors = {"qweight": rows}
+            if self.quant_layout.kind == INT8:
+                if self.weight_scale is None:
+                    raise ValueError(f"{type(self).__name__}: int8 rows came without weight_scale")
+                tensors["scale"] = self.weight_scale.to(rows.device)
+            self.quant_packed = self.layer_ops.pack_quantized(self.quant_layout, tensors)
             # the packed copy is the table now (the parameter stays, empty, for tying)
             self.weight.data = rows.new_empty(0)
 

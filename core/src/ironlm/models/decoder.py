@@ -137,15 +137,17 @@ class StageCausalLM(ModelArchitecture):
         m = self.model
         own_head = self.lm_head is not None and not self.lm_head.tied
         for name, tensor in weights:
+            table = name in (EMBED_NAME, LM_HEAD_NAME)
+            scale = name in (EMBED_NAME + "_scale", LM_HEAD_NAME + "_scale")  # int8 tables
             if name.startswith("model.layers."):
                 if int(name.split(".")[2]) not in m.stage:
                     continue
-            elif name == EMBED_NAME:
+            elif (table or scale) and name.startswith("model."):  # the embedding's
                 if self.tie_word_embeddings and own_head:  # the last stage's copy of it
-                    yield LM_HEAD_NAME, tensor
+                    yield LM_HEAD_NAME + ("_scale" if scale else ""), tensor
                 if not m.is_first:
                     continue
-            elif name == LM_HEAD_NAME:
+            elif table or scale:  # the LM head's own
                 # tied checkpoints sometimes carry a copy of the embedding as lm_head
                 if not own_head or self.tie_word_embeddings:
                     continue

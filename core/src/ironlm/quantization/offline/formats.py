@@ -59,13 +59,16 @@ def gptq_tensors(
 
 def quantization_config(
     quant_type: str, group_size: int | None, zero_points: bool, alpha: float, desc_act: bool,
-    damp: float,
+    damp: float, lm_head: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
-    """The ``quantization_config`` entry of config.json."""
+    """The ``quantization_config`` entry of config.json (``lm_head``: GPTQ's key, for an int8
+    LM head)."""
     if quant_type in ("weight_only_int8", "smooth_quant"):
         config: dict[str, Any] = {"quant_method": quant_type, "bits": 8}
         if quant_type == "smooth_quant":
             config["smoothquant_alpha"] = alpha
+        if lm_head:
+            config["lm_head"] = True
         return config
     if quant_type == "fp8":
         return {"quant_method": "fp8", "activation_scheme": "dynamic"}

@@ -4,7 +4,8 @@ Each decoder layer's float tensors are read, quantized by the chosen algorithm (
 calibration activations where it needs them) and written; the activations then move on to the
 next layer. Memory holds one layer's weights and the calibration activations, which are
 bounded by ``calib_tokens``. Everything that is not a decoder linear (embeddings, norms, biases,
-LM head) is written in ``dtype``.
+LM head) is written in ``dtype``; with ``lm_head`` (weight_only_int8) the LM head's table, the
+embedding's when they are tied, is written as int8 rows with per-row scales.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ class QuantizeOptions:
     damp: float = 0.05  # GPTQ damping (fraction of the mean Hessian diagonal; GPTQModel's)
     mse: float = 2.4  # GPTQ: norm of the per-group clipping search (0: full range)
     v2_alpha: float | None = None  # GPTQ v2 asymmetric calibration (None: V2_ALPHA; 0: off)
+    lm_head: bool = False  # weight_only_int8: the LM head (tied: the embedding table) in int8
     calib_tokens: int = calib.DEFAULT_MAX_TOKENS
     seq_len: int = calib.DEFAULT_SEQ_LEN
     search_tokens: int = 512  # AWQ: tokens the scale-search and clip losses run on
@@ -130,13 +132,17 @@ def quantize_model(src: Path, out: Path, opts: QuantizeOptions) -> Path:
                 prefix + n: t.to(dtype) for n, t in layer.t.items()
                 if n.rpartition(".")[0] not in LINEARS or n.endswith(".bias")
             })  # fmt: skip
+        head = _lm_head_table(reader, hf_config) if opts.lm_head else None
         writer.add({
-            n: reader.get(n).to(dtype) for n in reader.names() if not n.startswith("model.layers.")
+            n: reader.get(n).to(dtype) for n in reader.names()
+            if not n.startswith("model.layers.") and n != head
         })  # fmt: skip
+        if head is not None:  # int8 rows (vocab, hidden), a float32 scale per row
+            writer.add(int8_tensors(head.removesuffix(".weight"), reader.get(head)))
         writer.finish()
         raw_config["quantization_config"] = quantization_config(
             opts.quant_type, plan.group_size, plan.zero_points, opts.alpha, opts.desc_act,
-            opts.damp,
+            opts.damp, opts.lm_head,
         )  # fmt: skip
         raw_config["dtype"] = str(dtype).removeprefix("torch.")
         raw_config.pop("torch_dtype", None)
@@ -167,6 +173,10 @@ def _plan(hf_config: object, opts: QuantizeOptions) -> _Plan:
         raise ValueError(f"--v2-alpha must be in [0, 1], got {opts.v2_alpha}")
     if opts.v2_alpha is not None and opts.quant_type != "gptq":
         raise ValueError(f"--v2-alpha is a GPTQ option; --quant-type is {opts.quant_type}")
+    if opts.lm_head and opts.quant_type != "weight_only_int8":
+        raise ValueError(
+            f"--quantize-lm-head is a weight_only_int8 option; --quant-type is {opts.quant_type}"
+        )
     zero_points = opts.zero_points if opts.zero_points is not None else opts.quant_type == "awq"
     if opts.quant_type == "awq" and not zero_points:
         raise ValueError("AWQ checkpoints (AutoAWQ GEMM) carry zero points; drop --sym")
@@ -186,6 +196,15 @@ def _plan(hf_config: object, opts: QuantizeOptions) -> _Plan:
                 f"layer's input at -tp {tp} (input features per rank: {features})"
             )
     return _Plan(shape, group, zero_points)
+
+
+def _lm_head_table(reader: FloatCheckpoint, hf_config: object) -> str:
+    """The checkpoint name of the LM head's matrix: the embedding's when they are tied."""
+    tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+    name = "model.embed_tokens.weight" if tied else "lm_head.weight"
+    if name not in reader.names():
+        raise ValueError(f"--quantize-lm-head: the checkpoint lacks {name}")
+    return name
 
 
 def _calibration(src: Path, hf_config: object, opts: QuantizeOptions) -> calib.Calibration:
