@@ -25,7 +25,7 @@ from ironlm_cpu.layer_ops import CpuLayerOps
 from ironlm_cpu.quant_kernels import SIGNATURES, QuantKernels, quant_source
 from ironlm_cpu.quant_packing import features, kernel_format, packed_format
 
-ROWS = [1, 3, 7, 64]
+ROWS = [1, 3, 7, 64, 45]
 GGML = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
 
 
@@ -90,6 +90,7 @@ def emulate_q8(x: torch.Tensor, block: int) -> torch.Tensor:
 # kernels; w8a8 pads n to 8-row panels; k not a multiple of 8 / 32 (panels: 4) exercises the
 # tails
 FLOAT_CASES = [("int8", 37, 100), ("int8", 48, 100), ("int8", 32, 102), ("fp8", 48, 98), ("w8a8", 37, 100), ("w8a8", 16, 576),
+               ("w8a8", 96, 68),  # n % 32 == 0: AVX-512 VNNI's 8-row x 4-panel batch tile
                ("w8a8", 19, 30), ("fp8", 37, 100), ("fp8", 32, 72), ("fp8-tensor", 19, 72),
                ("int4-g32", 37, 96), ("int4-g32", 64, 96), ("int4-g64-sym", 21, 192),
                ("int4-g64-sym", 16, 128), ("int4-g128", 37, 256)]  # fmt: skip

@@ -137,6 +137,60 @@ static void w8a8_tile(const qweight *w, const qact *a, int64_t p, int t, int m1,
     }
 }
 
+#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+/* AVX-512 VNNI batch tile: 8 activation rows x 4 panels (32 outputs). Panels p, p + 1 (and
+   p + 2, p + 3) share one zmm per quad (two 32-byte loads), so each broadcast quad of an
+   activation row feeds two 512-bit vpdpbusd: 16 accumulators, 4x the multiply-adds per
+   instruction of the 256-bit tile above (which ran batch 64 at the float32 tile's speed). The
+   rescale is the reference's arithmetic on 8 doubles at a time: (double)dot * sx * scale, then
+   float, then + bias, so results equal the reference's bit for bit. Needs n % 32 == 0. */
+#define W8_RT 8
+static void w8a8_tile512(const qweight *w, const qact *a, int64_t p, int t, const float *bias,
+                         float *y) {
+    const int k = w->k, quads = k / 4, n = w->n;
+    const int64_t ps = (int64_t)k * 8, ld = a->ldq;
+    const int8_t *wp = (const int8_t *)w->w0 + p * ps;
+    const uint8_t *xu = a->xu + (int64_t)t * ld;
+    __m512i acc[W8_RT][2];
+    for (int i = 0; i < W8_RT; i++) acc[i][0] = acc[i][1] = _mm512_setzero_si512();
+    for (int g = 0; g < quads; g++) {
+        const __m512i wa = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(wp + 32 * g))),
+            _mm256_loadu_si256((const __m256i *)(wp + ps + 32 * g)), 1);
+        const __m512i wb = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(wp + 2 * ps + 32 * g))),
+            _mm256_loadu_si256((const __m256i *)(wp + 3 * ps + 32 * g)), 1);
+        UNROLL(8) for (int i = 0; i < W8_RT; i++) {
+            int32_t quad;
+            memcpy(&quad, xu + i * ld + 4 * g, 4);
+            const __m512i xb = _mm512_set1_epi32(quad);
+            acc[i][0] = _mm512_dpbusd_epi32(acc[i][0], xb, wa);
+            acc[i][1] = _mm512_dpbusd_epi32(acc[i][1], xb, wb);
+        }
+    }
+    const int32_t *wsum = (const int32_t *)w->w2 + 8 * p;
+    const float *scale = (const float *)w->w1 + 8 * p;
+    for (int i = 0; i < W8_RT; i++) {
+        const __m512d sx = _mm512_set1_pd((double)a->sx[t + i]);
+        float *yr = y + (int64_t)(t + i) * n + 8 * p;
+        for (int h = 0; h < 2; h++) { /* outputs 16h .. 16h + 15 of the tile */
+            const __m512i dot = _mm512_sub_epi32(
+                acc[i][h], _mm512_slli_epi32(_mm512_loadu_si512(wsum + 16 * h), 7));
+            for (int e = 0; e < 2; e++) { /* 8 outputs at a time as doubles */
+                const int o = 16 * h + 8 * e;
+                const __m256i d8 = e ? _mm512_extracti64x4_epi64(dot, 1)
+                                     : _mm512_castsi512_si256(dot);
+                const __m512d v = _mm512_mul_pd(_mm512_mul_pd(_mm512_cvtepi32_pd(d8), sx),
+                                                _mm512_cvtps_pd(_mm256_loadu_ps(scale + o)));
+                __m256 f = _mm512_cvtpd_ps(v);
+                if (bias != NULL) f = _mm256_add_ps(f, _mm256_loadu_ps(bias + 8 * p + o));
+                _mm256_storeu_ps(yr + o, f);
+            }
+        }
+    }
+}
+#endif
+
 /* y (m, n) over (activation chunk, run of panels) work items, as drive() splits rows */
 static void drive_w8a8(const qweight *w, const qact *a, int m, const float *bias, float *y,
                        int threads) {
@@ -157,7 +211,12 @@ static void drive_w8a8(const qweight *w, const qact *a, int m, const float *bias
                 for (int p = p0; p < p1; p++)
                     for (int t = m0; t < m1; t += MRP) w8a8_tile(w, a, p, t, m1, bias, y);
             } else { /* prefill: for every block of activation rows, the run's panels (in L1) */
-                for (int t = m0; t < m1; t += MRP)
+                int t = m0;
+#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+                if (n % 32 == 0 && p1 - p0 == 4) /* whole 8-row blocks on the 512-bit tile */
+                    for (; t + W8_RT <= m1; t += W8_RT) w8a8_tile512(w, a, p0, t, bias, y);
+#endif
+                for (; t < m1; t += MRP)
                     for (int p = p0; p < p1; p++) w8a8_tile(w, a, p, t, m1, bias, y);
             }
         }
