@@ -111,13 +111,9 @@ static void attend_512(const job_t *j, int s, int hk0, int hk1, const uint16_t *
     const int64_t len = j->lens[s], row = (int64_t)j->h_kv * d;
     const int64_t start = (j->window > 0 && len > j->window) ? len - j->window : 0;
     const uint16_t *kc = (const uint16_t *)j->kc, *vc = (const uint16_t *)j->vc;
-    const int32_t *table = j->tables + s * j->table_stride;
     for (int64_t blk = start / bs; blk * bs < len; blk++) { /* pass 1: scores */
-        const int64_t p0 = blk * bs > start ? blk * bs : start;
-        const int64_t p1 = (blk + 1) * bs < len ? (blk + 1) * bs : len;
-        const uint16_t *k = kc + ((int64_t)table[blk] * bs + (p0 - blk * bs)) * row;
-        if ((blk - start / bs) % touch_every(bs) == 0)
-            touch_blocks(j, kc, 2, s, blk, hk0, hk1);
+        int64_t p0, p1;
+        const uint16_t *k = block_rows(j, kc, 2, s, blk, start, hk0, hk1, &p0, &p1);
         for (int g = g0; g < g1; g++) {
             const uint16_t *kg = k + (g / gq) * d;
             float *out = scores + g * ml + (p0 - start);
@@ -129,11 +125,8 @@ static void attend_512(const job_t *j, int s, int hk0, int hk1, const uint16_t *
     for (int g = g0; g < g1; g++) softmax(scores + g * ml, len - start, j->cap);
     memset(acc + g0 * d, 0, sizeof(float) * (size_t)(g1 - g0) * d);
     for (int64_t blk = start / bs; blk * bs < len; blk++) { /* pass 2: weighted values */
-        const int64_t p0 = blk * bs > start ? blk * bs : start;
-        const int64_t p1 = (blk + 1) * bs < len ? (blk + 1) * bs : len;
-        const uint16_t *v = vc + ((int64_t)table[blk] * bs + (p0 - blk * bs)) * row;
-        if ((blk - start / bs) % touch_every(bs) == 0)
-            touch_blocks(j, vc, 2, s, blk, hk0, hk1);
+        int64_t p0, p1;
+        const uint16_t *v = block_rows(j, vc, 2, s, blk, start, hk0, hk1, &p0, &p1);
         for (int hk = hk0; hk < hk1; hk++) {
             stage_512(v + hk * d, row, p1 - p0, d, buf);
             for (int g = hk * gq; g < (hk + 1) * gq; g++)

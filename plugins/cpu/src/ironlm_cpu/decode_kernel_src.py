@@ -226,6 +226,21 @@ static inline void touch_blocks(const job_t *j, const void *cache, size_t esize,
     __asm__ volatile("" : : "r"(sum)); /* the loads are the point: keep them */
 }
 
+/* Block blk of sequence s in `cache` (elements of esize bytes): its rows [*p0, *p1) clipped to
+   [start, len), returned as a pointer to row *p0; the next TOUCH_TOKENS are touched first when
+   blk starts a chunk. Both passes of both kernels walk the blocks through this. */
+static inline const void *block_rows(const job_t *j, const void *cache, size_t esize, int s,
+                                     int64_t blk, int64_t start, int hk0, int hk1, int64_t *p0,
+                                     int64_t *p1) {
+    const int64_t len = j->lens[s], bs = j->bs, row = (int64_t)j->h_kv * j->d;
+    *p0 = blk * bs > start ? blk * bs : start;
+    *p1 = (blk + 1) * bs < len ? (blk + 1) * bs : len;
+    if ((blk - start / bs) % touch_every(j->bs) == 0)
+        touch_blocks(j, cache, esize, s, blk, hk0, hk1);
+    const int64_t id = j->tables[s * j->table_stride + blk];
+    return (const char *)cache + ((id * bs + (*p0 - blk * bs)) * row) * (int64_t)esize;
+}
+
 /* One sequence, KV heads [hk0, hk1), cache elements of type T: scores, softmax, weighted
    values into acc (float32). q is the sequence's (h, d) float32 query row; buf holds one
    block's rows of one KV head (bs x d floats) when T is bf16. */
@@ -237,15 +252,11 @@ static void attend##SFX(const job_t *j, int s, int hk0, int hk1, const float *q,
     const int64_t len = j->lens[s], row = (int64_t)j->h_kv * d;                              \
     const int64_t start = (j->window > 0 && len > j->window) ? len - j->window : 0;          \
     const T *kc = (const T *)j->kc, *vc = (const T *)j->vc;                                  \
-    const int32_t *table = j->tables + s * j->table_stride;                                  \
     int64_t st;                                                                              \
     /* pass 1: scores[g][p - start] = scale * q_g . k_p, block by block */                   \
     for (int64_t blk = start / bs; blk * bs < len; blk++) {                                  \
-        const int64_t p0 = blk * bs > start ? blk * bs : start;                              \
-        const int64_t p1 = (blk + 1) * bs < len ? (blk + 1) * bs : len;                      \
-        const T *k = kc + ((int64_t)table[blk] * bs + (p0 - blk * bs)) * row;                \
-        if ((blk - start / bs) % touch_every(bs) == 0)                                      \
-            touch_blocks(j, kc, sizeof(T), s, blk, hk0, hk1);                                \
+        int64_t p0, p1;                                                                      \
+        const T *k = block_rows(j, kc, sizeof(T), s, blk, start, hk0, hk1, &p0, &p1);        \
         for (int hk = hk0; hk < hk1; hk++) {                                                 \
             const float *kg = stage##SFX(k + hk * d, row, p1 - p0, d, buf, &st);             \
             for (int g = hk * gq; g < (hk + 1) * gq; g++) {                                  \
@@ -261,11 +272,8 @@ static void attend##SFX(const job_t *j, int s, int hk0, int hk1, const float *q,
     /* pass 2: out_g = sum_p w[g][p] v_p, block by block */                                  \
     memset(acc + g0 * nv, 0, sizeof(float) * (size_t)(g1 - g0) * d);                         \
     for (int64_t blk = start / bs; blk * bs < len; blk++) {                                  \
-        const int64_t p0 = blk * bs > start ? blk * bs : start;                              \
-        const int64_t p1 = (blk + 1) * bs < len ? (blk + 1) * bs : len;                      \
-        const T *v = vc + ((int64_t)table[blk] * bs + (p0 - blk * bs)) * row;                \
-        if ((blk - start / bs) % touch_every(bs) == 0)                                      \
-            touch_blocks(j, vc, sizeof(T), s, blk, hk0, hk1);                                \
+        int64_t p0, p1;                                                                      \
+        const T *v = block_rows(j, vc, sizeof(T), s, blk, start, hk0, hk1, &p0, &p1);        \
         for (int hk = hk0; hk < hk1; hk++) {                                                 \
             const float *vg = stage##SFX(v + hk * d, row, p1 - p0, d, buf, &st);             \
             for (int g = hk * gq; g < (hk + 1) * gq; g++) {                                  \
