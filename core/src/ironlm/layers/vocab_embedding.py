@@ -78,8 +78,8 @@ class VocabParallelEmbedding(torch.nn.Module):
                 raise ValueError(
                     f"embedding: weight_scale shape {tuple(loaded.shape)} != ({self.vocab_size},)"
                 )
-            self.weight_scale = loaded[self.vocab_start : self.vocab_start + self.rows_per_rank]
-            self.weight_scale = self.weight_scale.float().contiguous()
+            rows = loaded[self.vocab_start : self.vocab_start + self.rows_per_rank]
+            self.weight_scale = rows.float().contiguous()
             return
         quantized = loaded.dtype in (torch.uint8, torch.int8)
         if loaded.dtype == torch.uint8 and self._pending_type is None:
