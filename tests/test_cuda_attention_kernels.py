@@ -162,6 +162,44 @@ def test_strided_qkv_views_of_a_fused_projection() -> None:
     check(out, ref, cache, ref_cache)
 
 
+def test_graph_metadata_covers_the_longest_context() -> None:
+    """A decode-graph batch as DecodeGraphs builds it: 4 static rows (the last one padding: slot
+    -1, seq_len 1), block tables 8 blocks wide (max_seq_len 128), host lengths left at their
+    capture-time 1s. The split count must come from max_seq_len: from the host lengths it would
+    be 1, and rows past 32 keys would lose their later partitions."""
+    from ironlm.interfaces.attention import AttentionBatch
+
+    gen = torch.Generator().manual_seed(5)
+    num_heads, num_kv_heads, head_dim, width = 4, 2, 64, 8
+    real = random_paged_batch([9, 40, 70], [1, 1, 1], BLOCK_SIZE, 12, gen, DEVICE)
+    tables = torch.zeros(4, width, dtype=torch.int32, device=DEVICE)
+    tables[:3, : real.block_tables.shape[1]] = real.block_tables
+
+    def padded(t: torch.Tensor, pad: int) -> torch.Tensor:
+        return torch.cat([t, torch.tensor([pad], dtype=t.dtype, device=DEVICE)])
+
+    static = AttentionBatch(
+        query_start_loc=torch.arange(5, dtype=torch.int32, device=DEVICE),
+        seq_lens=padded(real.seq_lens, 1), context_lens=padded(real.context_lens, 0),
+        block_tables=tables, slot_mapping=padded(real.slot_mapping, -1), block_size=BLOCK_SIZE,
+        max_query_len=1, max_seq_len=width * BLOCK_SIZE, query_lens_cpu=[1] * 4,
+        seq_lens_cpu=[1] * 4,
+    )  # fmt: skip
+    backend = TritonAttentionBackend(decode_partition_size=32)
+    meta = backend.graph_metadata(static)
+    assert meta.decode_seq_ids is None and meta.num_splits == 4
+    backend.refresh_graph_metadata(meta, static)
+    layer = AttentionLayerSpec(0, num_heads, num_kv_heads, head_dim, head_dim**-0.5)
+    cache = torch.randn(backend.kv_cache_shape(12, BLOCK_SIZE, num_kv_heads, head_dim),
+                        generator=gen).to(DEVICE)
+    ref_cache = cache.clone()
+    q = torch.randn(4, num_heads, head_dim, generator=gen).to(DEVICE)
+    k, v = (torch.randn(4, num_kv_heads, head_dim, generator=gen).to(DEVICE) for _ in range(2))
+    out = backend.forward(layer, q, k, v, cache, meta)
+    ref = ReferenceAttentionBackend().forward(layer, q[:3], k[:3], v[:3], ref_cache, real)
+    check(out[:3], ref, cache, ref_cache)  # the padding row wrote nothing
+
+
 def test_padding_slot_is_skipped_by_the_kv_write() -> None:
     from ironlm_cuda.kernels.kv_write import write_kv
 

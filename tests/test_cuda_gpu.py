@@ -169,3 +169,33 @@ def test_decode_attention_bandwidth() -> None:
     print(f"\ndecode attention: {ms * 1e3:.1f} us, {bw:.0f} GB/s = {bw / copy_bw:.0%} of the "
           f"device-to-device copy bandwidth ({copy_bw:.0f} GB/s)")
     assert bw / copy_bw > 0.2
+
+
+def test_engine_decode_graphs_match_eager(tiny_llama_dir) -> None:  # type: ignore[no-untyped-def]
+    """The engine on cuda: pure decode steps replay CUDA graphs (3 sequences padded to the
+    captured size 4, split-K partitions of 32 keys over the whole 256-token limit) and give
+    the eager engine's greedy tokens (float32; eager splits by each step's own lengths)."""
+    import gc
+
+    from ironlm import LLM, SamplingParams
+
+    prompts = ["The capital of France is", "def fib(n):", "Once upon a time"]
+    params = SamplingParams(max_tokens=48, temperature=0, ignore_eos=True)
+
+    def run(eager: bool) -> tuple[list[list[int]], str | None, list[int]]:
+        llm = LLM(str(tiny_llama_dir), device="cuda", dtype="float32", max_model_len=256,
+                  gpu_memory_utilization=0.3, enforce_eager=eager,
+                  attention_backend_options={"decode_partition_size": 32})  # fmt: skip
+        outs = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
+        graphs = llm.engine.executor.worker.runner.graphs
+        state = (None if graphs is None else graphs.disabled, [] if graphs is None else sorted(graphs.graphs))
+        del llm, graphs
+        gc.collect()
+        torch.cuda.empty_cache()
+        return outs, *state
+
+    want, _, eager_sizes = run(True)
+    got, disabled, sizes = run(False)
+    assert eager_sizes == []
+    assert disabled is None and 4 in sizes
+    assert got == want

@@ -50,8 +50,8 @@ def attend(
     scores = torch.einsum("qhd,khd->hqk", q.float(), k) * layer.scale  # (H, q_len, seq_len)
     if layer.logits_soft_cap is not None:
         scores = layer.logits_soft_cap * torch.tanh(scores / layer.logits_soft_cap)
-    q_pos = torch.arange(seq_len - q_len, seq_len).unsqueeze(1)  # (q_len, 1)
-    k_pos = torch.arange(seq_len).unsqueeze(0)  # (1, seq_len)
+    q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device).unsqueeze(1)  # (q_len, 1)
+    k_pos = torch.arange(seq_len, device=q.device).unsqueeze(0)  # (1, seq_len)
     allowed = k_pos <= q_pos
     if layer.sliding_window is not None:
         allowed = allowed & (q_pos - k_pos < layer.sliding_window)

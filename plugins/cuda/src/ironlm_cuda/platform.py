@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import os
 from typing import ClassVar
 
 import torch
 
+from ironlm.interfaces.graphs import GraphCapture
+from ironlm.interfaces.model import ModelContext
 from ironlm.interfaces.platform import Availability, LayerOps, Platform
+
+
+def triton_installed() -> Availability:
+    """Whether triton is installed, found without importing it: listing plugins (``ironlm
+    plugins``, start-up) must not pay for triton's import, which the kernels do lazily."""
+    if importlib.util.find_spec("triton") is None:
+        return Availability.no("triton is not installed (pip install triton)")
+    return Availability.yes(f"triton {importlib.metadata.version('triton')}")
 
 
 class CudaPlatform(Platform):
@@ -22,8 +34,7 @@ class CudaPlatform(Platform):
     )
     default_attention_backend: ClassVar[str] = "triton"
     visible_devices_env: ClassVar[str | None] = "CUDA_VISIBLE_DEVICES"
-    # CUDA graphs (graph_capture) are not written yet: they need a GPU to be tested (issue #9)
-    supports_graph_capture: ClassVar[bool] = False
+    supports_graph_capture: ClassVar[bool] = True
     ray_device_key: ClassVar[str] = "GPU"
 
     def is_available(self) -> Availability:
@@ -36,10 +47,9 @@ class CudaPlatform(Platform):
             visible = os.environ.get(self.visible_devices_env or "", None)
             mask = f" ({self.visible_devices_env}={visible!r})" if visible is not None else ""
             return Availability.no(f"torch.cuda.is_available() is False: no CUDA device{mask}")
-        try:
-            import triton  # noqa: F401
-        except ImportError as exc:
-            return Availability.no(f"triton is not importable: {exc}")
+        triton = triton_installed()
+        if not triton.available:
+            return triton
         n = torch.cuda.device_count()
         return Availability.yes(f"{n} x {torch.cuda.get_device_name(0)}")
 
@@ -65,3 +75,14 @@ class CudaPlatform(Platform):
         from ironlm_cuda.triton_layer_ops import TritonLayerOps
 
         return TritonLayerOps()
+
+    def graph_capture(self, ctx: ModelContext) -> GraphCapture | None:
+        """CUDA graphs for decode steps when one process holds the whole model with the triton
+        attention backend (the one with graph metadata); tensor- and pipeline-parallel ranks
+        run eagerly (their collectives are not captured)."""
+        from ironlm_cuda.graphs import CudaGraphCapture
+        from ironlm_cuda.triton_attention import TritonAttentionBackend
+
+        if ctx.tp_size > 1 or ctx.pp_size > 1 or not isinstance(ctx.attention, TritonAttentionBackend):
+            return None
+        return CudaGraphCapture()

@@ -15,6 +15,7 @@ import torch
 
 from ironlm.interfaces.attention import AttentionBackend, AttentionBatch, AttentionLayerSpec
 from ironlm.interfaces.platform import Availability
+from ironlm_cuda.platform import triton_installed
 from ironlm_cuda.triton_attention_metadata import TritonAttentionMetadata, build_triton_metadata
 
 # kv_cache_dtype option -> cache dtype (None: the model's dtype)
@@ -88,11 +89,7 @@ class TritonAttentionBackend(AttentionBackend):
             return Availability.no(
                 "torch.cuda.is_available() is False: the triton attention backend needs a CUDA GPU"
             )
-        try:
-            import triton
-        except ImportError as exc:
-            return Availability.no(f"triton is not importable: {exc}")
-        return Availability.yes(f"triton {triton.__version__}")
+        return triton_installed()
 
     # -- KV cache ----------------------------------------------------------------------------
     def cache_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
@@ -113,6 +110,17 @@ class TritonAttentionBackend(AttentionBackend):
     # -- per step ----------------------------------------------------------------------------
     def build_metadata(self, batch: AttentionBatch) -> TritonAttentionMetadata:
         return build_triton_metadata(batch, self.decode_partition_size, self.prefill_block_m)
+
+    def graph_metadata(self, batch: AttentionBatch) -> TritonAttentionMetadata:
+        """Every row decodes (no per-step index tensor) and the split-K partitions cover
+        ``batch.max_seq_len``, the longest context there will be, so each replay launches the
+        same grid; partitions past a row's length contribute nothing."""
+        return build_triton_metadata(batch, self.decode_partition_size, self.prefill_block_m,
+                                     longest_decode=batch.max_seq_len)
+
+    def refresh_graph_metadata(self, metadata: TritonAttentionMetadata,
+                               batch: AttentionBatch) -> None:
+        """Nothing to do: the kernels read the batch's own tensors, rewritten in place."""
 
     def forward(
         self,

@@ -31,9 +31,11 @@ class TritonAttentionMetadata:
 
 
 def build_triton_metadata(
-    batch: AttentionBatch, partition_size: int, block_m: int
+    batch: AttentionBatch, partition_size: int, block_m: int, longest_decode: int | None = None
 ) -> TritonAttentionMetadata:
-    """Split ``batch`` into decode sequences and prefill query blocks (host lists -> device)."""
+    """Split ``batch`` into decode sequences and prefill query blocks (host lists -> device).
+    ``longest_decode``: the context the decode partitions must cover (None: this batch's
+    longest decode sequence; decode graphs pass the longest there will be)."""
     device = batch.seq_lens.device
     decode_ids: list[int] = []
     qblock_seq: list[int] = []
@@ -48,6 +50,8 @@ def build_triton_metadata(
                 qblock_seq.append(i)
                 qblock_start.append(first)
     partition = -(-max(partition_size, 1) // DECODE_TILE) * DECODE_TILE
+    if longest_decode is not None:
+        max_decode_len = longest_decode
     num_splits = max(1, -(-max_decode_len // partition))
     all_decode = len(decode_ids) == batch.num_seqs
     return TritonAttentionMetadata(
