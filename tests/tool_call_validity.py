@@ -10,6 +10,7 @@ unbounded string) is counted apart as truncated: no constraint can finish a call
 limit cuts.
 
     python tests/tool_call_validity.py            # starts a server on SmolLM2, prints the table
+    python tests/tool_call_validity.py --model gemma3 --max-tokens 256   # Gemma 3 270M
 
 The test (tests/test_server_tools.py::test_tool_call_validity) runs required and named on a
 subset, with the guided-decoding backend "auto", and asserts 100%.
@@ -39,8 +40,18 @@ Reply with <tool_call>{"name": ..., "arguments": {...}}</tool_call>.<|im_end|>
 {% endfor %}
 {%- if add_generation_prompt %}<|im_start|>assistant
 {% endif %}"""
+# The same for Gemma 3 (its own template has no tool section; turns are user / model)
+GEMMA_TEMPLATE = """\
+{{ bos_token }}{%- for m in messages %}<start_of_turn>{{ 'model' if m.role == 'assistant' else 'user' }}
+{% if loop.first and tools %}You can call functions. Tools: <tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>
+Reply with <tool_call>{"name": ..., "arguments": {...}}</tool_call>.
+
+{% endif %}{{ m.content }}<end_of_turn>
+{% endfor %}{%- if add_generation_prompt %}<start_of_turn>model
+{% endif %}"""
+TEMPLATES = {"smollm2": TEMPLATE, "gemma3": GEMMA_TEMPLATE}
 SERVER_ARGS = ["--max-model-len", "1024", "--kv-cache-memory", "128MiB", "--max-num-seqs", "64",
-               "--served-model-name", "smollm2", "--enable-auto-tool-choice",
+               "--enable-auto-tool-choice",
                "--tool-call-parser", "hermes", "--disable-log-stats", "--disable-log-requests"]
 # "required-single": tool_choice "required" with parallel_tool_calls false (at most one call:
 # the grammar's array takes one item, so the model cannot repeat its call until max_tokens)
@@ -83,14 +94,14 @@ def _valid(calls: list[tuple[str, str]], tools: list[dict[str, Any]],
 
 
 async def one(client: openai.AsyncOpenAI, functions: list[dict[str, Any]], i: int, mode: str,
-              stream: bool, max_tokens: int, extra_body: dict[str, Any] | None = None
-              ) -> Outcome:
+              stream: bool, max_tokens: int, extra_body: dict[str, Any] | None = None,
+              model: str = "smollm2") -> Outcome:
     tools = _tools(functions, i)
     name = functions[i]["function"]["name"]
     choice: Any = ({"type": "function", "function": {"name": name}} if mode == "named"
                    else mode.removesuffix("-single"))  # fmt: skip
     kwargs: dict[str, Any] = dict(
-        model="smollm2", messages=[{"role": "user", "content": functions[i]["query"]}],
+        model=model, messages=[{"role": "user", "content": functions[i]["query"]}],
         tools=tools, tool_choice=choice, max_tokens=max_tokens, temperature=0, stream=stream,
         extra_body=extra_body, parallel_tool_calls=not mode.endswith("-single"),
     )
@@ -118,16 +129,16 @@ async def one(client: openai.AsyncOpenAI, functions: list[dict[str, Any]], i: in
 async def measure(client: openai.AsyncOpenAI, modes: tuple[str, ...] = MODES,
                   streams: tuple[bool, ...] = (False, True), every: int = 1, start: int = 0,
                   max_tokens: int = 256, concurrency: int = 32,
-                  extra_body: dict[str, Any] | None = None,
+                  extra_body: dict[str, Any] | None = None, model: str = "smollm2",
                   ) -> dict[tuple[str, bool], list[Outcome]]:
     """(mode, stream) -> validity per function (every ``every``-th one from ``start``), all
-    requests run concurrently (bounded)."""
+    requests run concurrently (bounded), to the served model named ``model``."""
     functions = load_functions()
     gate = asyncio.Semaphore(concurrency)
 
     async def run(i: int, mode: str, stream: bool) -> Outcome:
         async with gate:
-            return await one(client, functions, i, mode, stream, max_tokens, extra_body)
+            return await one(client, functions, i, mode, stream, max_tokens, extra_body, model)
 
     keys = [(mode, stream) for mode in modes for stream in streams]
     picked = range(start, len(functions), every)
@@ -152,6 +163,7 @@ def table(results: dict[tuple[str, bool], list[Outcome]]) -> str:
 
 
 def main() -> None:
+    import argparse
     import tempfile
 
     sys.path.insert(0, str(Path(__file__).parent))
@@ -159,13 +171,19 @@ def main() -> None:
 
     from ironlm.model_loader.downloads import ensure_test_model
 
+    parser = argparse.ArgumentParser(description="tool-call validity table")
+    parser.add_argument("--model", choices=sorted(TEMPLATES), default="smollm2")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         template = Path(tmp) / "tools.jinja"
-        template.write_text(TEMPLATE)
-        args = [*SERVER_ARGS, "--chat-template", str(template)]
-        with RemoteServer(ensure_test_model("smollm2"), args) as server:
-            client = server.async_openai_client(timeout=600)
-            print(table(asyncio.run(measure(client))))
+        template.write_text(TEMPLATES[args.model])
+        server_args = [*SERVER_ARGS, "--served-model-name", args.model,
+                       "--chat-template", str(template)]  # fmt: skip
+        with RemoteServer(ensure_test_model(args.model), server_args) as server:
+            client = server.async_openai_client(timeout=900)
+            results = measure(client, max_tokens=args.max_tokens, model=args.model)
+            print(table(asyncio.run(results)))
 
 
 if __name__ == "__main__":
