@@ -215,7 +215,7 @@ def test_guided_errors_are_400(client: openai.OpenAI, extra: dict[str, Any]) -> 
 
 
 def test_tool_call_validity(server: RemoteServer) -> None:
-    """required / named calls that finish parse and validate against the tool's schema, on an
+    """required / named calls parse and validate against the tool's schema, on an
     eighth of tests/data/tool_functions.json's real function schemas (tests/tool_call_validity.py
     prints the full table), streaming and not, with the per-request backend "auto". The
     eighth is one whose schemas xgrammar compiles: the schemas it refuses (string maxLength
@@ -230,7 +230,6 @@ def test_tool_call_validity(server: RemoteServer) -> None:
                                   max_tokens=128, extra_body={"guided_decoding_backend": "auto"}))
     print(table(results))
     assert sum(len(got) for got in results.values()) == 6 * 7
-    # every call that finished parses and validates; at most a few are cut by max_tokens
-    # (the model loops inside an unbounded string), never all of them
-    assert all("invalid" not in got for got in results.values()), table(results)
-    assert all(got.count("valid") > len(got) // 2 for got in results.values()), table(results)
+    # every call parses and validates: ended by the model, or closed within max_tokens where
+    # the model loops inside an unbounded value (engine/guided_closing.py)
+    assert all(o in ("valid", "closed") for got in results.values() for o in got), table(results)

@@ -4,10 +4,12 @@ Each function gets one chat request per mode: ``required`` (also with parallel_t
 false: ``required-single``) and ``auto`` offer it with two neighbours as distractors, ``named``
 names it. A call is valid when the response holds at
 least one tool call whose name is offered and whose arguments parse as JSON and validate
-against that function's parameters (and, for named, the call is the named function). A
-response cut by ``max_tokens`` (finish_reason "length": greedy SmolLM2 can loop inside an
-unbounded string) is counted apart as truncated: no constraint can finish a call the token
-limit cuts.
+against that function's parameters (and, for named, the call is the named function). Greedy
+small models can loop inside an unbounded string or number until ``max_tokens``; the engine
+then closes the call within the limit (engine/guided_closing.py): such a response has
+finish_reason "length" and valid calls, and is counted as ``closed``. A response with
+finish_reason "length" whose calls do not validate is ``truncated`` (the closing path did not
+fit the budget).
 
     python tests/tool_call_validity.py            # starts a server on SmolLM2, prints the table
     python tests/tool_call_validity.py --model gemma3 --max-tokens 256   # Gemma 3 270M
@@ -68,14 +70,15 @@ def _tools(functions: list[dict[str, Any]], i: int) -> list[dict[str, Any]]:
     return [{"type": "function", "function": functions[j]["function"]} for j in picks]
 
 
-Outcome = Literal["valid", "invalid", "truncated"]
+Outcome = Literal["valid", "closed", "invalid", "truncated"]
 
 
 def _outcome(calls: list[tuple[str, str]], tools: list[dict[str, Any]], named: str | None,
              finish_reason: str | None) -> Outcome:
+    ok = _valid(calls, tools, named)
     if finish_reason == "length":
-        return "truncated"
-    return "valid" if _valid(calls, tools, named) else "invalid"
+        return "closed" if ok else "truncated"
+    return "valid" if ok else "invalid"
 
 
 def _valid(calls: list[tuple[str, str]], tools: list[dict[str, Any]],
@@ -149,16 +152,16 @@ async def measure(client: openai.AsyncOpenAI, modes: tuple[str, ...] = MODES,
 
 
 def table(results: dict[tuple[str, bool], list[Outcome]]) -> str:
-    """Per (tool_choice, streaming): valid calls of the finished responses, and how many were
-    cut by max_tokens."""
-    lines = ["| tool_choice | streaming | valid / finished | rate | cut by max_tokens |",
-             "|---|---|---|---|---|"]
+    """Per (tool_choice, streaming): responses whose calls parse and validate (ended by the
+    model, or closed at max_tokens), of all; how many were closed at the limit; how many were
+    cut there without a valid call."""
+    lines = ["| tool_choice | streaming | parse and validate | rate | of them closed at "
+             "max_tokens | cut by max_tokens |", "|---|---|---|---|---|---|"]
     for (mode, stream), got in results.items():
-        valid, truncated = got.count("valid"), got.count("truncated")
-        finished = len(got) - truncated
-        rate = f"{100 * valid / finished:.0f}%" if finished else "-"
-        lines.append(f"| {mode} | {'yes' if stream else 'no'} | {valid}/{finished} | {rate} | "
-                     f"{truncated}/{len(got)} |")
+        closed, truncated = got.count("closed"), got.count("truncated")
+        ok = got.count("valid") + closed
+        lines.append(f"| {mode} | {'yes' if stream else 'no'} | {ok}/{len(got)} | "
+                     f"{100 * ok / len(got):.0f}% | {closed} | {truncated}/{len(got)} |")
     return "\n".join(lines)
 
 

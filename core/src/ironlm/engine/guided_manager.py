@@ -12,6 +12,9 @@ The cache is shared with that thread under a lock; compiling itself runs outside
 A Grammar that fails (raises, or allows no token: a backend dead end) ends its own request
 only: ``build_mask`` and the output processor record ``grammar_error`` on the request and the
 engine finishes it with that error; every other request goes on.
+
+Specs with ``close_at_budget`` (tool calls) are closed before their token budget runs out:
+near the end ``build_mask`` lets ``guided_closing.BudgetCloser`` fill their rows.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 
 import torch
 
+from ironlm.engine.guided_closing import BudgetCloser
 from ironlm.interfaces.guided import (
     Grammar,
     GuidedBackend,
@@ -36,11 +40,13 @@ log = logging.getLogger("ironlm.guided")
 
 
 class GuidedManager:
-    def __init__(self, pm: PluginManager, tokenizer: Any, vocab_size: int, default: str) -> None:
+    def __init__(self, pm: PluginManager, tokenizer: Any, vocab_size: int, default: str,
+                 max_model_len: int | None = None) -> None:
         self.pm = pm
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.default = default
+        self.closer = BudgetCloser(tokenizer, vocab_size, max_model_len)
         self._lock = threading.Lock()
         self._backends: dict[str, GuidedBackend] = {}
         # (requested backend name, spec) -> (backend that compiled it, compiled spec)
@@ -122,7 +128,8 @@ class GuidedManager:
                 continue
             rows[:] = False
             try:
-                _fill_rows(req.grammar, ds, rows)
+                if ds or not self.closer.fill_row(req, rows[0]):
+                    _fill_rows(req.grammar, ds, rows)
             except Exception as exc:
                 mark_dead_end(req, exc)
                 rows[:] = True

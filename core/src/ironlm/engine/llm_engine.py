@@ -97,7 +97,8 @@ class LLMEngine:
             self.tokenizer, self.vocab_size, self.max_model_len, config.max_logprobs
         )
         self.guided = GuidedManager(
-            self.pm, self.tokenizer, self.vocab_size, config.guided_decoding_backend
+            self.pm, self.tokenizer, self.vocab_size, config.guided_decoding_backend,
+            self.max_model_len,
         )
         self.outputs = OutputProcessor(self.tokenizer, self.max_model_len)
         self._new: list[NewRequestData] = []

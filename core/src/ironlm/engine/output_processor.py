@@ -220,6 +220,9 @@ class OutputProcessor:
             status = RequestStatus.FINISHED_LENGTH
         elif req.num_tokens >= self.max_model_len:
             status = RequestStatus.FINISHED_LENGTH
+        if status == RequestStatus.FINISHED_STOPPED and req.stop_reason is None \
+                and req.closing is not None and req.closing.shaped:
+            status = RequestStatus.FINISHED_LENGTH  # its budget shaped the end (guided_closing)
         if status is not None:
             if detok is not None and stop_str is None:
                 detok.flush()

@@ -57,6 +57,9 @@ class Request:
     # Why the guided backend could not go on (a dead end): the request ends with this error,
     # never with text that breaks the constraint.
     grammar_error: str | None = None
+    # Closing its constrained output within max_tokens (engine.guided_closing.ClosingState),
+    # from the last tokens of its budget on; None before.
+    closing: Any = None
     pooling: bool = False  # an embedding request: run the prompt, return its mean hidden state
     lora_request: LoRARequest | None = None  # the adapter it runs with (None: the base model)
     first_token_time: float | None = None

@@ -36,6 +36,10 @@ class GuidedSpec:
     disable_any_whitespace: bool = False
     # "auto" backend selection: use the first backend by priority or fail, never fall back.
     disable_fallback: bool = False
+    # Close the output before max_tokens cuts it: near the end of the budget the host forces
+    # the shortest path the grammar accepts to a complete match (tool calls; the engine's
+    # guided_closing). Backends need not read it.
+    close_at_budget: bool = False
 
 
 class UnsupportedFeatureError(ValueError):

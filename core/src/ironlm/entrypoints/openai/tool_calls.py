@@ -48,10 +48,12 @@ class ToolPlan:
     def guided_spec(self) -> GuidedSpec | None:
         """The JSON schema that constrains "required" / named generation. Compact JSON (no
         whitespace between tokens, vLLM's disable_any_whitespace): a small model cannot stall
-        in whitespace, and the arguments are the shortest text for the call."""
+        in whitespace, and the arguments are the shortest text for the call. Closed within
+        max_tokens (``close_at_budget``): a call the token limit would cut is completed by the
+        shortest path the grammar allows, so every call parses."""
         if self.mode == "named":
             return GuidedSpec("json", json.dumps(_parameters(self._tool(self.named))),
-                              disable_any_whitespace=True)
+                              disable_any_whitespace=True, close_at_budget=True)
         if self.mode == "required":
             defs: dict[str, Any] = {}
             options = []
@@ -74,7 +76,8 @@ class ToolPlan:
                 schema["maxItems"] = 1
             if defs:
                 schema["$defs"] = defs
-            return GuidedSpec("json", json.dumps(schema), disable_any_whitespace=True)
+            return GuidedSpec("json", json.dumps(schema), disable_any_whitespace=True,
+                              close_at_budget=True)
         return None
 
     def _tool(self, name: str | None) -> dict[str, Any]:
