@@ -200,6 +200,25 @@ def test_graph_metadata_covers_the_longest_context() -> None:
     check(out[:3], ref, cache, ref_cache)  # the padding row wrote nothing
 
 
+def test_graph_metadata_caps_the_partitions_at_long_limits() -> None:
+    """A 131072-token limit would be 4096 partitions of 32 keys in every replay: the graph's
+    partitions grow instead, to at most GRAPH_MAX_SPLITS (the eager path is unchanged)."""
+    from ironlm.interfaces.attention import AttentionBatch
+    from ironlm_cuda.triton_attention import GRAPH_MAX_SPLITS
+
+    longest = 131072
+    static = AttentionBatch(
+        query_start_loc=torch.arange(3, dtype=torch.int32),
+        seq_lens=torch.ones(2, dtype=torch.int32), context_lens=torch.zeros(2, dtype=torch.int32),
+        block_tables=torch.zeros(2, longest // BLOCK_SIZE, dtype=torch.int32),
+        slot_mapping=torch.full((2,), -1), block_size=BLOCK_SIZE, max_query_len=1,
+        max_seq_len=longest, query_lens_cpu=[1, 1], seq_lens_cpu=[1, 1],
+    )  # fmt: skip
+    meta = TritonAttentionBackend(decode_partition_size=32).graph_metadata(static)
+    assert meta.num_splits <= GRAPH_MAX_SPLITS
+    assert meta.num_splits * meta.partition_size >= longest
+
+
 def test_padding_slot_is_skipped_by_the_kv_write() -> None:
     from ironlm_cuda.kernels.kv_write import write_kv
 

@@ -56,8 +56,9 @@ def _backends() -> list[str]:
 @pytest.mark.parametrize("backend", _backends())
 @pytest.mark.parametrize("partial", ['{"customer_id":"1234', '{"customer_id":"x","amount":100000',
                                      '{"customer_id":"x","amount":1,"items":[{"sku":"ab'])
-def test_shortest_closing_completes_and_restores(smollm2_tokenizer, backend: str,  # type: ignore[no-untyped-def]
-                                                 partial: str) -> None:
+def test_shortest_closing_completes_and_restores(  # type: ignore[no-untyped-def]
+    smollm2_tokenizer, backend: str, partial: str
+) -> None:
     """From a cut-off prefix: the path ends where EOS is allowed, the text then parses and
     validates, and the grammar is back where it was (the same mask)."""
     tok = smollm2_tokenizer
@@ -111,8 +112,8 @@ def test_engine_closes_within_max_tokens(smollm2_dir: Path) -> None:
 def test_engine_stops_opening_items_it_cannot_close(smollm2_dir: Path) -> None:
     """An array of required-field objects that SmolLM2 keeps extending (Banana, Apple, ...):
     near the limit the ',' of one more item is masked out once that item could not be closed
-    in time, so the array ends complete with the model's own items (without closing it is
-    cut inside an item)."""
+    in time, so the model ends the array with its own items (without closing it is cut
+    inside an item)."""
     llm = LLM(str(smollm2_dir), device="cpu", dtype="float32", max_model_len=512,
               kv_cache_memory=64 << 20)
     tok = llm.get_tokenizer()
@@ -123,8 +124,49 @@ def test_engine_stops_opening_items_it_cannot_close(smollm2_dir: Path) -> None:
         use_tqdm=False)[0].outputs[0] for close in (False, True)]  # fmt: skip
     with pytest.raises(ValueError):
         json.loads(outs[0].text)
-    assert outs[1].finish_reason == "length"  # the budget ended the array, not the model
+    # the model ended the array itself once ',' was masked out (no path was forced)
+    assert outs[1].finish_reason == "stop" and len(outs[1].token_ids) < 64
     items = json.loads(outs[1].text)
     jsonschema.validate(items, BASKET)
     assert len(items) >= 3 and all(item["name"] for item in items)  # the model's own items
     assert outs[0].text.startswith(outs[1].text[:-1])  # the same items up to the ']'
+
+
+def _walk(manager: GuidedManager, req, prefer: list[int]) -> list[int]:  # type: ignore[no-untyped-def]
+    """Drive ``req`` step by step as the engine does, with a "model" that takes the first of
+    ``prefer`` its row allows (a loop: digits, then letters), else the lowest allowed id."""
+    eos = req.eos_token_id
+    while len(req.output_token_ids) < req.sampling_params.max_tokens:
+        row = manager.build_mask([req])[0]
+        allowed = [t for t in prefer if row[t]]
+        token = allowed[0] if allowed else int(row.nonzero()[0])
+        if token == eos:
+            break
+        assert req.grammar.accept_token(token)
+        req.output_token_ids.append(token)
+        if req.grammar.is_terminated():
+            break
+    return req.output_token_ids
+
+
+@pytest.mark.parametrize("min_tokens", [0, 24])
+def test_closer_budget_arithmetic(smollm2_tokenizer, min_tokens: int) -> None:  # type: ignore[no-untyped-def]
+    """Without a model: a "model" that writes digits forever inside "amount" is closed within
+    max_tokens (never past it), the text validates, and a forced EOS never comes before
+    min_tokens."""
+    from ironlm.engine.request import Request
+
+    tok = smollm2_tokenizer
+    manager = GuidedManager(PluginManager(), tok, len(tok), "xgrammar", max_model_len=512)
+    grammar, _ = manager.grammar(_spec(True), "xgrammar")
+    prefix = tok.encode('{"customer_id":"x","amount":1', add_special_tokens=False)
+    for t in prefix:
+        assert grammar.accept_token(t)
+    params = SamplingParams(max_tokens=30, min_tokens=min_tokens, guided_decoding=_spec(True))
+    req = Request("r", [1, 2, 3], params, tok.eos_token_id, grammar=grammar)
+    req.output_token_ids = list(prefix)
+    digits = [tok.convert_tokens_to_ids(d) for d in "0123456789"]
+    out = _walk(manager, req, digits)
+    assert len(out) <= 30 and req.closing is not None and req.closing.plan is not None
+    assert len(out) >= min_tokens
+    jsonschema.validate(json.loads(tok.decode(out)), INVOICE)

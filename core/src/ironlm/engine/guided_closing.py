@@ -11,20 +11,29 @@ that a token which would open more than the budget can still close (a ',' starti
 call, a '{' of an object with required keys) is masked out; once the path needs the budget,
 it is forced token by token, then EOS, and the request ends with finish_reason "length" and
 a complete call. Tokens that close JSON ('"', '}', ']') are tried first, then separators,
-then short values, with backtracking when a choice dead-ends.
+then short values, with backtracking when a choice dead-ends. Only tokens made of JSON
+punctuation alone are checked as openers: a merged token such as ',"id' is not, and when it
+opens more than the budget can close the search finds no path (retried a few tokens later;
+the request is cut by its limit if none ever fits).
 """
+
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ironlm.interfaces.guided import Grammar
 
+if TYPE_CHECKING:
+    from ironlm.engine.request import Request
+
 CLOSE_WINDOW = 48  # look for a closing path once this few tokens are left
 SLACK = 6  # start closing while the path is up to this many tokens shorter than the budget
 GROWTH_CHECKS = 8  # more allowed ',' '{' '[' tokens than this: they are string content
+RETRY_AFTER = 4  # tokens between searches once one found no path within the budget
 MAX_FILLS = 128  # mask fills one search may spend (a path is usually found on the first try)
 BRANCH = 4  # candidates tried per position before backtracking further up
 _CLOSERS = frozenset('"}]')
@@ -77,7 +86,12 @@ def shortest_closing(grammar: Grammar, eos_id: int, ranks: torch.Tensor,
     def visit(depth: int) -> bool:
         nonlocal fills
         mask.zero_()
-        grammar.fill_mask(mask)
+        try:
+            grammar.fill_mask(mask)
+        except Exception:  # a dead end on a trial path (at depth 0: the request's own state)
+            if depth == 0:
+                raise
+            return False
         fills += 1
         if bool(mask[eos_id]):
             return True
@@ -87,7 +101,7 @@ def shortest_closing(grammar: Grammar, eos_id: int, ranks: torch.Tensor,
         k = min(BRANCH, int(mask.sum()))
         best = torch.topk(scored, k, largest=False)
         for score, token in zip(best.values.tolist(), best.indices.tolist()):
-            if score == float("inf") or not grammar.accept_token(token):
+            if score == float("inf") or not _try_accept(grammar, token):
                 continue
             path.append(token)
             if visit(depth + 1):
@@ -102,17 +116,24 @@ def shortest_closing(grammar: Grammar, eos_id: int, ranks: torch.Tensor,
     return path if found else None
 
 
+def _try_accept(grammar: Grammar, token: int) -> bool:
+    """accept_token, with a backend failure on a trial path read as a refusal."""
+    try:
+        return grammar.accept_token(token)
+    except Exception:
+        return False
+
+
 @dataclass
 class ClosingState:
     """One request's closing (``Request.closing``): the forced path once started (``plan``
-    from output position ``start``, then EOS); ``shaped`` once the budget changed what the
-    model could pick (a path forced or a token masked out: the request then ends with
-    finish_reason "length"); ``failed`` once a search found no path (not repeated)."""
+    from output position ``start``, then EOS; the request then ends with finish_reason
+    "length"); ``failed_at``: the output length at the last search that found no path (the
+    next one waits RETRY_AFTER tokens: the model may close some nesting itself)."""
 
     plan: list[int] | None = None
     start: int = 0
-    shaped: bool = False
-    failed: bool = False
+    failed_at: int | None = None
 
     def next_token(self, num_output: int, eos_id: int) -> int:
         assert self.plan is not None
@@ -128,22 +149,24 @@ class BudgetCloser:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
+        self._lock = threading.Lock()
         self._tokens: TokenRanks | None = None
 
-    def fill_row(self, req: Any, row: torch.Tensor) -> bool:
+    def fill_row(self, req: Request, row: torch.Tensor) -> bool:
         """For a ``close_at_budget`` request in the last CLOSE_WINDOW tokens of its budget,
         fill ``row`` ((vocab,) bool, all False) with its next allowed tokens: the forced
         closing path (then EOS), or the grammar's mask less the tokens after which no closing
         path fits. False when the request samples freely (row untouched: the caller fills it).
-        A search that finds no path within the budget is not repeated (the request is then
-        cut by its limit, as without closing)."""
-        spec, eos = req.sampling_params.guided_decoding, req.eos_token_id
+        After a search that finds no path within the budget the request samples freely for
+        RETRY_AFTER tokens (it is cut by its limit, as without closing, if none ever fits)."""
+        params, eos = req.sampling_params, req.eos_token_id
+        spec = params.guided_decoding
         if spec is None or not spec.close_at_budget or eos is None:
             return False
-        state: ClosingState = req.closing if req.closing is not None else ClosingState()
-        if state.failed:
-            return False
+        state = req.closing if req.closing is not None else ClosingState()
         n_out = len(req.output_token_ids)
+        if state.failed_at is not None and n_out - state.failed_at < RETRY_AFTER:
+            return False
         if state.plan is not None:
             if req.output_token_ids[state.start:] == state.plan[: n_out - state.start]:
                 row[state.next_token(n_out, eos)] = True
@@ -152,25 +175,24 @@ class BudgetCloser:
         left = self._budget_left(req)
         if left is None or left > CLOSE_WINDOW or left < 1:
             return False
-        if self._tokens is None:
-            self._tokens = TokenRanks(self.tokenizer, self.vocab_size)
-        grammar, ranks = req.grammar, self._tokens.ranks
+        tokens = self.token_ranks()
+        grammar, ranks = req.grammar, tokens.ranks
         req.closing = state
         path = shortest_closing(grammar, eos, ranks, left)
+        state.failed_at = None if path is not None else n_out
         if path is None:
-            state.failed = True
             return False
-        if len(path) + SLACK >= left:
-            state.plan, state.start, state.shaped = path, n_out, True
+        if len(path) + SLACK >= left and n_out + len(path) >= params.min_tokens:
+            state.plan, state.start = path, n_out  # (EOS before min_tokens would be banned)
             row[state.next_token(n_out, eos)] = True
             return True
         grammar.fill_mask(row)
         if not bool(row.any()):
             raise RuntimeError("no token is allowed next")
-        growers = (row & self._tokens.growth).nonzero().flatten().tolist()
+        growers = (row & tokens.growth).nonzero().flatten().tolist()
         if len(growers) <= GROWTH_CHECKS:  # more: ',' '{' '[' are string content here
             for token in growers:
-                if not grammar.accept_token(token):
+                if not _try_accept(grammar, token):
                     continue
                 try:
                     fits = shortest_closing(grammar, eos, ranks, left - 1) is not None
@@ -178,10 +200,17 @@ class BudgetCloser:
                     grammar.rollback(1)
                 if not fits:
                     row[token] = False
-                    state.shaped = True
         return True
 
-    def _budget_left(self, req: Any) -> int | None:
+    def token_ranks(self) -> TokenRanks:
+        """The tokenizer's ranks, built once (the server builds them from its compile thread
+        when a tool call is first compiled, so the engine thread does not wait on them)."""
+        with self._lock:
+            if self._tokens is None:
+                self._tokens = TokenRanks(self.tokenizer, self.vocab_size)
+            return self._tokens
+
+    def _budget_left(self, req: Request) -> int | None:
         """Tokens the request may still generate: max_tokens and max_model_len both bound it."""
         max_tokens = req.sampling_params.max_tokens
         left = [max_tokens - len(req.output_token_ids)] if max_tokens is not None else []

@@ -67,6 +67,8 @@ class GuidedManager:
         """The backend chosen for ``spec`` and its compiled form (cached). ValueError (a 400)
         when the spec is invalid or no backend may enforce it; the message names each
         backend tried and why it refused."""
+        if spec.close_at_budget:
+            self.closer.token_ranks()  # built here, off the engine thread, once
         name = backend_name or self.default
         key = (name, spec)
         with self._lock:

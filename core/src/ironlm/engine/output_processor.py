@@ -221,8 +221,8 @@ class OutputProcessor:
         elif req.num_tokens >= self.max_model_len:
             status = RequestStatus.FINISHED_LENGTH
         if status == RequestStatus.FINISHED_STOPPED and req.stop_reason is None \
-                and req.closing is not None and req.closing.shaped:
-            status = RequestStatus.FINISHED_LENGTH  # its budget shaped the end (guided_closing)
+                and req.closing is not None and req.closing.plan is not None:
+            status = RequestStatus.FINISHED_LENGTH  # closed for its budget (guided_closing)
         if status is not None:
             if detok is not None and stop_str is None:
                 detok.flush()

@@ -6,10 +6,13 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ironlm.lora.request import LoRARequest
 from ironlm.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from ironlm.engine.guided_closing import ClosingState
 
 
 class RequestStatus(enum.Enum):
@@ -59,7 +62,7 @@ class Request:
     grammar_error: str | None = None
     # Closing its constrained output within max_tokens (engine.guided_closing.ClosingState),
     # from the last tokens of its budget on; None before.
-    closing: Any = None
+    closing: ClosingState | None = None
     pooling: bool = False  # an embedding request: run the prompt, return its mean hidden state
     lora_request: LoRARequest | None = None  # the adapter it runs with (None: the base model)
     first_token_time: float | None = None

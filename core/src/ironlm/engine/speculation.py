@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ironlm.config import EngineConfig
+from ironlm.engine.guided_closing import CLOSE_WINDOW
 from ironlm.engine.request import Request
 
 log = logging.getLogger("ironlm.spec_decode")
@@ -98,8 +99,13 @@ class SpeculationPolicy:
         return room
 
     def drafts(self, req: Request, budget: int) -> list[int]:
-        """The drafts ``req`` verifies this step (it owes one token)."""
+        """The drafts ``req`` verifies this step (it owes one token). None near the end of a
+        tool call's budget: its last CLOSE_WINDOW tokens are closed one at a time
+        (engine.guided_closing), which a multi-token verification would jump past."""
         room = self._room(req, req.num_tokens, len(req.output_token_ids))
+        spec = req.sampling_params.guided_decoding
+        if spec is not None and spec.close_at_budget and room - self.k < CLOSE_WINDOW:
+            return []
         return req.spec_token_ids[: max(0, min(self.k, budget - 1, room))]
 
     def plan_proposals(self, req: Request, num_drafts: int) -> int:

@@ -3,8 +3,11 @@
 ``DecodeGraphs`` (core) builds the static inputs and asks for one capture per padded batch size;
 this module records that forward as a CUDA graph. The forward runs once on a side stream first
 (Triton compiles its kernels, cuBLAS picks its algorithms: neither may happen under capture),
-then once under capture. All graphs of one engine share one memory pool, as vLLM's do: a replay
-only writes its own graph's scratch, and the outputs each graph returns stay alive with it.
+then once under capture. All graphs of one engine share one memory pool, as vLLM's do: a
+later graph may place its scratch where an earlier one's was, so a replay can overwrite what
+another graph computed; the engine reads each replay's logits before the next replay. The
+pool is not counted when the KV cache is sized from gpu_memory_utilization (vLLM reserves
+for it; here it comes out of the remaining tenth).
 """
 
 from __future__ import annotations
@@ -34,16 +37,22 @@ class CudaGraphCapture(GraphCapture):
         self.pool: Any = None  # the first capture's memory pool, shared by the later ones
 
     def capture(self, forward: Callable[[], torch.Tensor]) -> tuple[StepGraph, torch.Tensor]:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            forward()  # compile and warm up outside the capture
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
+        """Warm up, then capture; any failure (an op that synchronises or allocates on the
+        host, a Triton compile error) becomes GraphCaptureError with the engine's stream
+        restored (a capture that fails at its end leaves the capture stream current)."""
+        engine_stream = torch.cuda.current_stream()
         try:
+            side = torch.cuda.Stream()
+            side.wait_stream(engine_stream)
+            with torch.cuda.stream(side):
+                forward()  # compile and warm up outside the capture
+            engine_stream.wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
                 out = forward()
-        except RuntimeError as exc:  # an op that synchronises or allocates on the host
+        except Exception as exc:
+            torch.cuda.set_stream(engine_stream)
+            torch.cuda.synchronize()
             raise GraphCaptureError(f"CUDA graph capture failed: {exc}") from exc
         self.pool = graph.pool()
         return CudaStepGraph(graph), out

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import os
 from typing import ClassVar
 
@@ -12,14 +10,7 @@ import torch
 from ironlm.interfaces.graphs import GraphCapture
 from ironlm.interfaces.model import ModelContext
 from ironlm.interfaces.platform import Availability, LayerOps, Platform
-
-
-def triton_installed() -> Availability:
-    """Whether triton is installed, found without importing it: listing plugins (``ironlm
-    plugins``, start-up) must not pay for triton's import, which the kernels do lazily."""
-    if importlib.util.find_spec("triton") is None:
-        return Availability.no("triton is not installed (pip install triton)")
-    return Availability.yes(f"triton {importlib.metadata.version('triton')}")
+from ironlm_cuda.availability import triton_installed
 
 
 class CudaPlatform(Platform):
@@ -83,6 +74,8 @@ class CudaPlatform(Platform):
         from ironlm_cuda.graphs import CudaGraphCapture
         from ironlm_cuda.triton_attention import TritonAttentionBackend
 
-        if ctx.tp_size > 1 or ctx.pp_size > 1 or not isinstance(ctx.attention, TritonAttentionBackend):
+        if ctx.tp_size > 1 or ctx.pp_size > 1:
+            return None
+        if not isinstance(ctx.attention, TritonAttentionBackend):
             return None
         return CudaGraphCapture()

@@ -15,8 +15,10 @@ import torch
 
 from ironlm.interfaces.attention import AttentionBackend, AttentionBatch, AttentionLayerSpec
 from ironlm.interfaces.platform import Availability
-from ironlm_cuda.platform import triton_installed
+from ironlm_cuda.availability import triton_installed
 from ironlm_cuda.triton_attention_metadata import TritonAttentionMetadata, build_triton_metadata
+
+GRAPH_MAX_SPLITS = 64  # most split-K partitions per row in a decode graph (longer ones beyond)
 
 # kv_cache_dtype option -> cache dtype (None: the model's dtype)
 KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {
@@ -114,8 +116,11 @@ class TritonAttentionBackend(AttentionBackend):
     def graph_metadata(self, batch: AttentionBatch) -> TritonAttentionMetadata:
         """Every row decodes (no per-step index tensor) and the split-K partitions cover
         ``batch.max_seq_len``, the longest context there will be, so each replay launches the
-        same grid; partitions past a row's length contribute nothing."""
-        return build_triton_metadata(batch, self.decode_partition_size, self.prefill_block_m,
+        same grid; partitions past a row's length contribute nothing. At most
+        GRAPH_MAX_SPLITS partitions (larger ones at long limits): each replay runs every
+        partition's program and the reduce reads them all, whatever the rows' lengths."""
+        partition = max(self.decode_partition_size, -(-batch.max_seq_len // GRAPH_MAX_SPLITS))
+        return build_triton_metadata(batch, partition, self.prefill_block_m,
                                      longest_decode=batch.max_seq_len)
 
     def refresh_graph_metadata(self, metadata: TritonAttentionMetadata,
