@@ -172,7 +172,7 @@ class BudgetCloser:
                 row[state.next_token(n_out, eos)] = True
                 return True
             state.plan = None  # a logits processor moved it off the path: search again
-        left = self._budget_left(req)
+        left = req.tokens_left(self.max_model_len)
         if left is None or left > CLOSE_WINDOW or left < 1:
             return False
         tokens = self.token_ranks()
@@ -209,11 +209,3 @@ class BudgetCloser:
             if self._tokens is None:
                 self._tokens = TokenRanks(self.tokenizer, self.vocab_size)
             return self._tokens
-
-    def _budget_left(self, req: Request) -> int | None:
-        """Tokens the request may still generate: max_tokens and max_model_len both bound it."""
-        max_tokens = req.sampling_params.max_tokens
-        left = [max_tokens - len(req.output_token_ids)] if max_tokens is not None else []
-        if self.max_model_len is not None:
-            left.append(self.max_model_len - req.num_tokens)
-        return min(left) if left else None

@@ -87,6 +87,15 @@ class Request:
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
+    def tokens_left(self, max_model_len: int | None) -> int | None:
+        """Tokens it may still generate: its max_tokens and ``max_model_len`` both bound them
+        (None: neither does)."""
+        max_tokens = self.sampling_params.max_tokens
+        left = [max_tokens - len(self.output_token_ids)] if max_tokens is not None else []
+        if max_model_len is not None:
+            left.append(max_model_len - self.num_tokens)
+        return min(left) if left else None
+
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids

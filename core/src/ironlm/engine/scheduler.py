@@ -257,11 +257,9 @@ class Scheduler:
             steps = self.num_scheduler_steps
             if req.grammar is not None:
                 steps = 1
-            max_tokens = req.sampling_params.max_tokens
-            if max_tokens is not None:
-                steps = min(steps, max_tokens - len(req.output_token_ids))
-            if self.max_model_len is not None:
-                steps = min(steps, self.max_model_len - req.num_tokens)
+            left = req.tokens_left(self.max_model_len)
+            if left is not None:
+                steps = min(steps, left)
             while steps > 1 and not self.block_manager.allocate(req, steps):
                 steps -= 1
             if steps > 1:
