@@ -127,6 +127,13 @@ class LayerOps:
         gate, up = gate_up.chunk(2, dim=-1)
         return torch.nn.functional.gelu(gate, approximate="tanh") * up
 
+    def logsumexp_argmax(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, V) float32 logits -> (logsumexp (B,) float32, argmax (B,) int64): what the
+        sampler reads from every row (a token's log-probability is its logit minus the row's
+        logsumexp; greedy rows take the argmax). torch's semantics: the first maximal index,
+        NaN counts as the maximum."""
+        return torch.logsumexp(logits, dim=-1), logits.argmax(dim=-1)
+
     def rotary(
         self,
         q: torch.Tensor,

@@ -27,6 +27,7 @@ from ironlm.config import EngineConfig
 from ironlm.distributed.pipeline import PipelineChannel
 from ironlm.interfaces.attention import AttentionBackend
 from ironlm.interfaces.model import ModelArchitecture
+from ironlm.interfaces.platform import LayerOps
 from ironlm.interfaces.step import ModelInput, ModelOutput, ScheduledSeq
 from ironlm.worker.decode_graphs import DecodeGraphs
 from ironlm.worker.lora_manager import WorkerLoRAManager
@@ -58,6 +59,7 @@ class ModelRunner:
         vocab_size: int,
         stage: StageInfo | None = None,
         lora: WorkerLoRAManager | None = None,
+        ops: LayerOps | None = None,  # the platform's (the sampler's row reductions)
     ) -> None:
         self.stage = stage or StageInfo()
         self.steps = 0  # model forwards run (the collective statistics' denominator)
@@ -70,7 +72,7 @@ class ModelRunner:
         self.swap_caches: list[torch.Tensor] = []  # host swap space, one per layer (or none)
         self.graphs: DecodeGraphs | None = None  # set with the KV cache unless enforce_eager
         self.lora = lora  # the adapters, when LoRA is enabled
-        self.sampler = Sampler()
+        self.sampler = Sampler(ops)
         self.states: dict[str, SamplingState] = {}
         self.embed_sums: dict[str, torch.Tensor] = {}  # pooling requests: running hidden sums
         self.speculator: Speculator | None = None  # set by the worker with a proposer

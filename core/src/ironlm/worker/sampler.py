@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from ironlm.interfaces.platform import LayerOps
 from ironlm.interfaces.step import SampledToken
 from ironlm.sampling_params import SamplingParams
 
@@ -77,6 +78,12 @@ class SamplingState:
 
 
 class Sampler:
+    """Draws each row's next token; the per-row reductions over the whole vocabulary (the
+    log-normaliser, the argmax) run through the platform's ``LayerOps.logsumexp_argmax``."""
+
+    def __init__(self, ops: LayerOps | None = None) -> None:
+        self.ops = ops if ops is not None else LayerOps()
+
     def __call__(
         self,
         logits: torch.Tensor,  # (B, V) float32, one row per sampling request
@@ -87,11 +94,13 @@ class Sampler:
         # logprobs, else only each sampled token's, as x[t] - logsumexp(x) (no (B, V) tensor).
         want_top = any(s.params.logprobs is not None for s in states)
         raw_logprobs = torch.log_softmax(logits, dim=-1) if want_top else None  # (B, V)
-        log_norm = None if want_top else torch.logsumexp(logits, dim=-1)  # (B,)
+        log_norm, raw_argmax = (None, None) if want_top else self.ops.logsumexp_argmax(logits)
         x = self.final_logits(logits, states, allowed_mask)
-        greedy = torch.tensor([s.params.sampling_type_greedy for s in states], device=x.device)
-        tokens = x.argmax(dim=-1)  # (B,)
-        if not bool(greedy.all()):
+        # greedy rows: the argmax of the processed logits (the raw ones' when nothing changed)
+        tokens = raw_argmax if x is logits and raw_argmax is not None else x.argmax(dim=-1)
+        if not all(s.params.sampling_type_greedy for s in states):
+            greedy = torch.tensor([s.params.sampling_type_greedy for s in states],
+                                  device=x.device)  # fmt: skip
             tokens = torch.where(greedy, tokens, draw(torch.softmax(x, dim=-1), states))
         if raw_logprobs is not None:
             chosen_lp = raw_logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)  # (B,)

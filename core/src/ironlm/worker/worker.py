@@ -104,6 +104,7 @@ class Worker(WorkerBase):
             if self.config.enable_lora else None
         self._runner = ModelRunner(
             self.config, model, attention, self.device, int(hf_config.vocab_size), lora=lora,
+            ops=layer_ops,
             stage=StageInfo(
                 is_last=ctx.is_last_stage,
                 samples=rank == self.layout.sampling_rank,

@@ -305,7 +305,7 @@ static void item(const job_t *j, int bf16, int s, int hk0, int hk1, float *score
     const uint16_t *q = (const uint16_t *)j->q + row0;
 #ifdef HAVE_ATTEND_512
     if (d % 64 == 0 && d <= 256) /* vdpbf16ps on the bf16 rows (decode_bf16_src) */
-        attend_512(j, s, hk0, hk1, q, scores, a, buf);
+        attend_512(j, s, hk0, hk1, q, scores, a);
     else
 #endif
     {

@@ -23,6 +23,7 @@ from ironlm_cpu.cbuild import Recordable
 from ironlm_cpu.fused_kernels import FusedKernels
 from ironlm_cpu.gemv_kernel import RowsGemvKernel
 from ironlm_cpu.linear_kernel import PackedLinearKernel
+from ironlm_cpu.logits_kernel import LogitsKernel
 from ironlm_cpu.lora_kernel import LoRAKernel
 from ironlm_cpu.op_choice import OpChooser, OpPlan
 from ironlm_cpu.quant_kernels import QuantKernels
@@ -36,12 +37,14 @@ class CpuLayerOps(LayerOps):
         self, kernel: PackedLinearKernel | None = None, fused: FusedKernels | None = None,
         tuner: KernelTuner | None = None, quant: QuantKernels | None = None,
         lora: LoRAKernel | None = None, gemv: RowsGemvKernel | None = None,
+        logits: LogitsKernel | None = None,
     ) -> None:  # fmt: skip
         self.kernel = kernel if kernel is not None else PackedLinearKernel()
         self.fused = fused if fused is not None else FusedKernels()
         self.quant = quant if quant is not None else QuantKernels()
         self.lora = lora if lora is not None else LoRAKernel()
         self.gemv = gemv if gemv is not None else RowsGemvKernel(self.kernel.target)
+        self.logits = logits if logits is not None else LogitsKernel(self.kernel.target)
         self.torch_ops = TorchKernels()
         self.tuner = tuner if tuner is not None else KernelTuner(self.kernel.target)
         self.chooser = OpChooser(self.tuner, self.kernel, self.fused, self.torch_ops, self.gemv)
@@ -122,6 +125,13 @@ class CpuLayerOps(LayerOps):
         if self.fused.rotary_fits(q, k, cos):
             return self.fused.rotary(q, k, cos, sin)
         return super().rotary(q, k, cos, sin)
+
+    def logsumexp_argmax(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.logits.fits(logits):
+            done = self.logits(logits)
+            if done is not None:  # else a row holds NaN: torch's ops decide it
+                return done
+        return super().logsumexp_argmax(logits)
 
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         if self.fused.gated_act_fits(gate_up):

@@ -1,0 +1,127 @@
+"""The cpu plugin's C logits reductions (logsumexp and argmax per row, ``logits_kernel``)
+against torch's, on every build this CPU runs, and the sampler reading them through the
+platform's ``LayerOps.logsumexp_argmax``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from ironlm.interfaces.platform import LayerOps
+from ironlm.sampling_params import SamplingParams
+from ironlm.worker.sampler import Sampler, SamplingState
+from ironlm_cpu.isa import GENERIC, IsaTarget, host_target
+from ironlm_cpu.layer_ops import CpuLayerOps
+from ironlm_cpu.logits_kernel import PARALLEL_ROWS, LogitsKernel
+
+INF = float("inf")
+
+
+def _targets() -> list[IsaTarget]:
+    best = host_target()
+    return [best] if best == GENERIC else [best, GENERIC]
+
+
+@pytest.fixture(scope="module", params=_targets(), ids=lambda t: t.name)
+def kernel(request: pytest.FixtureRequest) -> LogitsKernel:
+    k = LogitsKernel(target=request.param)
+    if not k.available:
+        pytest.skip(k.reason)
+    return k
+
+
+def _check(kernel: LogitsKernel, x: torch.Tensor) -> None:
+    assert kernel.fits(x)
+    done = kernel(x)
+    assert done is not None
+    lse, arg = done
+    assert torch.equal(arg, x.argmax(dim=-1)), (arg, x.argmax(dim=-1))
+    torch.testing.assert_close(lse, torch.logsumexp(x, dim=-1), rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("rows", [1, 3, PARALLEL_ROWS + 1, 64])
+@pytest.mark.parametrize("vocab", [5, 17, 1001, 49152])
+def test_random_rows_match_torch(kernel: LogitsKernel, rows: int, vocab: int) -> None:
+    gen = torch.Generator().manual_seed(rows * vocab)
+    _check(kernel, torch.randn(rows, vocab, generator=gen) * 4)
+
+
+def test_ties_take_the_first_index(kernel: LogitsKernel) -> None:
+    x = torch.zeros(4, 300)
+    x[0, [7, 8, 250]] = 3.0  # the same lane group and a later vector
+    x[1, [16, 32, 48]] = 2.0  # the same lane of several vectors
+    x[2, [299, 298]] = 1.0  # in the scalar tail
+    x[3, [1, 17]] = 5.0  # different lanes: the lower index wins in the lane reduction
+    _check(kernel, x)
+    _check(kernel, torch.zeros(2, 64))  # all equal: index 0
+
+
+def test_infinities_and_masked_rows(kernel: LogitsKernel) -> None:
+    x = torch.randn(5, 1000)
+    x[0] = -INF  # a fully masked row: logsumexp -inf, argmax 0
+    x[1, :] = -INF
+    x[1, [10, 900]] = torch.tensor([0.5, 2.0])  # a guided mask leaving two tokens
+    x[2, 333] = INF  # +inf wins and logsumexp is +inf
+    x[3, :995] = -INF  # only the tail is allowed
+    _check(kernel, x)
+
+
+def test_strided_rows(kernel: LogitsKernel) -> None:
+    x = torch.randn(8, 3000)[:, 100:2100]  # row stride 3000, 2000 columns
+    _check(kernel, x)
+
+
+def test_nan_rows_are_left_to_torch(kernel: LogitsKernel) -> None:
+    x = torch.randn(3, 500)
+    x[1, 42] = float("nan")
+    assert kernel(x) is None
+    ops = CpuLayerOps(logits=kernel)
+    lse, arg = ops.logsumexp_argmax(x)
+    assert arg.tolist() == x.argmax(dim=-1).tolist() and arg[1] == 42  # torch: NaN is max
+    torch.testing.assert_close(lse, torch.logsumexp(x, dim=-1), equal_nan=True)
+
+
+def test_layer_ops_fall_back_for_other_inputs() -> None:
+    ops = CpuLayerOps()
+    x = torch.randn(4, 100, dtype=torch.float64)  # not float32: torch's ops
+    assert not ops.logits.fits(x)
+    lse, arg = ops.logsumexp_argmax(x)
+    assert lse.dtype == torch.float64 and torch.equal(arg, x.argmax(dim=-1))
+
+
+class _CountingOps(LayerOps):
+    def __init__(self, inner: LayerOps) -> None:
+        self.inner, self.calls = inner, 0
+
+    def logsumexp_argmax(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.calls += 1
+        return self.inner.logsumexp_argmax(logits)
+
+
+def _states(params: list[SamplingParams], vocab: int) -> list[SamplingState]:
+    return [SamplingState.create(p, 0, [1, 2, 3], vocab, torch.device("cpu")) for p in params]
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_sampler_reads_the_platform_reductions(mixed: bool) -> None:
+    """Greedy rows take the kernel's argmax and every row's log-probability its logsumexp:
+    the same tokens and log-probabilities as the reference ops (seeded random rows too)."""
+    vocab = 4000
+    logits = torch.randn(6, vocab, generator=torch.Generator().manual_seed(1)) * 3
+    params = [SamplingParams(temperature=0.0) for _ in range(6)]
+    if mixed:
+        params[2] = SamplingParams(temperature=0.8, seed=5)
+        params[4] = SamplingParams(temperature=0.0, logit_bias={7: 100.0})
+    counting = _CountingOps(CpuLayerOps())
+    got = Sampler(counting)(logits, _states(params, vocab))
+    want = Sampler()(logits, _states(params, vocab))
+    assert counting.calls == 1
+    assert [t.token_id for t in got] == [t.token_id for t in want]
+    assert got[0].token_id == int(logits[0].argmax())
+    if mixed:
+        assert got[4].token_id == 7  # the bias applies: the processed logits' argmax
+    for g, w in zip(got, want):
+        assert g.logprob == pytest.approx(w.logprob, abs=1e-5)
+    # a request for top logprobs takes the full log-softmax path instead
+    counting.calls = 0
+    Sampler(counting)(logits, _states([SamplingParams(temperature=0.0, logprobs=2)] * 6, vocab))
+    assert counting.calls == 0
