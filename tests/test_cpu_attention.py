@@ -328,22 +328,28 @@ def _isa_requests() -> list[str]:
     return out + ["generic"]
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
 @pytest.mark.parametrize("isa", _isa_requests())
 @pytest.mark.parametrize(
-    ("heads", "head_dim"), [((6, 2), 64), ((9, 3), 128), ((4, 1), 256), ((4, 4), 48)])
-def test_bf16_decode_kernel_matches_reference(
-    isa: str, heads: tuple[int, int], head_dim: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The C kernel on a bf16 cache (forced, so the measured choice cannot route it to torch):
-    float32 dots (AVX-512 BF16: vdpbf16ps on the rows, head sizes that are multiples of 64;
-    other builds and sizes widen the rows), float32 softmax, the output rounded to bf16."""
+    ("heads", "head_dim"),
+    [((6, 2), 64), ((9, 3), 64), ((9, 3), 128), ((4, 1), 256), ((4, 4), 48), ((2, 1), 128)])
+def test_decode_kernel_builds_match_reference(
+    dtype: torch.dtype, isa: str, heads: tuple[int, int], head_dim: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """The C kernel of every build this CPU runs (forced, so the measured choice cannot route
+    it to torch), bf16 and float32 caches: AVX-512 builds run the 16-lane body (bf16 scores by
+    vdpbf16ps, head sizes that are multiples of 64: query heads in pairs and threes, an odd
+    one alone), other builds and sizes the portable one; float32 softmax, bf16 outputs rounded
+    once. Contexts cross blocks and the 8- and 16-key groups at every remainder."""
     monkeypatch.setenv("IRONLM_CPU_ISA", isa)
     monkeypatch.setenv("IRONLM_CPU_KERNELS", "decode_attention=c")
     cpu = CpuPagedAttentionBackend()
     if not cpu.libraries():
         pytest.skip(cpu.decode_path)
     h, kv = heads
-    _compare([5, 20, 33, 1], [1, 1, 1, 1], h, kv, head_dim, 16, torch.bfloat16, None, None, 3, cpu)
+    _compare([5, 20, 33, 1], [1, 1, 1, 1], h, kv, head_dim, 16, dtype, None, None, 3, cpu)
     assert cpu.decode_path.startswith("fused C kernel")
-    _compare([40, 3, 70], [1, 1, 1], h, kv, head_dim, 32, torch.bfloat16, 6, 10.0, 4, cpu)
-    _compare([9, 0, 17], [1, 1, 1], h, kv, head_dim, 1, torch.bfloat16, None, None, 5, cpu)
+    _compare([40, 3, 70], [1, 1, 1], h, kv, head_dim, 32, dtype, 6, 10.0, 4, cpu)
+    _compare([9, 0, 17], [1, 1, 1], h, kv, head_dim, 1, dtype, None, None, 5, cpu)
+    _compare(list(range(7, 40, 3)), [1] * 11, h, kv, head_dim, 16, dtype, 25, None, 6, cpu)

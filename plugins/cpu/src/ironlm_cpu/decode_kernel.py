@@ -15,8 +15,10 @@ keys and values are widened to float32 (a 16-bit shift) once per block and KV he
 scratch the group's query heads share (with GQA each key was otherwise widened once per query
 head: 1.6x slower at 64 x 257 tokens); scores, softmax and the weighted sum are float32 (as
 the torch path computes a bf16 cache), and the output is rounded to bf16 to nearest even.
-Builds with AVX-512 BF16 take the scores from ``vdpbf16ps`` on the cache rows instead and widen
-only the values (``decode_bf16_src``; head sizes that are multiples of 64 up to 256).
+AVX-512 builds run a 16-lane body instead (``decode_512_src``: query heads in pairs per key
+load, value rows read once for up to 3 heads; head sizes that are multiples of 64, up to 128
+for float32), with AVX-512 BF16 taking bf16 scores from ``vdpbf16ps`` on the cache rows and
+widening only the values (``decode_bf16_src``; up to 256).
 Everything else, and any machine without a working C compiler, uses the torch path (the kernel
 reports why).
 Built and cached by ``cbuild.load_library``.

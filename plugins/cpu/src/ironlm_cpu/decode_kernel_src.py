@@ -2,6 +2,7 @@
 calls it): per (sequence, KV-head range) work item, scores block by block from the paged cache,
 a vectorised softmax, and the weighted values; float32 and bf16 caches."""
 
+from ironlm_cpu.decode_512_src import AVX512_ATTEND_SOURCE
 from ironlm_cpu.decode_bf16_src import BF16_ATTEND_SOURCE
 
 SOURCE = r"""
@@ -287,7 +288,7 @@ static void attend##SFX(const job_t *j, int s, int hk0, int hk1, const float *q,
 }
 ATTEND(_f32, float)
 ATTEND(_bf16, uint16_t)
-""" + BF16_ATTEND_SOURCE + r"""
+""" + AVX512_ATTEND_SOURCE + BF16_ATTEND_SOURCE + r"""
 
 /* One work item: the float32 query row (a bf16 one widened into qbuf), attention, and the
    output heads [g0, g1) stored in the output's dtype (bf16 rounded to nearest even). */
@@ -297,6 +298,11 @@ static void item(const job_t *j, int bf16, int s, int hk0, int hk1, float *score
     const int64_t row0 = j->tokens[s] * j->h * d;  /* the sequence's first q/out element */
     float *a = (float *)acc;
     if (!bf16) {
+#ifdef HAVE_ATTEND_512_F32
+        if (d % 64 == 0 && d <= 128) /* 16-lane FMAs (decode_512_src) */
+            attend_512_f32(j, s, hk0, hk1, (const float *)j->q + row0, scores, a);
+        else
+#endif
         attend_f32(j, s, hk0, hk1, (const float *)j->q + row0, scores, acc, NULL);
         float *o = (float *)j->out + row0;
         memcpy(o + g0 * d, a + g0 * d, sizeof(float) * (size_t)(g1 - g0) * d);
@@ -305,7 +311,7 @@ static void item(const job_t *j, int bf16, int s, int hk0, int hk1, float *score
     const uint16_t *q = (const uint16_t *)j->q + row0;
 #ifdef HAVE_ATTEND_512
     if (d % 64 == 0 && d <= 256) /* vdpbf16ps on the bf16 rows (decode_bf16_src) */
-        attend_512(j, s, hk0, hk1, q, scores, a);
+        attend_512_bf16(j, s, hk0, hk1, q, scores, a);
     else
 #endif
     {
