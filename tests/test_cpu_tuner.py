@@ -321,8 +321,12 @@ def test_decode_attention_choice(
     got = _decode_step(backend, 5)
     want = _decode_step(CpuPagedAttentionBackend(native_decode=False), 5)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
-    (decision,) = backend._tuner.decisions.values()  # type: ignore[union-attr]
+    decisions = backend._tuner.decisions  # type: ignore[union-attr]
+    (decision,) = [d for k, d in decisions.items() if k.startswith("decode_attention|")]
     assert decision["impl"] in ("c", "torch")
+    # prefill rows are measured only once decode rows run on the kernel
+    prefill = [d for k, d in decisions.items() if k.startswith("prefill_attention|")]
+    assert len(prefill) == (decision["impl"] == "c")
     if forced:
         assert decision["impl"] == forced.split("=")[1] and decision["source"] == "forced"
     graphs = backend.graph_metadata(synthetic_decode_batch(2, 8)) is not None

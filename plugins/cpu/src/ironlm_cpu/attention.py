@@ -33,6 +33,7 @@ from ironlm_cpu.attention_metadata import (
 from ironlm_cpu.cbuild import KERNEL_DTYPES, KernelLibrary
 from ironlm_cpu.decode_choice import choose_decode_path
 from ironlm_cpu.decode_kernel import PagedDecodeKernel
+from ironlm_cpu.prefill_choice import choose_prefill_rows
 from ironlm_cpu.tuner import KernelTuner
 
 _COMPUTE_DTYPE = torch.float32  # fp32 is both the reference's precision and fastest on AVX2
@@ -66,12 +67,17 @@ class CpuPagedAttentionBackend(AttentionBackend):
         # decodes before it), from the first layer's shape; None until then
         self._tuner = KernelTuner(self._kernel.target) if self._kernel is not None else None
         self._decode_c: bool | None = None if self._kernel is not None else False
+        # prefill chunks of sequences up to this many keys run as C kernel rows, one per new
+        # token (``prefill_choice``, measured with the decode choice); 0: all on torch
+        self._row_keys = 0
+        self.prefill_path = "torch (gather + SDPA)"  # why prefill runs where it runs
         # dtype -> flat buffer the KV gathers write into, grown on demand and reused by every
         # layer and step (fresh multi-MB allocations per layer cost page faults)
         self._workspace: dict[torch.dtype, torch.Tensor] = {}
 
     def build_metadata(self, batch: AttentionBatch) -> CpuAttentionMetadata:
-        return build_cpu_metadata(batch, unpadded_decode=self._decode_c is not False)
+        return build_cpu_metadata(batch, unpadded_decode=self._decode_c is not False,
+                                  row_keys=self._row_keys if self._decode_c else 0)  # fmt: skip
 
     def graph_metadata(self, batch: AttentionBatch) -> CpuAttentionMetadata | None:
         # decode graphs replay the C kernel's calls; the torch path cannot be recorded
@@ -97,6 +103,8 @@ class CpuPagedAttentionBackend(AttentionBackend):
     ) -> torch.Tensor:  # (num_tokens, num_heads, head_dim)
         if self._decode_c is None and not metadata.graph:
             self._decode_c = self._choose_decode(layer, q, kv_cache)
+            if self._decode_c and _kernel_fits(layer, q, kv_cache):
+                self._row_keys = self._choose_prefill(layer, q, kv_cache)
         native = self._decode_c is not False and _kernel_fits(layer, q, kv_cache)
         c_write = self._kernel is not None and PagedDecodeKernel.write_kv_fits(kv_cache, k, v)
         if metadata.graph and not (native and c_write):
@@ -156,6 +164,25 @@ class CpuPagedAttentionBackend(AttentionBackend):
         self.decode_path = f"{'fused C kernel' if decision['impl'] == 'c' else 'torch'} " \
             f"({decision['why']})"
         return decision["impl"] == "c"
+
+    def _choose_prefill(
+        self, layer: AttentionLayerSpec, q: torch.Tensor, kv_cache: torch.Tensor
+    ) -> int:
+        """Up to how many keys a prefill sequence runs as C kernel rows (``prefill_choice``);
+        only asked once decode rows run on the kernel."""
+        assert self._tuner is not None
+
+        def run(row_keys: int, batch: AttentionBatch, q: torch.Tensor,
+                kv: torch.Tensor) -> torch.Tensor:  # fmt: skip
+            blocks = int(batch.block_tables.numel())
+            cache = torch.zeros(2, blocks, batch.block_size, layer.num_kv_heads,
+                                layer.head_dim, dtype=kv_cache.dtype)  # fmt: skip
+            meta = build_cpu_metadata(batch, unpadded_decode=True, row_keys=row_keys)
+            return self.forward(layer, q, kv, kv, cache, meta)
+
+        decision = choose_prefill_rows(self._tuner, layer, q.dtype, run)
+        self.prefill_path = decision["why"]
+        return int(decision.get("max_keys", 0))
 
     # -- one bucket --------------------------------------------------------------------------
     def _attend_bucket(

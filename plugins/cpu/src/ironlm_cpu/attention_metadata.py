@@ -55,7 +55,7 @@ class Bucket:
     uniform: bool  # all sequences have seq_len == num_blocks * block_size (no key padding)
     fresh: bool  # no sequence has cached context: query row t sits at position t
     block_size: int
-    decode: DecodeRows | None  # set when max_q == 1
+    decode: DecodeRows | None  # set when max_q == 1, or when prefill tokens run as rows
     # masks[window]: additive float mask (n, 1, max_q, keys), 0 = attend, -inf = hidden;
     # None when nothing is hidden. Built by the first layer that asks, reused by the rest.
     masks: dict[int | None, torch.Tensor | None] = field(default_factory=dict)
@@ -174,25 +174,51 @@ def _make_bucket(
     )
 
 
-def build_cpu_metadata(batch: AttentionBatch, unpadded_decode: bool) -> CpuAttentionMetadata:
+def _token_rows(batch: AttentionBatch, seq_ids: list[int], starts: list[int]) -> DecodeRows:
+    """Every new token of ``seq_ids`` as a row of its own for the C kernel: a prefill token
+    at position p attends to keys [0, p] (its causal prefix), read from its sequence's
+    blocks (the block table row repeated per token)."""
+    q_lens, seq_lens = batch.query_lens_cpu, batch.seq_lens_cpu
+    tokens = torch.cat([torch.arange(starts[i], starts[i] + q_lens[i]) for i in seq_ids])
+    lens = torch.cat([torch.arange(seq_lens[i] - q_lens[i] + 1, seq_lens[i] + 1)
+                      for i in seq_ids])  # fmt: skip
+    owner = torch.tensor(seq_ids, dtype=torch.int64).repeat_interleave(
+        torch.tensor([q_lens[i] for i in seq_ids]))
+    num_blocks = max(-(-seq_lens[i] // batch.block_size) for i in seq_ids)
+    return DecodeRows(
+        tokens=tokens.to(torch.int64), seq_lens=lens.to(torch.int64),
+        tables=batch.block_tables[owner, :num_blocks].to(torch.int32).contiguous(),
+        max_len=max(seq_lens[i] for i in seq_ids),
+    )  # fmt: skip
+
+
+def build_cpu_metadata(
+    batch: AttentionBatch, unpadded_decode: bool, row_keys: int = 0
+) -> CpuAttentionMetadata:
     """Bucket the batch's sequences and precompute every index of the step.
 
     ``unpadded_decode``: decode rows run on a kernel that reads each sequence's own blocks, so
-    all of them form one bucket whatever their lengths (only padded buckets are split)."""
+    all of them form one bucket whatever their lengths (only padded buckets are split).
+    ``row_keys``: prefill chunks of sequences with at most this many keys (context and new
+    tokens) join that bucket too, one kernel row per new token (``_token_rows``); the padded
+    fields of the bucket stay valid for a layer the kernel does not take."""
     bs = batch.block_size
-    q_lens = batch.query_lens_cpu
-    blocks = [-(-s // bs) for s in batch.seq_lens_cpu]  # blocks covering each context
+    q_lens, seq_lens = batch.query_lens_cpu, batch.seq_lens_cpu
+    blocks = [-(-s // bs) for s in seq_lens]  # blocks covering each context
     starts = [0]
     for q in q_lens:
         starts.append(starts[-1] + q)
     live = [i for i, q in enumerate(q_lens) if q > 0]
     groups: list[list[int]] = []
+    rows: list[int] = []
     if unpadded_decode:
-        decode = [i for i in live if q_lens[i] == 1]
-        live = [i for i in live if q_lens[i] > 1]
-        groups += [decode] if decode else []
+        rows = [i for i in live if q_lens[i] == 1 or seq_lens[i] <= row_keys]
+        live = [i for i in live if not (q_lens[i] == 1 or seq_lens[i] <= row_keys)]
+        groups += [rows] if rows else []
     groups += _group(live, q_lens, blocks, bs) if live else []
     buckets = [_make_bucket(batch, ids, starts, blocks) for ids in groups]
+    if rows and any(q_lens[i] > 1 for i in rows):
+        buckets[0].decode = _token_rows(batch, rows, starts)
     return CpuAttentionMetadata(batch=batch, buckets=buckets)
 
 

@@ -16,8 +16,9 @@ measured on a busy machine (load per core above ``BUSY``) by another process and
 quieter now (within one process a decision never changes).
 
 Switches: ``IRONLM_CPU_KERNELS=op=impl[,op=impl]`` forces a choice (e.g. ``linear=torch``,
-``rms_norm=c``, ``decode_attention=torch``); ``IRONLM_CPU_TUNE=0`` measures nothing and takes
-each op's default (the C kernel where it runs); ``IRONLM_CPU_TUNE=refresh`` measures again,
+``rms_norm=c``, ``decode_attention=torch``, ``prefill_attention=c``); ``IRONLM_CPU_TUNE=0``
+measures nothing and takes each op's default (the C kernel where it runs; torch for prefill
+attention); ``IRONLM_CPU_TUNE=refresh`` measures again,
 ignoring the cache and the load. On a busy machine (load average per core above ``BUSY``)
 nothing is measured: each op takes its default for this process and is measured at a later,
 quieter start-up; so are the ops left when one start-up has measured for ``BUDGET_S``.
@@ -44,6 +45,7 @@ KNOWN_OPS: dict[str, tuple[str, ...]] = {
     "linear": ("torch", "c", "c_narrow", "c_wide", "c_bf16", "c_gemv"),
     "rms_norm": ("torch", "c"),
     "decode_attention": ("torch", "c"),
+    "prefill_attention": ("torch", "c"),
 }
 ROUNDS = 3
 BUDGET_S = 10.0  # measuring time per process (per tuner); past it, ops take their default

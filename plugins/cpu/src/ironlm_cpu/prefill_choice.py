@@ -1,0 +1,107 @@
+"""Prefill attention: the fused C kernel, one row per new token, or the torch path (gather +
+SDPA), by measurement, up to which sequence length.
+
+Why: the C decode kernel reads a row's keys straight from the paged cache, so a prefill token
+can be a row of its own over its causal prefix (``attention_metadata._token_rows``); for short
+prompts that beats gathering the blocks and one padded SDPA call (no gather, no float32 copies,
+no padding), and for long ones SDPA's blocked matmuls win. Where the crossover lies depends on
+the CPU, the dtype and the heads. On the 2-core Zen 5 (SmolLM2's 9 / 3 heads of 64, per layer):
+bf16 32 x 64 tokens 1.28 vs 4.33 ms, 4 x 512 6.5 vs 16.6 ms, 1 x 2048 24.5 vs 37.7 ms; float32
+32 x 64 1.64 vs 6.60 ms but 1 x 2048 40.6 vs 36.6 ms.
+
+Timed once per (dtype, heads, KV heads, head_dim, threads) on fresh prompts of growing length
+(``BUCKETS``: sequences x tokens), both paths checked against each other first; measuring stops
+at the first length torch wins. The decision, ``max_keys``, is the longest measured length the
+kernel won at and every shorter one (0: torch for every prefill), cached with the other kernel
+choices (``tuner``); sequences longer than that run on torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from ironlm.interfaces.attention import AttentionBatch, AttentionLayerSpec
+
+from ironlm_cpu.tuner import VERSION, KernelTuner
+
+BUCKETS: tuple[tuple[int, int], ...] = ((32, 64), (4, 512), (1, 2048))  # (sequences, tokens)
+_BLOCK = 16
+
+
+def synthetic_prefill_batch(num_seqs: int, tokens: int, block_size: int = _BLOCK) -> AttentionBatch:
+    """``num_seqs`` fresh prompts of ``tokens`` tokens, each in its own consecutive blocks."""
+    per_seq = -(-tokens // block_size)
+    tables = torch.arange(num_seqs * per_seq, dtype=torch.int32).view(num_seqs, per_seq)
+    pos = torch.arange(tokens)
+    slots = (tables[:, pos // block_size].long() * block_size + pos % block_size).reshape(-1)
+    lens = [tokens] * num_seqs
+    return AttentionBatch(
+        query_start_loc=torch.arange(num_seqs + 1, dtype=torch.int32) * tokens,
+        seq_lens=torch.tensor(lens, dtype=torch.int32),
+        context_lens=torch.zeros(num_seqs, dtype=torch.int32),
+        block_tables=tables.contiguous(), slot_mapping=slots, block_size=block_size,
+        max_query_len=tokens, max_seq_len=tokens, query_lens_cpu=lens, seq_lens_cpu=lens,
+    )  # fmt: skip
+
+
+def choose_prefill_rows(
+    tuner: KernelTuner,
+    layer: AttentionLayerSpec,
+    dtype: torch.dtype,
+    run: Callable[[int, AttentionBatch, torch.Tensor, torch.Tensor], torch.Tensor],
+) -> dict[str, Any]:
+    """The decision (``max_keys``, with timings and why). ``run(row_keys, batch, q, kv)`` runs
+    one step of the backend on ``batch`` with prefill rows on the C kernel up to ``row_keys``
+    keys per sequence (0: none), ``kv`` serving as the new keys and values."""
+    threads = torch.get_num_threads()
+    name = str(dtype).removeprefix("torch.")
+    key = (f"prefill_attention|{name}|h{layer.num_heads}kv{layer.num_kv_heads}"
+           f"d{layer.head_dim}|t{threads}|v{VERSION}")  # fmt: skip
+    longest = BUCKETS[-1][1]
+    forced = tuner.forced_op("prefill_attention")
+    if forced is not None:
+        decision = {"op": "prefill_attention", "impl": forced, "source": "forced",
+                    "max_keys": longest if forced == "c" else 0,
+                    "why": f"forced by IRONLM_CPU_KERNELS=prefill_attention={forced}"}  # fmt: skip
+        tuner.record(key, decision, persist=False)
+        return decision
+    cached = tuner.lookup(key, known=("c", "torch")) if tuner.measuring else None
+    if cached is not None:
+        return cached
+    why = "IRONLM_CPU_TUNE=0: the default" if not tuner.measuring else tuner.busy_reason()
+    if why is not None:  # the default: the torch path, as before this choice existed
+        decision = {"op": "prefill_attention", "impl": "torch", "max_keys": 0,
+                    "source": "default", "why": why}  # fmt: skip
+        tuner.record(key, decision, persist=False)
+        return decision
+    max_keys, us, rejected = 0, {}, {}
+    rtol, atol = (1e-3, 1e-4) if dtype == torch.float32 else (1.6e-2, 1e-3)
+    gen = torch.Generator().manual_seed(layer.num_heads * 89 + layer.head_dim)
+    for seqs, tokens in BUCKETS:
+        batch = synthetic_prefill_batch(seqs, tokens)
+        t = seqs * tokens
+        q = torch.randn(t, layer.num_heads, layer.head_dim, generator=gen).to(dtype)
+        kv = torch.randn(t, layer.num_kv_heads, layer.head_dim, generator=gen).to(dtype)
+        meas = tuner.measure(
+            {"c": lambda: run(tokens, batch, q, kv), "torch": lambda: run(0, batch, q, kv)},
+            run(0, batch, q, kv), rtol=rtol, atol=atol,
+        )  # fmt: skip
+        label = f"{seqs}x{tokens}"
+        us[label] = meas.us
+        rejected.update({f"{label} {c}": r for c, r in meas.rejected.items()})
+        if meas.fastest() != "c":
+            break
+        max_keys = tokens
+    times = "; ".join(f"{b}: " + ", ".join(f"{k} {v:.0f}us" for k, v in t.items())
+                      for b, t in us.items())  # fmt: skip
+    why = (f"C kernel rows for prompts up to {max_keys} keys" if max_keys else
+           "torch for every prefill") + f" ({times})"
+    if rejected:
+        why += "; rejected: " + "; ".join(f"{c} ({r})" for c, r in rejected.items())
+    decision = {"op": "prefill_attention", "impl": "c" if max_keys else "torch",
+                "max_keys": max_keys, "us": us, "rejected": rejected, "why": why,
+                "threads": threads, "source": "measured"}  # fmt: skip
+    tuner.record(key, decision)
+    return decision

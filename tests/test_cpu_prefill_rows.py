@@ -1,0 +1,107 @@
+"""Prefill tokens as rows of the cpu plugin's C attention kernel (one row per new token over its
+causal prefix) against the core's reference, on every build this CPU runs, and the measured
+choice of up to which length prefill runs that way (``prefill_choice``)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from ironlm.attention.batch import random_paged_batch
+from ironlm.interfaces.attention import AttentionBatch, AttentionLayerSpec
+from ironlm_cpu.attention import CpuPagedAttentionBackend
+from ironlm_cpu.attention_metadata import build_cpu_metadata
+from ironlm_cpu.isa import host_target
+from ironlm_cpu.prefill_choice import BUCKETS, choose_prefill_rows
+from ironlm_cpu.tuner import KernelTuner
+from test_cpu_attention import _compare, _isa_requests
+
+CASES = [  # (context lengths, new tokens, sliding window, soft cap)
+    ([0, 0, 0], [37, 1, 64], None, None),  # fresh prompts beside a decode row
+    ([20, 33, 64], [13, 31, 5], None, None),  # chunks over cached context
+    ([0, 40, 17, 100, 0, 5, 32], [23, 1, 9, 1, 1, 1, 40], 7, None),  # mixed, windowed
+    ([0, 25, 50], [11, 1, 6], None, 5.0),  # soft cap
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
+@pytest.mark.parametrize("isa", _isa_requests())
+@pytest.mark.parametrize(("heads", "head_dim"), [((9, 3), 64), ((8, 1), 128), ((4, 4), 48)])
+def test_prefill_rows_match_reference(
+    dtype: torch.dtype, isa: str, heads: tuple[int, int], head_dim: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    monkeypatch.setenv("IRONLM_CPU_ISA", isa)
+    monkeypatch.setenv("IRONLM_CPU_KERNELS", "decode_attention=c,prefill_attention=c")
+    h, kv = heads
+    cpu = CpuPagedAttentionBackend()
+    if not cpu.libraries():
+        pytest.skip(cpu.decode_path)
+    _compare([3], [1], h, kv, head_dim, 16, dtype, None, None, 0, cpu)  # first forward: choices
+    assert cpu._row_keys == BUCKETS[-1][1], cpu.prefill_path  # forced: C rows up to 2048 keys
+    for seed, (ctx, qs, window, cap) in enumerate(CASES):
+        meta = cpu.build_metadata(_batch(ctx, qs))
+        rows = meta.buckets[0].decode
+        assert len(meta.buckets) == 1 and rows is not None and rows.tokens.numel() == sum(qs)
+        _compare(ctx, qs, h, kv, head_dim, 16, dtype, window, cap, seed + 1, cpu)
+
+
+def _batch(ctx: list[int], qs: list[int]) -> AttentionBatch:
+    need = sum(-(-(c + q) // 16) for c, q in zip(ctx, qs)) + 2
+    return random_paged_batch(ctx, qs, 16, need, torch.Generator().manual_seed(0))
+
+
+def test_rows_bucket_takes_short_prefills_only() -> None:
+    ctx, qs = [0, 40, 0, 300], [23, 1, 9, 20]  # keys: 23, 41, 9, 320
+    meta = build_cpu_metadata(_batch(ctx, qs), unpadded_decode=True, row_keys=64)
+    rows = meta.buckets[0].decode
+    assert rows is not None and meta.buckets[0].seq_ids == [0, 1, 2]
+    assert rows.tokens.tolist() == list(range(0, 33))  # tokens of sequences 0, 1, 2
+    assert rows.seq_lens.tolist() == list(range(1, 24)) + [41] + list(range(1, 10))
+    assert rows.tables.shape[0] == 33 and rows.max_len == 41
+    assert [b.seq_ids for b in meta.buckets[1:]] == [[3]]  # 320 keys: the padded SDPA path
+    # without row_keys only decode rows join the kernel's bucket (as before this choice)
+    plain = build_cpu_metadata(_batch(ctx, qs), unpadded_decode=True)
+    assert plain.buckets[0].seq_ids == [1] and plain.buckets[0].decode is not None
+    assert plain.buckets[0].decode.tokens.tolist() == [23]
+
+
+def _fake_run(slow_from: int) -> object:
+    """A run(row_keys, batch, q, kv) whose C path (row_keys > 0) is slower than torch's on
+    prompts of ``slow_from`` tokens and more; both return the same tensor."""
+
+    def run(row_keys: int, batch: AttentionBatch, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        tokens = batch.query_lens_cpu[0]
+        c_slow = row_keys > 0 and tokens >= slow_from
+        time.sleep(0.004 if c_slow or (row_keys == 0 and tokens < slow_from) else 0.0005)
+        return q.float().sum(-1)
+
+    return run
+
+
+@pytest.mark.parametrize("slow_from", [64, 512, 2048, 10**6])
+def test_choice_keeps_the_lengths_the_kernel_won(slow_from: int, tmp_path: Path) -> None:
+    tuner = KernelTuner(host_target(), cache_dir=tmp_path, mode="refresh", forced="")
+    layer = AttentionLayerSpec(0, 4, 2, 16, 0.25, None)
+    decision = choose_prefill_rows(tuner, layer, torch.float32, _fake_run(slow_from))  # type: ignore[arg-type]
+    won = [t for _, t in BUCKETS if t < slow_from]
+    assert decision["max_keys"] == (won[-1] if won else 0), decision["why"]
+    assert decision["impl"] == ("c" if won else "torch")
+    measured = [label for label in decision["us"]]
+    assert len(measured) == min(len(won) + 1, len(BUCKETS))  # stops at the first loss
+    again = KernelTuner(host_target(), cache_dir=tmp_path, forced="")
+    cached = choose_prefill_rows(again, layer, torch.float32, _fake_run(0))  # type: ignore[arg-type]
+    assert cached["max_keys"] == decision["max_keys"]  # read back, not measured again
+
+
+def test_forced_torch_keeps_prefill_on_sdpa(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IRONLM_CPU_KERNELS", "decode_attention=c,prefill_attention=torch")
+    cpu = CpuPagedAttentionBackend()
+    if not cpu.libraries():
+        pytest.skip(cpu.decode_path)
+    _compare([0, 10], [30, 1], 6, 2, 64, 16, torch.float32, None, None, 1, cpu)
+    assert cpu._row_keys == 0
+    meta = cpu.build_metadata(_batch([0, 10], [30, 1]))
+    assert meta.buckets[0].seq_ids == [1]  # the decode row alone; the prompt is padded SDPA
