@@ -332,7 +332,8 @@ def _isa_requests() -> list[str]:
 @pytest.mark.parametrize("isa", _isa_requests())
 @pytest.mark.parametrize(
     ("heads", "head_dim"),
-    [((6, 2), 64), ((9, 3), 64), ((9, 3), 128), ((4, 1), 256), ((4, 4), 48), ((2, 1), 128)])
+    [((6, 2), 64), ((9, 3), 64), ((9, 3), 128), ((4, 1), 256), ((4, 4), 48), ((2, 1), 128),
+     ((4, 4), 64), ((10, 2), 64), ((6, 2), 192)])
 def test_decode_kernel_builds_match_reference(
     dtype: torch.dtype, isa: str, heads: tuple[int, int], head_dim: int,
     monkeypatch: pytest.MonkeyPatch,
@@ -343,7 +344,8 @@ def test_decode_kernel_builds_match_reference(
     one alone), other builds and sizes the portable one; float32 softmax, bf16 outputs rounded
     once. Contexts cross blocks and the 8- and 16-key groups at every remainder."""
     monkeypatch.setenv("IRONLM_CPU_ISA", isa)
-    monkeypatch.setenv("IRONLM_CPU_KERNELS", "decode_attention=c")
+    # prefill rows are tested in test_cpu_prefill_rows.py; not measured here
+    monkeypatch.setenv("IRONLM_CPU_KERNELS", "decode_attention=c,prefill_attention=torch")
     cpu = CpuPagedAttentionBackend()
     if not cpu.libraries():
         pytest.skip(cpu.decode_path)

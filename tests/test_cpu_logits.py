@@ -90,11 +90,24 @@ def test_layer_ops_fall_back_for_other_inputs() -> None:
 
 class _CountingOps(LayerOps):
     def __init__(self, inner: LayerOps) -> None:
-        self.inner, self.calls = inner, 0
+        self.inner, self.calls, self.asked = inner, 0, []
 
-    def logsumexp_argmax(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def logsumexp_argmax(
+        self, logits: torch.Tensor, argmax: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         self.calls += 1
-        return self.inner.logsumexp_argmax(logits)
+        self.asked.append(argmax)
+        return self.inner.logsumexp_argmax(logits, argmax)
+
+
+class _LastIndexOps(LayerOps):
+    """Reports the last index as every row's argmax: whatever the sampler takes from it shows."""
+
+    def logsumexp_argmax(
+        self, logits: torch.Tensor, argmax: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        last = torch.full((logits.shape[0],), logits.shape[1] - 1, dtype=torch.int64)
+        return torch.logsumexp(logits, dim=-1), last
 
 
 def _states(params: list[SamplingParams], vocab: int) -> list[SamplingState]:
@@ -115,6 +128,7 @@ def test_sampler_reads_the_platform_reductions(mixed: bool) -> None:
     got = Sampler(counting)(logits, _states(params, vocab))
     want = Sampler()(logits, _states(params, vocab))
     assert counting.calls == 1
+    assert counting.asked == [not mixed]  # a raw argmax only when no rule changed the logits
     assert [t.token_id for t in got] == [t.token_id for t in want]
     assert got[0].token_id == int(logits[0].argmax())
     if mixed:
@@ -125,3 +139,12 @@ def test_sampler_reads_the_platform_reductions(mixed: bool) -> None:
     counting.calls = 0
     Sampler(counting)(logits, _states([SamplingParams(temperature=0.0, logprobs=2)] * 6, vocab))
     assert counting.calls == 0
+
+
+def test_greedy_unprocessed_rows_take_the_platform_argmax() -> None:
+    logits = torch.randn(3, 50)
+    states = _states([SamplingParams(temperature=0.0)] * 3, 50)
+    assert [t.token_id for t in Sampler(_LastIndexOps())(logits, states)] == [49, 49, 49]
+    # a processor changed the logits: the sampler's own argmax of the processed rows
+    states = _states([SamplingParams(temperature=0.0, logit_bias={3: 1e4})] * 3, 50)
+    assert [t.token_id for t in Sampler(_LastIndexOps())(logits, states)] == [3, 3, 3]

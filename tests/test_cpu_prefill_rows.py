@@ -5,13 +5,14 @@ choice of up to which length prefill runs that way (``prefill_choice``)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 from ironlm.attention.batch import random_paged_batch
 from ironlm.interfaces.attention import AttentionBatch, AttentionLayerSpec
-from ironlm_cpu.attention import CpuPagedAttentionBackend
+from ironlm_cpu.attention import CpuPagedAttentionBackend, _kernel_fits
 from ironlm_cpu.attention_metadata import build_cpu_metadata
 from ironlm_cpu.isa import host_target
 from ironlm_cpu.prefill_choice import BUCKETS, choose_prefill_rows
@@ -39,6 +40,9 @@ def test_prefill_rows_match_reference(
     cpu = CpuPagedAttentionBackend()
     if not cpu.libraries():
         pytest.skip(cpu.decode_path)
+    layer = AttentionLayerSpec(0, h, kv, head_dim, head_dim**-0.5, None)
+    cache = torch.zeros(2, 4, 16, kv, head_dim, dtype=dtype)
+    assert _kernel_fits(layer, torch.zeros(1, h, head_dim, dtype=dtype), cache)
     _compare([3], [1], h, kv, head_dim, 16, dtype, None, None, 0, cpu)  # first forward: choices
     assert cpu._row_keys == BUCKETS[-1][1], cpu.prefill_path  # forced: C rows up to 2048 keys
     for seed, (ctx, qs, window, cap) in enumerate(CASES):
@@ -60,7 +64,9 @@ def test_rows_bucket_takes_short_prefills_only() -> None:
     assert rows is not None and meta.buckets[0].seq_ids == [0, 1, 2]
     assert rows.tokens.tolist() == list(range(0, 33))  # tokens of sequences 0, 1, 2
     assert rows.seq_lens.tolist() == list(range(1, 24)) + [41] + list(range(1, 10))
-    assert rows.tables.shape[0] == 33 and rows.max_len == 41
+    assert rows.tables.shape[0] == 3 and rows.max_len == 41  # one table row per sequence
+    assert rows.table_of is not None
+    assert rows.table_of.tolist() == [0] * 23 + [1] + [2] * 9
     assert [b.seq_ids for b in meta.buckets[1:]] == [[3]]  # 320 keys: the padded SDPA path
     # without row_keys only decode rows join the kernel's bucket (as before this choice)
     plain = build_cpu_metadata(_batch(ctx, qs), unpadded_decode=True)
@@ -68,31 +74,40 @@ def test_rows_bucket_takes_short_prefills_only() -> None:
     assert plain.buckets[0].decode.tokens.tolist() == [23]
 
 
-def _fake_run(slow_from: int) -> object:
-    """A run(row_keys, batch, q, kv) whose C path (row_keys > 0) is slower than torch's on
+def _fake_prepare(
+    slow_from: int,
+) -> Callable[[int, AttentionBatch, torch.Tensor, torch.Tensor], Callable[[], torch.Tensor]]:
+    """A prepare(row_keys, batch, q, kv) whose C path (row_keys > 0) is slower than torch's on
     prompts of ``slow_from`` tokens and more; both return the same tensor."""
 
-    def run(row_keys: int, batch: AttentionBatch, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+    def prepare(
+        row_keys: int, batch: AttentionBatch, q: torch.Tensor, kv: torch.Tensor
+    ) -> Callable[[], torch.Tensor]:
         tokens = batch.query_lens_cpu[0]
         c_slow = row_keys > 0 and tokens >= slow_from
-        time.sleep(0.004 if c_slow or (row_keys == 0 and tokens < slow_from) else 0.0005)
-        return q.float().sum(-1)
+        slow = c_slow or (row_keys == 0 and tokens < slow_from)
 
-    return run
+        def call() -> torch.Tensor:
+            time.sleep(0.004 if slow else 0.0005)
+            return q.float().sum(-1)
+
+        return call
+
+    return prepare
 
 
 @pytest.mark.parametrize("slow_from", [64, 512, 2048, 10**6])
 def test_choice_keeps_the_lengths_the_kernel_won(slow_from: int, tmp_path: Path) -> None:
     tuner = KernelTuner(host_target(), cache_dir=tmp_path, mode="refresh", forced="")
     layer = AttentionLayerSpec(0, 4, 2, 16, 0.25, None)
-    decision = choose_prefill_rows(tuner, layer, torch.float32, _fake_run(slow_from))  # type: ignore[arg-type]
+    decision = choose_prefill_rows(tuner, layer, torch.float32, _fake_prepare(slow_from))
     won = [t for _, t in BUCKETS if t < slow_from]
     assert decision["max_keys"] == (won[-1] if won else 0), decision["why"]
     assert decision["impl"] == ("c" if won else "torch")
     measured = [label for label in decision["us"]]
     assert len(measured) == min(len(won) + 1, len(BUCKETS))  # stops at the first loss
-    again = KernelTuner(host_target(), cache_dir=tmp_path, forced="")
-    cached = choose_prefill_rows(again, layer, torch.float32, _fake_run(0))  # type: ignore[arg-type]
+    again = KernelTuner(host_target(), cache_dir=tmp_path, mode="1", forced="")
+    cached = choose_prefill_rows(again, layer, torch.float32, _fake_prepare(0))
     assert cached["max_keys"] == decision["max_keys"]  # read back, not measured again
 
 

@@ -94,8 +94,10 @@ class Sampler:
         # logprobs, else only each sampled token's, as x[t] - logsumexp(x) (no (B, V) tensor).
         want_top = any(s.params.logprobs is not None for s in states)
         raw_logprobs = torch.log_softmax(logits, dim=-1) if want_top else None  # (B, V)
-        log_norm, raw_argmax = (None, None) if want_top else self.ops.logsumexp_argmax(logits)
+        # every rule and processor copies before it writes: x is logits when none applied
         x = self.final_logits(logits, states, allowed_mask)
+        log_norm, raw_argmax = (None, None) if want_top else \
+            self.ops.logsumexp_argmax(logits, argmax=x is logits)  # fmt: skip
         # greedy rows: the argmax of the processed logits (the raw ones' when nothing changed)
         tokens = raw_argmax if x is logits and raw_argmax is not None else x.argmax(dim=-1)
         if not all(s.params.sampling_type_greedy for s in states):

@@ -4,19 +4,23 @@ Per step, ``build_metadata`` groups the sequences into buckets of similar shape 
 every index and mask (``attention_metadata``); every layer reuses them. Per layer:
 
 - decode rows (one new token per sequence) run on a fused C kernel that reads each sequence's
-  KV blocks straight from the cache (``decode_kernel``), when it builds here and the cache and
-  queries are float32 or bfloat16;
-- every other bucket (prefill and chunked-prefill chunks, and decode rows otherwise) gathers its
-  KV blocks with one ``index_select`` into a reused workspace, views them as (n, Hkv, keys, D)
-  without copying, and runs one ``scaled_dot_product_attention`` (GQA without repeating K/V,
-  ``is_causal`` for fresh prompts, else the step's precomputed additive mask), or an explicit
-  matmul/softmax when the layer soft-caps its logits, which SDPA cannot do.
+  KV blocks straight from the cache (``decode_kernel``), when it builds here, the cache and
+  queries are float32 or bfloat16, and it measured faster than torch (``decode_choice``);
+  prefill tokens of prompts up to a measured length join them as rows of their own, each
+  over its causal prefix (``prefill_choice``);
+- every other bucket (longer prefill and chunked-prefill chunks, and decode rows otherwise)
+  gathers its KV blocks with one ``index_select`` into a reused workspace, views them as (n,
+  Hkv, keys, D) without copying, and runs one ``scaled_dot_product_attention`` (GQA without
+  repeating K/V, ``is_causal`` for fresh prompts, else the step's precomputed additive mask),
+  or an explicit matmul/softmax when the layer soft-caps its logits (``soft_cap``), which SDPA
+  cannot do.
 
 Scores are computed in float32 whatever the cache dtype, as the reference does.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -34,6 +38,7 @@ from ironlm_cpu.cbuild import KERNEL_DTYPES, KernelLibrary
 from ironlm_cpu.decode_choice import choose_decode_path
 from ironlm_cpu.decode_kernel import PagedDecodeKernel
 from ironlm_cpu.prefill_choice import choose_prefill_rows
+from ironlm_cpu.soft_cap import soft_capped_attention
 from ironlm_cpu.tuner import KernelTuner
 
 _COMPUTE_DTYPE = torch.float32  # fp32 is both the reference's precision and fastest on AVX2
@@ -132,6 +137,7 @@ class CpuPagedAttentionBackend(AttentionBackend):
                 self._kernel(
                     q.contiguous(), kv_cache, out, rows.tokens, rows.seq_lens, rows.tables,
                     rows.max_len, layer.scale, layer.sliding_window, layer.logits_soft_cap,
+                    rows.table_of,
                 )  # fmt: skip
                 continue
             padded = self._attend_bucket(layer, q, kv_cache, bucket)  # (n * max_q, H, D)
@@ -172,15 +178,15 @@ class CpuPagedAttentionBackend(AttentionBackend):
         only asked once decode rows run on the kernel."""
         assert self._tuner is not None
 
-        def run(row_keys: int, batch: AttentionBatch, q: torch.Tensor,
-                kv: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        def prepare(row_keys: int, batch: AttentionBatch, q: torch.Tensor,
+                    kv: torch.Tensor) -> Callable[[], torch.Tensor]:  # fmt: skip
             blocks = int(batch.block_tables.numel())
             cache = torch.zeros(2, blocks, batch.block_size, layer.num_kv_heads,
                                 layer.head_dim, dtype=kv_cache.dtype)  # fmt: skip
             meta = build_cpu_metadata(batch, unpadded_decode=True, row_keys=row_keys)
-            return self.forward(layer, q, kv, kv, cache, meta)
+            return lambda: self.forward(layer, q, kv, kv, cache, meta)
 
-        decision = choose_prefill_rows(self._tuner, layer, q.dtype, run)
+        decision = choose_prefill_rows(self._tuner, layer, q.dtype, prepare)
         self.prefill_path = decision["why"]
         return int(decision.get("max_keys", 0))
 
@@ -201,7 +207,7 @@ class CpuPagedAttentionBackend(AttentionBackend):
         rows = rows.to(_COMPUTE_DTYPE)  # (n * max_q, H, D), padded rows in bucket order
 
         if layer.logits_soft_cap is not None:
-            return _soft_capped_attention(
+            return soft_capped_attention(
                 rows, keys, values, bucket.mask(window), layer.scale, layer.logits_soft_cap
             )
         if max_q == 1:
@@ -275,28 +281,3 @@ def _write_kv(
     slots = kv_cache.view(2, -1, kv_cache.shape[-2], kv_cache.shape[-1])  # (2, slots, Hkv, D)
     slots[0].index_copy_(0, slot_mapping, k.to(kv_cache.dtype))
     slots[1].index_copy_(0, slot_mapping, v.to(kv_cache.dtype))
-
-
-def _soft_capped_attention(
-    rows: torch.Tensor,  # (n * max_q, H, D) padded query rows
-    keys: torch.Tensor,  # (n, Hkv, keys, D)
-    values: torch.Tensor,  # (n, Hkv, keys, D)
-    mask: torch.Tensor | None,  # (n, 1, max_q, keys) additive
-    scale: float,
-    cap: float,
-) -> torch.Tensor:  # (n * max_q, H, D)
-    """Explicit attention with ``cap * tanh(scores / cap)`` before the mask and softmax (SDPA
-    has no soft cap). Query heads sharing a KV head are stacked as rows ordered (g, t), so K/V
-    are not repeated and the mask broadcasts over g."""
-    n, h_kv, _, d = keys.shape
-    max_q = rows.shape[0] // n
-    group = rows.shape[1] // h_kv
-    qg = rows.view(n, max_q, h_kv, group, d).permute(0, 2, 3, 1, 4)  # (n, Hkv, G, max_q, D)
-    qg = qg.reshape(n, h_kv, group * max_q, d)
-    scores = torch.matmul(qg, keys.transpose(-1, -2)) * scale  # (n, Hkv, G * max_q, keys)
-    scores = torch.tanh(scores / cap) * cap
-    if mask is not None:
-        scores = scores.view(n, h_kv, group, max_q, -1) + mask.unsqueeze(2)
-    probs = torch.softmax(scores.view(n, h_kv, group * max_q, -1), dim=-1)
-    o = torch.matmul(probs, values).view(n, h_kv, group, max_q, d)
-    return o.permute(0, 3, 1, 2, 4).reshape(n * max_q, h_kv * group, d)

@@ -27,13 +27,16 @@ _BUCKET_OVERHEAD = 4096
 
 @dataclass
 class DecodeRows:
-    """A decode bucket (one new token per sequence) as the fused C kernel reads it: no padding,
-    each sequence's blocks straight from its block table."""
+    """Query rows as the fused C kernel reads them: no padding, each row's keys straight from
+    its sequence's block table. A decode bucket has one row per sequence; prefill tokens run
+    as rows too (``_token_rows``), each over its causal prefix, sharing their sequence's
+    table row."""
 
-    tokens: torch.Tensor  # (n,) int64: the query row of each sequence
-    seq_lens: torch.Tensor  # (n,) int64: context length including the new token
-    tables: torch.Tensor  # (n, num_blocks) int32, contiguous: physical block ids
+    tokens: torch.Tensor  # (n,) int64: the q / output row of each kernel row
+    seq_lens: torch.Tensor  # (n,) int64: keys the row attends to (its context incl. itself)
+    tables: torch.Tensor  # (S, num_blocks) int32, contiguous: physical block ids per sequence
     max_len: int  # longest context of the bucket
+    table_of: torch.Tensor | None = None  # (n,) int64 row of ``tables``; None: row i, S == n
 
 
 @dataclass
@@ -177,18 +180,19 @@ def _make_bucket(
 def _token_rows(batch: AttentionBatch, seq_ids: list[int], starts: list[int]) -> DecodeRows:
     """Every new token of ``seq_ids`` as a row of its own for the C kernel: a prefill token
     at position p attends to keys [0, p] (its causal prefix), read from its sequence's
-    blocks (the block table row repeated per token)."""
+    blocks (one table row per sequence, ``table_of`` per token)."""
     q_lens, seq_lens = batch.query_lens_cpu, batch.seq_lens_cpu
     tokens = torch.cat([torch.arange(starts[i], starts[i] + q_lens[i]) for i in seq_ids])
     lens = torch.cat([torch.arange(seq_lens[i] - q_lens[i] + 1, seq_lens[i] + 1)
                       for i in seq_ids])  # fmt: skip
-    owner = torch.tensor(seq_ids, dtype=torch.int64).repeat_interleave(
-        torch.tensor([q_lens[i] for i in seq_ids]))
+    table_of = torch.arange(len(seq_ids)).repeat_interleave(
+        torch.tensor([q_lens[i] for i in seq_ids]))  # (n,) the row's sequence in seq_ids
     num_blocks = max(-(-seq_lens[i] // batch.block_size) for i in seq_ids)
+    ids = torch.tensor(seq_ids, dtype=torch.int64)
     return DecodeRows(
         tokens=tokens.to(torch.int64), seq_lens=lens.to(torch.int64),
-        tables=batch.block_tables[owner, :num_blocks].to(torch.int32).contiguous(),
-        max_len=max(seq_lens[i] for i in seq_ids),
+        tables=batch.block_tables[ids, :num_blocks].to(torch.int32).contiguous(),
+        max_len=max(seq_lens[i] for i in seq_ids), table_of=table_of.to(torch.int64),
     )  # fmt: skip
 
 
@@ -201,7 +205,9 @@ def build_cpu_metadata(
     all of them form one bucket whatever their lengths (only padded buckets are split).
     ``row_keys``: prefill chunks of sequences with at most this many keys (context and new
     tokens) join that bucket too, one kernel row per new token (``_token_rows``); the padded
-    fields of the bucket stay valid for a layer the kernel does not take."""
+    fields of the bucket stay valid for a layer the kernel does not take (correct, though
+    padded to the bucket's longest chunk and context: the backend sets ``row_keys`` only when
+    the kernel takes the model's layers)."""
     bs = batch.block_size
     q_lens, seq_lens = batch.query_lens_cpu, batch.seq_lens_cpu
     blocks = [-(-s // bs) for s in seq_lens]  # blocks covering each context

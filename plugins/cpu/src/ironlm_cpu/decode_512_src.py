@@ -101,7 +101,7 @@ static void softmax_512(float *sg, int64_t n, float cap) {
 #define DOT_FNS_512(SFX, T, QV, LDV, MAC, STEP)                                                \
 static inline __attribute__((always_inline)) void dots_512##SFX(                               \
     const T *qh, int NQ, const T *k, int64_t row, int64_t cnt, float scale, float *out) {      \
-    QV q[8];                                                                                   \
+    QV q[ATTEND_512_MAX_NQ];                                                                   \
     for (int i = 0; i < NQ; i++) q[i] = LDV(qh + STEP * i);                                    \
     int64_t c = 0;                                                                             \
     for (; c + 16 <= cnt; c += 16) {                                                           \
@@ -179,8 +179,10 @@ static inline __attribute__((always_inline)) void pv_512##SFX(                  
 }
 
 /* attend_512##SFX: attend (decode_kernel_src) on 16 lanes for head_dim % 64 == 0 and
-   head_dim / STEP <= 8: q is the sequence's (h, d) row in the cache's type, acc receives the
-   float32 outputs of heads [hk0 * gq, hk1 * gq). */
+   head_dim / STEP <= ATTEND_512_MAX_NQ (the callers check both: dots_512 holds the query in
+   that many registers, dots2_512 two queries of at most 4): q is the sequence's (h, d) row in
+   the cache's type, acc receives the float32 outputs of heads [hk0 * gq, hk1 * gq). */
+#define ATTEND_512_MAX_NQ 8
 #define ATTEND_512(SFX, T, STEP)                                                               \
 static void attend_512##SFX(const job_t *j, int s, int hk0, int hk1, const T *q,              \
                             float *scores, float *acc) {                                       \

@@ -44,7 +44,7 @@ class PagedDecodeKernel(KernelLibrary):
 
     def __init__(self, target: IsaTarget | None = None) -> None:
         ptr, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
-        decode = ([ptr] * 7 + [i64] + [i32] * 7 + [f32, f32, i32], i32)
+        decode = ([ptr] * 7 + [i64, ptr] + [i32] * 7 + [f32, f32, i32], i32)
         write = ([ptr, i64, ptr, i64] + [ptr] * 3 + [i32, i32, i64], i32)
         super().__init__(
             "cpu_paged_decode", _SOURCE,
@@ -67,11 +67,13 @@ class PagedDecodeKernel(KernelLibrary):
         out: torch.Tensor,  # (num_tokens, H, D) q's dtype, contiguous: rows `tokens` are written
         tokens: torch.Tensor,  # (n,) int64: each sequence's query row
         seq_lens: torch.Tensor,  # (n,) int64: context length including the new token
-        tables: torch.Tensor,  # (n, max_blocks) int32, contiguous: block ids of each sequence
+        tables: torch.Tensor,  # (S, max_blocks) int32, contiguous: block ids of each sequence
         max_len: int,  # max(seq_lens)
         scale: float,
         window: int | None,
         soft_cap: float | None,
+        table_of: torch.Tensor | None = None,  # (n,) int64: each row's row of tables (prefill
+        # tokens of one sequence share it); None: row i reads tables[i] (S == n)
     ) -> None:
         assert self._fn, self.reason
         assert q.dtype == kv_cache.dtype == out.dtype, (q.dtype, kv_cache.dtype, out.dtype)
@@ -80,8 +82,9 @@ class PagedDecodeKernel(KernelLibrary):
             self._fn[q.dtype],
             q.data_ptr(), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(), out.data_ptr(),
             tokens.data_ptr(), seq_lens.data_ptr(), tables.data_ptr(), tables.stride(0),
-            tokens.numel(), q.shape[1], h_kv, d, block_size, window or 0, max_len,
-            scale, soft_cap or 0.0, torch.get_num_threads(),
+            None if table_of is None else table_of.data_ptr(), tokens.numel(), q.shape[1],
+            h_kv, d, block_size, window or 0, max_len, scale, soft_cap or 0.0,
+            torch.get_num_threads(),
         )  # fmt: skip
         if status != 0:
             raise MemoryError("paged decode kernel could not allocate its scratch buffers")

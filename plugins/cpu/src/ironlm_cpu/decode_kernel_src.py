@@ -20,8 +20,9 @@ typedef struct {
     void *out;              /* (tokens, h, d) q's dtype */
     const int64_t *tokens;  /* (n,) row of q/out of each sequence */
     const int64_t *lens;    /* (n,) context length incl. the new token */
-    const int32_t *tables;  /* (n, table_stride) physical block ids */
+    const int32_t *tables;  /* (sequences, table_stride) physical block ids */
     int64_t table_stride;
+    const int64_t *table_of; /* (n,) each row's table row; NULL: row s reads table row s */
     int n, h, h_kv, d, bs, window, max_len;
     float scale, cap;
 } job_t;
@@ -203,6 +204,12 @@ static void softmax(float *sg, int64_t n, float cap) {
     for (p = 0; p < n; p++) sg[p] *= inv;
 }
 
+/* Physical block id of block blk of row s (prefill rows share their sequence's table row) */
+static inline int64_t block_id(const job_t *j, int s, int64_t blk) {
+    const int64_t t = j->table_of ? j->table_of[s] : s;
+    return j->tables[t * j->table_stride + blk];
+}
+
 /* Load one byte of every cache line of KV heads [hk0, hk1)'s rows in the sequence's blocks
    [blk0, blk0 + TOUCH_TOKENS / bs) before they are computed on: a sequence's blocks are
    scattered over the cache, the hardware prefetchers stop at each (4 KiB page) boundary, and
@@ -220,7 +227,7 @@ static inline void touch_blocks(const job_t *j, const void *cache, size_t esize,
     for (int64_t blk = blk0; blk < blk0 + touch_every(j->bs) && blk * j->bs < len; blk++) {
         const int64_t cnt = len - blk * j->bs < j->bs ? len - blk * j->bs : j->bs;
         const char *base = (const char *)cache +
-            ((int64_t)j->tables[s * j->table_stride + blk] * j->bs * row + hk0 * j->d) * esize;
+            (block_id(j, s, blk) * j->bs * row + hk0 * j->d) * esize;
         for (int64_t c = 0; c < cnt; c++)
             for (int64_t b = 0; b < span; b += 64) sum += (unsigned char)base[c * row * esize + b];
     }
@@ -238,7 +245,7 @@ static inline const void *block_rows(const job_t *j, const void *cache, size_t e
     *p1 = (blk + 1) * bs < len ? (blk + 1) * bs : len;
     if ((blk - start / bs) % touch_every(j->bs) == 0)
         touch_blocks(j, cache, esize, s, blk, hk0, hk1);
-    const int64_t id = j->tables[s * j->table_stride + blk];
+    const int64_t id = block_id(j, s, blk);
     return (const char *)cache + ((id * bs + (*p0 - blk * bs)) * row) * (int64_t)esize;
 }
 
@@ -299,7 +306,7 @@ static void item(const job_t *j, int bf16, int s, int hk0, int hk1, float *score
     float *a = (float *)acc;
     if (!bf16) {
 #ifdef HAVE_ATTEND_512_F32
-        if (d % 64 == 0 && d <= 128) /* 16-lane FMAs (decode_512_src) */
+        if (d % 64 == 0 && d / 16 <= ATTEND_512_MAX_NQ) /* 16-lane FMAs (decode_512_src) */
             attend_512_f32(j, s, hk0, hk1, (const float *)j->q + row0, scores, a);
         else
 #endif
@@ -310,7 +317,7 @@ static void item(const job_t *j, int bf16, int s, int hk0, int hk1, float *score
     }
     const uint16_t *q = (const uint16_t *)j->q + row0;
 #ifdef HAVE_ATTEND_512
-    if (d % 64 == 0 && d <= 256) /* vdpbf16ps on the bf16 rows (decode_bf16_src) */
+    if (d % 64 == 0 && d / 32 <= ATTEND_512_MAX_NQ) /* vdpbf16ps (decode_bf16_src) */
         attend_512_bf16(j, s, hk0, hk1, q, scores, a);
     else
 #endif
@@ -361,11 +368,12 @@ static int paged_decode(const job_t *j, int bf16, int threads) {
 #define DECODE_ENTRY(SFX, T, BF16)                                                           \
 int ironlm_paged_decode##SFX(const T *q, const T *kc, const T *vc, T *out,                   \
                              const int64_t *tokens, const int64_t *lens,                     \
-                             const int32_t *tables, int64_t table_stride, int n, int h,      \
+                             const int32_t *tables, int64_t table_stride,                    \
+                             const int64_t *table_of, int n, int h,                          \
                              int h_kv, int d, int bs, int window, int max_len, float scale,  \
                              float cap, int threads) {                                       \
-    const job_t j = {q, kc, vc, out, tokens, lens, tables, table_stride, n, h, h_kv, d, bs,  \
-                     window, max_len, scale, cap};                                           \
+    const job_t j = {q, kc, vc, out, tokens, lens, tables, table_stride, table_of, n, h,     \
+                     h_kv, d, bs, window, max_len, scale, cap};                              \
     return paged_decode(&j, BF16, threads);                                                  \
 }
 DECODE_ENTRY(_f32, float, 0)

@@ -126,12 +126,14 @@ class CpuLayerOps(LayerOps):
             return self.fused.rotary(q, k, cos, sin)
         return super().rotary(q, k, cos, sin)
 
-    def logsumexp_argmax(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def logsumexp_argmax(
+        self, logits: torch.Tensor, argmax: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.logits.fits(logits):
-            done = self.logits(logits)
+            done = self.logits(logits)  # the argmax comes with the same pass
             if done is not None:  # else a row holds NaN: torch's ops decide it
                 return done
-        return super().logsumexp_argmax(logits)
+        return super().logsumexp_argmax(logits, argmax)
 
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         if self.fused.gated_act_fits(gate_up):

@@ -18,7 +18,9 @@ quieter now (within one process a decision never changes).
 Switches: ``IRONLM_CPU_KERNELS=op=impl[,op=impl]`` forces a choice (e.g. ``linear=torch``,
 ``rms_norm=c``, ``decode_attention=torch``, ``prefill_attention=c``); ``IRONLM_CPU_TUNE=0``
 measures nothing and takes each op's default (the C kernel where it runs; torch for prefill
-attention); ``IRONLM_CPU_TUNE=refresh`` measures again,
+attention); ``prefill_attention`` applies where decode attention runs on the C kernel, and
+``=c`` sends prompts up to the longest measured length (2048 keys) to it;
+``IRONLM_CPU_TUNE=refresh`` measures again,
 ignoring the cache and the load. On a busy machine (load average per core above ``BUSY``)
 nothing is measured: each op takes its default for this process and is measured at a later,
 quieter start-up; so are the ops left when one start-up has measured for ``BUDGET_S``.
@@ -50,7 +52,7 @@ KNOWN_OPS: dict[str, tuple[str, ...]] = {
 ROUNDS = 3
 BUDGET_S = 10.0  # measuring time per process (per tuner); past it, ops take their default
 BUSY = 0.75  # load per core above which a measurement is redone once the machine is quieter
-VERSION = 4  # bump when candidates or the decision rule change: old cache entries are ignored
+VERSION = 5  # bump when candidates or the decision rule change: old cache entries are ignored
 
 
 def parse_forced(value: str | None, known: dict[str, tuple[str, ...]]) -> dict[str, str]:
