@@ -93,6 +93,7 @@ def main() -> None:
         print(f"{label:<40} {ref_ms:7.2f}ms {nat_ms:7.2f}ms {tor_ms:7.2f}ms "
               f"{ref_ms / nat_ms:7.1f}x {ref_ms / tor_ms:7.1f}x {meta_ms:8.2f}ms")
     print(f"decode path of cpu_paged here: {native.decode_path}")
+    print(f"prefill path of cpu_paged here: {native.prefill_path}")
 
 
 if __name__ == "__main__":
