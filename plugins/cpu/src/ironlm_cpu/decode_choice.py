@@ -51,20 +51,9 @@ def choose_decode_path(
     name = str(dtype).removeprefix("torch.")
     key = (f"decode_attention|{name}|h{layer.num_heads}kv{layer.num_kv_heads}"
            f"d{layer.head_dim}|t{threads}|v{VERSION}")  # fmt: skip
-    forced = tuner.forced_op("decode_attention")
-    if forced is not None:
-        decision = {"op": "decode_attention", "impl": forced, "source": "forced",
-                    "why": f"forced by IRONLM_CPU_KERNELS=decode_attention={forced}"}  # fmt: skip
-        tuner.record(key, decision, persist=False)
-        return decision
-    cached = tuner.lookup(key, known=("c", "torch")) if tuner.measuring else None
-    if cached is not None:
-        return cached
-    why = "IRONLM_CPU_TUNE=0: the default" if not tuner.measuring else tuner.busy_reason()
-    if why is not None:
-        decision = {"op": "decode_attention", "impl": "c", "source": "default", "why": why}
-        tuner.record(key, decision, persist=False)
-        return decision
+    preset = tuner.preset("decode_attention", key, {"impl": "c"})
+    if preset is not None:
+        return preset
     batch = synthetic_decode_batch()
     gen = torch.Generator().manual_seed(layer.num_heads * 97 + layer.head_dim)
     blocks = int(batch.block_tables.numel())

@@ -4,8 +4,9 @@ a vectorised softmax, and the weighted values; float32 and bf16 caches."""
 
 from ironlm_cpu.decode_512_src import AVX512_ATTEND_SOURCE
 from ironlm_cpu.decode_bf16_src import BF16_ATTEND_SOURCE
+from ironlm_cpu.vexp_src import VEXP_SOURCE
 
-SOURCE = r"""
+SOURCE = VEXP_SOURCE + r"""
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -71,21 +72,7 @@ static inline v8 vmax(v8 a, v8 b) {
     return (v8)((m & (v8i)a) | (~m & (v8i)b));
 }
 
-/* exp_neg (below) on 8 lanes */
-static inline v8 vexp_neg(v8 x) {
-    x = vmax(x, (v8){0} - 87.0f);
-    v8 t = x * 1.44269504088896341f;
-    v8i ti = __builtin_convertvector(t, v8i);  /* truncates; floor for t <= 0: */
-    ti += (v8i)(__builtin_convertvector(ti, v8) > t);
-    v8 f = t - __builtin_convertvector(ti, v8);
-    v8 p = f * 1.535336188319500e-4f + 1.339887440266574e-3f;
-    p = p * f + 9.618437357674640e-3f;
-    p = p * f + 5.550332471162809e-2f;
-    p = p * f + 2.402264791363012e-1f;
-    p = p * f + 6.931472028550421e-1f;
-    p = p * f + 1.0f;
-    return (v8)((v8i)p + (ti << 23));
-}
+DEFINE_VEXP(vexp_neg, v8, v8i) /* exp of 8 lanes (vexp_src), for x <= 0 here */
 
 /* exp(x) for x <= 0: 2^(x log2 e), degree-6 polynomial for the fraction (rel. error ~2e-7) */
 static inline float exp_neg(float x) {

@@ -21,7 +21,9 @@ denormals to zero), integer rounding elsewhere.
 
 from __future__ import annotations
 
-BF16_SOURCE = r"""
+from ironlm_cpu.vexp_src import VEXP_SOURCE
+
+BF16_SOURCE = VEXP_SOURCE + r"""
 #include <string.h>
 #ifdef __AVX512BF16__
 #include <immintrin.h>
@@ -72,24 +74,8 @@ static inline void st16(uint16_t *p, vf x) {
 
 static inline vf vsel(vi m, vf a, vf b) { return (vf)((m & (vi)a) | (~m & (vi)b)); }
 
-/* exp of 16 lanes: x clamped to [-87.3, 88.3], x log2(e) = i + f with f in [0, 1), 2^f by a
-   degree-6 polynomial (rel. error ~2e-7), 2^i through the exponent bits */
-static inline vf vexp16(vf x) {
-    const vf zero = {0}, lo = zero - 87.3f, hi = zero + 88.3f;
-    x = vsel(x < lo, lo, x);
-    x = vsel(x > hi, hi, x);
-    const vf t = x * 1.44269504088896341f;
-    vi ti = __builtin_convertvector(t, vi);           /* truncates; floor for t < 0: */
-    ti += (vi)(__builtin_convertvector(ti, vf) > t);
-    const vf f = t - __builtin_convertvector(ti, vf);
-    vf p = f * 1.535336188319500e-4f + 1.339887440266574e-3f;
-    p = p * f + 9.618437357674640e-3f;
-    p = p * f + 5.550332471162809e-2f;
-    p = p * f + 2.402264791363012e-1f;
-    p = p * f + 6.931472028550421e-1f;
-    p = p * f + 1.0f;
-    return (vf)((vi)p + (ti << 23));
-}
+/* exp of 16 lanes (vexp_src) */
+DEFINE_VEXP(vexp16, vf, vi)
 
 void ironlm_rms_norm_bf16(const uint16_t *x, const uint16_t *residual, uint16_t *res_out,
                           const uint16_t *w, uint16_t *out, int t, int h, float eps,

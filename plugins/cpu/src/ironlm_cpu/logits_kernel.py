@@ -5,7 +5,7 @@ Why: a greedy batch-64 decode step of SmolLM2 (49,152-token vocabulary) spent ~2
 ~46 ms in these two reductions as torch ops (logsumexp is amax, sub, exp, sum, log, add: five
 passes over a fresh 12.6 MB tensor; argmax another pass), on the 2-core Zen 5. Here a row is
 read twice, both times from L2: once for the maximum and its first index, once for the sum of
-exp(x - max) (a degree-6 polynomial exp, relative error ~2e-7, in float32 over 4 x 16 lanes).
+exp(x - max) (``vexp_src``'s exp, relative error ~2e-7, in float32 over 4 x 16 lanes).
 
 Numerics follow torch's: the first index of the maximum; a row of -inf gives -inf and index 0;
 a row holding +inf gives +inf. A row holding NaN is reported (the caller falls back to torch,
@@ -20,10 +20,11 @@ import torch
 
 from ironlm_cpu.cbuild import KernelLibrary
 from ironlm_cpu.isa import IsaTarget
+from ironlm_cpu.vexp_src import VEXP_SOURCE
 
 PARALLEL_ROWS = 8  # fewer rows run on the calling thread (a 49K row takes ~15 us)
 
-_SOURCE = r"""
+_SOURCE = VEXP_SOURCE + r"""
 #include <math.h>
 #include <stdint.h>
 
@@ -35,22 +36,7 @@ _SOURCE = r"""
 typedef float vf __attribute__((vector_size(4 * VW), aligned(4)));
 typedef int32_t vi __attribute__((vector_size(4 * VW), aligned(4)));
 
-/* exp(x) for x <= 0 lane-wise: 2^(x log2 e), the fraction by a degree-6 polynomial */
-static inline vf vexp_neg(vf x) {
-    const vi low = x < -87.0f;
-    x = (vf)((low & (vi)((vf){0} - 87.0f)) | (~low & (vi)x));
-    const vf t = x * 1.44269504088896341f;
-    vi ti = __builtin_convertvector(t, vi); /* truncates; floor for t <= 0: */
-    ti += (vi)(__builtin_convertvector(ti, vf) > t);
-    const vf f = t - __builtin_convertvector(ti, vf);
-    vf p = f * 1.535336188319500e-4f + 1.339887440266574e-3f;
-    p = p * f + 9.618437357674640e-3f;
-    p = p * f + 5.550332471162809e-2f;
-    p = p * f + 2.402264791363012e-1f;
-    p = p * f + 6.931472028550421e-1f;
-    p = p * f + 1.0f;
-    return (vf)((vi)p + (ti << 23));
-}
+DEFINE_VEXP(vexp_w, vf, vi) /* exp of VW lanes (vexp_src) */
 
 /* One row: its maximum's first index into *arg and logsumexp into *lse; returns 1 when the
    row holds a NaN (nothing written then). */
@@ -96,12 +82,12 @@ static int row_lse_argmax(const float *x, int64_t v, float *lse, int64_t *arg) {
     vf s0 = (vf){0}, s1 = (vf){0}, s2 = (vf){0}, s3 = (vf){0};
     i = 0;
     for (; i + 4 * VW <= v; i += 4 * VW) {
-        s0 += vexp_neg(*(const vf *)(x + i) - mx);
-        s1 += vexp_neg(*(const vf *)(x + i + VW) - mx);
-        s2 += vexp_neg(*(const vf *)(x + i + 2 * VW) - mx);
-        s3 += vexp_neg(*(const vf *)(x + i + 3 * VW) - mx);
+        s0 += vexp_w(*(const vf *)(x + i) - mx);
+        s1 += vexp_w(*(const vf *)(x + i + VW) - mx);
+        s2 += vexp_w(*(const vf *)(x + i + 2 * VW) - mx);
+        s3 += vexp_w(*(const vf *)(x + i + 3 * VW) - mx);
     }
-    for (; i + VW <= v; i += VW) s0 += vexp_neg(*(const vf *)(x + i) - mx);
+    for (; i + VW <= v; i += VW) s0 += vexp_w(*(const vf *)(x + i) - mx);
     const vf s = (s0 + s1) + (s2 + s3);
     double tot = 0.0;
     for (int l = 0; l < VW; l++) tot += s[l];

@@ -62,22 +62,14 @@ def choose_prefill_rows(
     key = (f"prefill_attention|{name}|h{layer.num_heads}kv{layer.num_kv_heads}"
            f"d{layer.head_dim}|t{threads}|v{VERSION}")  # fmt: skip
     longest = BUCKETS[-1][1]
-    forced = tuner.forced_op("prefill_attention")  # c: every prompt up to the longest bucket
-    if forced is not None:
-        decision = {"op": "prefill_attention", "impl": forced, "source": "forced",
-                    "max_keys": longest if forced == "c" else 0,
-                    "why": f"forced by IRONLM_CPU_KERNELS=prefill_attention={forced}"}  # fmt: skip
-        tuner.record(key, decision, persist=False)
-        return decision
-    cached = tuner.lookup(key, known=("c", "torch")) if tuner.measuring else None
-    if cached is not None:
-        return cached
-    why = "IRONLM_CPU_TUNE=0: the default" if not tuner.measuring else tuner.busy_reason()
-    if why is not None:  # the default: the torch path, as before this choice existed
-        decision = {"op": "prefill_attention", "impl": "torch", "max_keys": 0,
-                    "source": "default", "why": why}  # fmt: skip
-        tuner.record(key, decision, persist=False)
-        return decision
+    # forced c: every prompt up to the longest bucket; the default: the torch path, as before
+    # this choice existed
+    preset = tuner.preset(
+        "prefill_attention", key, {"impl": "torch", "max_keys": 0},
+        lambda impl: {"max_keys": longest if impl == "c" else 0},
+    )  # fmt: skip
+    if preset is not None:
+        return preset
     max_keys, us, rejected = 0, {}, {}
     rtol, atol = (1e-3, 1e-4) if dtype == torch.float32 else (1.6e-2, 1e-3)
     gen = torch.Generator().manual_seed(layer.num_heads * 89 + layer.head_dim)

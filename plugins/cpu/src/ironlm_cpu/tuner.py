@@ -163,6 +163,30 @@ class KernelTuner:
             f"measured at a later start-up on a quieter machine"
         )
 
+    def preset(
+        self, op: str, key: str, default: dict[str, Any],
+        forced_fields: Callable[[str], dict[str, Any]] | None = None,
+    ) -> dict[str, Any] | None:  # fmt: skip
+        """The decision on ``op`` (cache key ``key``) when it needs no measuring: forced by
+        ``IRONLM_CPU_KERNELS`` (plus ``forced_fields(impl)``), read from the cache, or
+        ``default`` (with why) when measuring is off or the machine busy; None: measure now."""
+        impl = self.forced_op(op)
+        if impl is not None:
+            decision = {"op": op, "impl": impl, "source": "forced",
+                        "why": f"forced by {FORCE_ENV}={op}={impl}",
+                        **(forced_fields(impl) if forced_fields else {})}  # fmt: skip
+            self.record(key, decision, persist=False)
+            return decision
+        cached = self.lookup(key, known=KNOWN_OPS[op]) if self.measuring else None
+        if cached is not None:
+            return cached
+        why = f"{TUNE_ENV}=0: the default" if not self.measuring else self.busy_reason()
+        if why is None:
+            return None
+        decision = {"op": op, **default, "source": "default", "why": why}
+        self.record(key, decision, persist=False)
+        return decision
+
     # -- measuring ---------------------------------------------------------------------------
     def measure(
         self,
