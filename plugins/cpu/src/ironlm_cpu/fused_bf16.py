@@ -13,10 +13,11 @@ bf16 ops compute each op in float32 and round its result:
 - gated activations: bf16(bf16(act(g)) * u), act as in ``fused_kernels`` (one exp per element);
 - row lookups copy 16-bit rows: row-major, or the bf16 panel layout of ``linear_kernel.pack``
   ((rows / 16, width / 2, 16, 2): row v's elements 2kk, 2kk + 1 sit at [v / 16, kk, v % 16]).
-A NaN rounds to a quiet NaN. Vector code uses GCC vector types of 16 lanes, which the compiler
-maps to one AVX-512 register, two AVX2 ones or four SSE2 ones per target; stores use AVX-512
-BF16's ``vcvtneps2bf16`` where the target has it (the same rounding; it flushes float32
-denormals to zero), integer rounding elsewhere.
+A NaN rounds to a quiet NaN. Vector code uses GCC vector types of one register's width (16
+lanes on AVX-512 targets, 8 elsewhere: 16-lane types on an AVX2 build made the gated
+activation 6.5x slower than torch, 189 vs 29 us at 64 x 1536, its vectors going through
+memory); stores use AVX-512 BF16's ``vcvtneps2bf16`` where the target has it (the same
+rounding; it flushes float32 denormals to zero), integer rounding elsewhere.
 """
 
 from __future__ import annotations
@@ -29,10 +30,17 @@ BF16_SOURCE = VEXP_SOURCE + r"""
 #include <immintrin.h>
 #endif
 
-typedef float vf __attribute__((vector_size(64)));      /* 16 float32 lanes */
-typedef int32_t vi __attribute__((vector_size(64)));
-typedef uint32_t vu __attribute__((vector_size(64)));
-typedef uint16_t vh __attribute__((vector_size(32)));   /* 16 bf16 */
+/* BW lanes per vector: what the target's registers hold (16 float32 lanes through ymm pairs on
+   an AVX2 build ran 6x slower than torch: the vectors went through memory) */
+#ifdef __AVX512F__
+#define BW 16
+#else
+#define BW 8
+#endif
+typedef float vf __attribute__((vector_size(4 * BW)));      /* BW float32 lanes */
+typedef int32_t vi __attribute__((vector_size(4 * BW)));
+typedef uint32_t vu __attribute__((vector_size(4 * BW)));
+typedef uint16_t vh __attribute__((vector_size(2 * BW)));   /* BW bf16 */
 
 static inline float bf_f(uint16_t h) {
     union { uint32_t u; float f; } v = {(uint32_t)h << 16};
@@ -48,7 +56,7 @@ static inline uint16_t f_bf(float f) {
 
 static inline float rbf(float f) { return bf_f(f_bf(f)); }  /* f rounded to bf16 precision */
 
-static inline vf ld16(const uint16_t *p) {
+static inline vf ldv(const uint16_t *p) {
     vh h;
     memcpy(&h, p, sizeof h);
     return (vf)(__builtin_convertvector(h, vu) << 16);
@@ -62,9 +70,9 @@ static inline vf vrbf(vf x) {
     return (vf)((r & ~nan) | (nan & 0x7fc00000u));
 }
 
-static inline void st16(uint16_t *p, vf x) {
+static inline void stv(uint16_t *p, vf x) {
 #ifdef __AVX512BF16__
-    const __m256bh h = _mm512_cvtneps_pbh((__m512)x);
+    const __m256bh h = _mm512_cvtneps_pbh((__m512)x); /* BW == 16 here */
     memcpy(p, &h, 32);
 #else
     const vh h = __builtin_convertvector((vu)vrbf(x) >> 16, vh);
@@ -74,8 +82,8 @@ static inline void st16(uint16_t *p, vf x) {
 
 static inline vf vsel(vi m, vf a, vf b) { return (vf)((m & (vi)a) | (~m & (vi)b)); }
 
-/* exp of 16 lanes (vexp_src) */
-DEFINE_VEXP(vexp16, vf, vi)
+/* exp of BW lanes (vexp_src) */
+DEFINE_VEXP(vexpv, vf, vi)
 
 void ironlm_rms_norm_bf16(const uint16_t *x, const uint16_t *residual, uint16_t *res_out,
                           const uint16_t *w, uint16_t *out, int t, int h, float eps,
@@ -88,19 +96,19 @@ void ironlm_rms_norm_bf16(const uint16_t *x, const uint16_t *residual, uint16_t 
             const uint16_t *rr = residual + (int64_t)r * h;
             uint16_t *ro = res_out + (int64_t)r * h;
             int j = 0;
-            for (; j + 16 <= h; j += 16) st16(ro + j, ld16(xr + j) + ld16(rr + j));
+            for (; j + BW <= h; j += BW) stv(ro + j, ldv(xr + j) + ldv(rr + j));
             for (; j < h; j++) ro[j] = f_bf(bf_f(xr[j]) + bf_f(rr[j]));
             s = ro;
         }
         vf acc = {0};
         float tail = 0.0f;
         int j = 0;
-        for (; j + 16 <= h; j += 16) { const vf v = ld16(s + j); acc += v * v; }
+        for (; j + BW <= h; j += BW) { const vf v = ldv(s + j); acc += v * v; }
         for (; j < h; j++) tail += bf_f(s[j]) * bf_f(s[j]);
         double sum = tail;
-        for (int l = 0; l < 16; l++) sum += acc[l];
+        for (int l = 0; l < BW; l++) sum += acc[l];
         const float inv = 1.0f / sqrtf((float)(sum / h) + eps);
-        for (j = 0; j + 16 <= h; j += 16) st16(o + j, vrbf(ld16(s + j) * inv) * ld16(w + j));
+        for (j = 0; j + BW <= h; j += BW) stv(o + j, vrbf(ldv(s + j) * inv) * ldv(w + j));
         for (; j < h; j++) o[j] = f_bf(rbf(bf_f(s[j]) * inv) * bf_f(w[j]));
     }
 }
@@ -116,11 +124,11 @@ static void rotate_bf16(const uint16_t *x, int64_t xs, int heads, const uint16_t
             const uint16_t *xr = x + (int64_t)r * xs + (int64_t)hh * d;
             uint16_t *o = out + ((int64_t)r * heads + hh) * d;
             int j = 0;
-            for (; j + 16 <= half; j += 16) {
-                const vf x1 = ld16(xr + j), x2 = ld16(xr + j + half);
-                const vf cv = ld16(c + j), sv = ld16(s + j);
-                st16(o + j, vrbf(x1 * cv) - vrbf(x2 * sv));
-                st16(o + j + half, vrbf(x2 * cv) + vrbf(x1 * sv));
+            for (; j + BW <= half; j += BW) {
+                const vf x1 = ldv(xr + j), x2 = ldv(xr + j + half);
+                const vf cv = ldv(c + j), sv = ldv(s + j);
+                stv(o + j, vrbf(x1 * cv) - vrbf(x2 * sv));
+                stv(o + j + half, vrbf(x2 * cv) + vrbf(x1 * sv));
             }
             for (; j < half; j++) {
                 const float x1 = bf_f(xr[j]), x2 = bf_f(xr[j + half]);
@@ -148,10 +156,10 @@ void ironlm_gated_act_bf16(const uint16_t *x, int64_t xs, uint16_t *out, int t, 
         const uint16_t *g = x + (int64_t)r * xs, *u = g + n;
         uint16_t *o = out + (int64_t)r * n;
         int j = 0;
-        for (; j + 16 <= n; j += 16) {
-            const vf gv = ld16(g + j);
+        for (; j + BW <= n; j += BW) {
+            const vf gv = ldv(g + j);
             const vf a = gelu ? c * (gv + 0.044715f * gv * gv * gv) : gv;
-            st16(o + j, vrbf(gv / (1.0f + vexp16(-a))) * ld16(u + j));
+            stv(o + j, vrbf(gv / (1.0f + vexpv(-a))) * ldv(u + j));
         }
         for (; j < n; j++) {
             const float gj = bf_f(g[j]);
