@@ -9,19 +9,14 @@ import torch
 from ironlm.interfaces.platform import LayerOps
 from ironlm.sampling_params import SamplingParams
 from ironlm.worker.sampler import Sampler, SamplingState
-from ironlm_cpu.isa import GENERIC, IsaTarget, host_target
 from ironlm_cpu.layer_ops import CpuLayerOps
 from ironlm_cpu.logits_kernel import PARALLEL_ROWS, LogitsKernel
+from test_cpu_fused import _runnable_targets
 
 INF = float("inf")
 
 
-def _targets() -> list[IsaTarget]:
-    best = host_target()
-    return [best] if best == GENERIC else [best, GENERIC]
-
-
-@pytest.fixture(scope="module", params=_targets(), ids=lambda t: t.name)
+@pytest.fixture(scope="module", params=_runnable_targets(), ids=lambda t: t.name)
 def kernel(request: pytest.FixtureRequest) -> LogitsKernel:
     k = LogitsKernel(target=request.param)
     if not k.available:

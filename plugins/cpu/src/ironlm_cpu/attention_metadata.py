@@ -168,19 +168,15 @@ def _make_bucket(
         uniform=all(seq_lens[i] == num_blocks * bs for i in seq_ids),
         fresh=all(seq_lens[i] == q_lens[i] for i in seq_ids),
         block_size=bs,
-        decode=None if max_q > 1 else DecodeRows(
-            tokens=start.reshape(-1),
-            seq_lens=seq_len.reshape(-1),
-            tables=batch.block_tables[ids, :num_blocks].to(torch.int32).contiguous(),
-            max_len=max(seq_lens[i] for i in seq_ids),
-        ),
+        decode=None,  # the kernel's rows: set by build_cpu_metadata on its bucket
     )
 
 
 def _token_rows(batch: AttentionBatch, seq_ids: list[int], starts: list[int]) -> DecodeRows:
-    """Every new token of ``seq_ids`` as a row of its own for the C kernel: a prefill token
-    at position p attends to keys [0, p] (its causal prefix), read from its sequence's
-    blocks (one table row per sequence, ``table_of`` per token)."""
+    """Every new token of ``seq_ids`` as a row of its own for the C kernel: a token at
+    position p attends to keys [0, p] (its causal prefix), read from its sequence's blocks
+    (one table row per sequence; ``table_of`` maps tokens to them unless every sequence has
+    one new token, the decode case)."""
     q_lens, seq_lens = batch.query_lens_cpu, batch.seq_lens_cpu
     tokens = torch.cat([torch.arange(starts[i], starts[i] + q_lens[i]) for i in seq_ids])
     lens = torch.cat([torch.arange(seq_lens[i] - q_lens[i] + 1, seq_lens[i] + 1)
@@ -192,7 +188,8 @@ def _token_rows(batch: AttentionBatch, seq_ids: list[int], starts: list[int]) ->
     return DecodeRows(
         tokens=tokens.to(torch.int64), seq_lens=lens.to(torch.int64),
         tables=batch.block_tables[ids, :num_blocks].to(torch.int32).contiguous(),
-        max_len=max(seq_lens[i] for i in seq_ids), table_of=table_of.to(torch.int64),
+        max_len=max(seq_lens[i] for i in seq_ids),
+        table_of=None if len(table_of) == len(seq_ids) else table_of.to(torch.int64),
     )  # fmt: skip
 
 
@@ -223,7 +220,7 @@ def build_cpu_metadata(
         groups += [rows] if rows else []
     groups += _group(live, q_lens, blocks, bs) if live else []
     buckets = [_make_bucket(batch, ids, starts, blocks) for ids in groups]
-    if rows and any(q_lens[i] > 1 for i in rows):
+    if rows:
         buckets[0].decode = _token_rows(batch, rows, starts)
     return CpuAttentionMetadata(batch=batch, buckets=buckets)
 
