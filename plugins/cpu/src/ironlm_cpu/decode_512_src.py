@@ -13,7 +13,10 @@ The portable path (8 lanes) does one head per key and value load.
 Measured (64 sequences x 176 cached tokens, SmolLM2's 9 / 3 heads of 64, 2 threads, Zen 5, one
 layer's cache hot in L3): bf16 209 -> 141 us per layer, float32 293 -> 234 us; with 30 layers'
 caches (cold, as a decode step reads them) bf16 368 -> ~315, float32 550 -> ~535 us: bound by
-memory from there (software prefetch of the next pass's rows, tried, gained nothing).
+memory from there. Software prefetch of the item's values during pass 1 and of the next
+item's keys during pass 2 (2026-11-26, with the calls really emitted: a prefetch-only helper
+that is not inlined is deleted by gcc) gave mixed results, cold: contiguous blocks 305 -> 369
+us, interleaved 394 -> 378, random 409 -> 374; not kept.
 Head sizes: multiples of 64, up to 128 (float32) or 256 (bf16).
 """
 

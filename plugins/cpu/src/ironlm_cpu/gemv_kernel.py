@@ -1,11 +1,13 @@
 """bfloat16 linears of a few rows on the row-major weight, in C (torch's OpenMP team).
 
-Why: a bf16 weight has one layout. Measured on an AVX-512 BF16 CPU (Zen 5, 2 cores), torch's
-bf16 matmul (oneDNN) wins at 64 and 512 rows by 1.5-2.5x over the panel kernel
-(``linear_kernel``), so the tuner keeps bf16 weights row-major, but at 1 and 8 rows oneDNN
-reads the weight at about half the speed the panel kernel does (SmolLM2's 3072 x 576 gate/up:
-68 us against 41 us at one row). This kernel takes the decode buckets on the same row-major
-weight, so the rows layout can run it at small M and torch at large M (``op_choice``).
+Why: a bf16 weight has one layout. Where torch's bf16 matmul (oneDNN) beats the panel kernel
+(``linear_kernel``) at some batch bucket, the tuner keeps the weight row-major, but at 1 and 8
+rows oneDNN reads the weight at about half the speed a packed kernel does (SmolLM2's 3072 x 576
+gate/up on the Zen 5: 68 us against 41 us at one row). This kernel takes the decode buckets on
+the same row-major weight, so the rows layout can run it at small M and torch at large M
+(``op_choice``). (On the Zen 5 the panel kernel now wins every bucket, 2026-11-26, so SmolLM2's
+bf16 weights are packed there; the rows layout and this kernel serve the CPUs and shapes where
+it does not, measured per machine, and output sizes that are not a multiple of 16.)
 
 Work: output rows in groups of 8, split over the threads in contiguous runs (each thread
 streams its part of the weight once, 8 rows in flight); x rows two at a time, so at most 16
