@@ -21,12 +21,7 @@ from ironlm_cpu.layer_ops import CpuLayerOps
 PROMPTS = ["The capital of France is", "def fib(n):", "Once upon a time", "1, 2, 3,", "Hi", "A"]
 
 
-@pytest.fixture(autouse=True)
-def _c_decode_attention(monkeypatch: pytest.MonkeyPatch) -> None:
-    # graphs replay the C decode kernel, which the start-up measurement may not pick for the
-    # tiny model's 16-dim heads (torch won it on a Zen 5: 186 vs 156 us), and then an engine
-    # runs eagerly; the graphs are what is under test here, so the kernel is pinned
-    monkeypatch.setenv("IRONLM_CPU_KERNELS", "decode_attention=c")
+pytestmark = pytest.mark.usefixtures("c_decode_attention")  # conftest: graphs need it
 
 
 @pytest.fixture(scope="module")

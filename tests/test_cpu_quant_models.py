@@ -165,11 +165,8 @@ def _run(llm: LLM, prompts: list[str], n: int) -> list[list[int]]:
                                            ("int4sym", "smollm2")])  # fmt: skip
 def test_quantized_decode_graphs_replay_eager_tokens(
     tiny_llama_dir: Path, smollm2_dir: Path, ops: CpuLayerOps, suffix: str, model: str,
-    monkeypatch: pytest.MonkeyPatch,
+    c_decode_attention: None,  # conftest: the graphs need the C decode kernel
 ) -> None:
-    # graphs need the C decode kernel, which the start-up measurement may not pick for the tiny
-    # model's 16-dim heads: pinned, since the graphs are under test
-    monkeypatch.setenv("IRONLM_CPU_KERNELS", "decode_attention=c")
     pm = PluginManager()
     pm.register(RtnTestPlugin(), "test-rtn")
     path = str(tiny_llama_dir if model == "tiny" else smollm2_dir)

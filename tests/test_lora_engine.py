@@ -58,9 +58,7 @@ def adapters(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 
 @pytest.fixture(scope="module")
 def llm(tiny_llama_dir: Path) -> LLM:
-    with pytest.MonkeyPatch.context() as mp:
-        # decode graphs (test_decode_graphs_replay_lora_steps) need the C decode kernel, which
-        # the start-up measurement may not pick for the tiny model's 16-dim heads
+    with pytest.MonkeyPatch.context() as mp:  # the graphs need it: conftest.C_DECODE_ATTENTION
         mp.setenv("IRONLM_CPU_KERNELS", "decode_attention=c")
         return LLM(str(tiny_llama_dir), enable_lora=True, max_loras=2, max_cpu_loras=3, **ENGINE)
 
