@@ -26,7 +26,7 @@ from ironlm_cpu.vexp_src import VEXP_SOURCE
 
 BF16_SOURCE = VEXP_SOURCE + r"""
 #include <string.h>
-#ifdef __AVX512BF16__
+#ifdef __AVX512F__
 #include <immintrin.h>
 #endif
 
@@ -56,6 +56,19 @@ static inline uint16_t f_bf(float f) {
 
 static inline float rbf(float f) { return bf_f(f_bf(f)); }  /* f rounded to bf16 precision */
 
+#ifdef __AVX512BF16__
+/* one vpmovzxwd + shift (the generic form below compiles to six instructions here) */
+static inline vf ldv(const uint16_t *p) {
+    return (vf)_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16);
+}
+
+/* f rounded to bf16 precision, kept as float32 lanes (low 16 bits zero): vcvtneps2bf16 and
+   back, 3 instructions instead of the integer rounding's ~10 */
+static inline vf vrbf(vf x) {
+    const __m256bh h = _mm512_cvtneps_pbh((__m512)x);
+    return (vf)_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)h), 16);
+}
+#else
 static inline vf ldv(const uint16_t *p) {
     vh h;
     memcpy(&h, p, sizeof h);
@@ -69,6 +82,7 @@ static inline vf vrbf(vf x) {
     const vu r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
     return (vf)((r & ~nan) | (nan & 0x7fc00000u));
 }
+#endif
 
 static inline void stv(uint16_t *p, vf x) {
 #ifdef __AVX512BF16__
@@ -82,8 +96,29 @@ static inline void stv(uint16_t *p, vf x) {
 
 static inline vf vsel(vi m, vf a, vf b) { return (vf)((m & (vi)a) | (~m & (vi)b)); }
 
+#ifdef __AVX512F__
+/* exp of 16 lanes: vexp_src's polynomial with the floor by roundscale and 2^i by scalef, which
+   also saturates (to 0 or inf) for |x| past the clamp (half the instructions of the generic
+   vexp: 1125 -> ~700 us for the 2048 x 1536 gated activation on one Zen 5 thread) */
+static inline vf vexpv(vf xv) {
+    const __m512 x = _mm512_min_ps(_mm512_max_ps((__m512)xv, _mm512_set1_ps(-104.0f)),
+                                   _mm512_set1_ps(88.8f));
+    const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+    const __m512 fi = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(t, fi);
+    __m512 p = _mm512_fmadd_ps(f, _mm512_set1_ps(1.535336188319500e-4f),
+                               _mm512_set1_ps(1.339887440266574e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return (vf)_mm512_scalef_ps(p, fi);
+}
+#else
 /* exp of BW lanes (vexp_src) */
 DEFINE_VEXP(vexpv, vf, vi)
+#endif
 
 void ironlm_rms_norm_bf16(const uint16_t *x, const uint16_t *residual, uint16_t *res_out,
                           const uint16_t *w, uint16_t *out, int t, int h, float eps,
@@ -100,11 +135,17 @@ void ironlm_rms_norm_bf16(const uint16_t *x, const uint16_t *residual, uint16_t 
             for (; j < h; j++) ro[j] = f_bf(bf_f(xr[j]) + bf_f(rr[j]));
             s = ro;
         }
-        vf acc = {0};
+        vf acc = {0}, acc2 = {0};  /* two chains: the FMA latency does not bound the row */
         float tail = 0.0f;
         int j = 0;
+        for (; j + 2 * BW <= h; j += 2 * BW) {
+            const vf v = ldv(s + j), v2 = ldv(s + j + BW);
+            acc += v * v;
+            acc2 += v2 * v2;
+        }
         for (; j + BW <= h; j += BW) { const vf v = ldv(s + j); acc += v * v; }
         for (; j < h; j++) tail += bf_f(s[j]) * bf_f(s[j]);
+        acc += acc2;
         double sum = tail;
         for (int l = 0; l < BW; l++) sum += acc[l];
         const float inv = 1.0f / sqrtf((float)(sum / h) + eps);
