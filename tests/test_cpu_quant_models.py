@@ -170,7 +170,8 @@ def test_quantized_decode_graphs_replay_eager_tokens(
     pm = PluginManager()
     pm.register(RtnTestPlugin(), "test-rtn")
     path = str(tiny_llama_dir if model == "tiny" else smollm2_dir)
-    kwargs: dict[str, Any] = dict(device="cpu", max_model_len=128, kv_cache_memory=16 * 2**20,
+    # 32 MiB: three 128-token blocks of SmolLM2's float32 KV, one per prompt (a batch of 3)
+    kwargs: dict[str, Any] = dict(device="cpu", max_model_len=128, kv_cache_memory=32 * 2**20,
                                   quantization=f"test_rtn_{suffix}", plugin_manager=pm,
                                   dtype="float32")  # fmt: skip
     graphs, eager = LLM(path, enforce_eager=False, **kwargs), LLM(path, enforce_eager=True, **kwargs)

@@ -70,7 +70,7 @@ def test_batched_cached_chunked_and_preempted_runs_match(
     # of 12 blocks x 16 tokens for 8 sequences of ~45 tokens: preemption must happen, and
     # with the default swap_space (4 GiB) decoding victims are swapped out and back.
     llm = LLM(
-        str(model_dir), dtype="float32", max_model_len=192, num_kv_blocks=12,
+        str(model_dir), dtype="float32", max_model_len=192, num_kv_blocks=12, block_size=16,
         enable_prefix_caching=True, enable_chunked_prefill=True, max_num_batched_tokens=24,
     )
     assert _tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == expected
@@ -79,8 +79,9 @@ def test_batched_cached_chunked_and_preempted_runs_match(
     assert stats["num_swapped"] == 0 and stats["swap_usage"] == 0.0
     assert stats["num_used_blocks"] == 0
     # Prompts sharing a long prefix: the second run is served from the prefix cache (hits
-    # counted) and gives the same tokens as a run without the cache.
-    shared = "You are a helpful assistant who answers briefly and precisely. " * 4
+    # counted) and gives the same tokens as a run without the cache. The prefix spans a whole
+    # 128-token block (the cpu platform's default block size): only full blocks are shared.
+    shared = "You are a helpful assistant who answers briefly and precisely. " * 12
     long_prompts = [shared + p for p in PROMPTS[:3]]
     cold = LLM(str(model_dir), dtype="float32", max_model_len=512, kv_cache_memory=64 << 20,
                enable_prefix_caching=False)
@@ -140,6 +141,21 @@ def test_kv_cache_is_allocated_once_at_the_size_asked(smollm2_dir: Path) -> None
     ptrs = [t.data_ptr() for t in kv.tensors]
     llm.generate(PROMPTS[:4], GREEDY, use_tqdm=False)
     assert [t.data_ptr() for t in kv.tensors] == ptrs
+
+
+def test_block_size_defaults_to_the_platforms(smollm2_dir: Path) -> None:
+    """No block_size given: the platform's default (cpu: 128, as vLLM's CPU backend), in the
+    block manager and in every layer's cache; a given one is kept."""
+    for asked, want in ((None, 128), (16, 16)):
+        kwargs = {} if asked is None else {"block_size": asked}
+        llm = LLM(str(smollm2_dir), max_model_len=256, kv_cache_memory=16 << 20, **kwargs)
+        assert llm.engine.config.block_size == llm.engine.block_manager.block_size == want
+        kv = llm.engine.executor.worker.kv_cache  # type: ignore[attr-defined]
+        assert all(t.shape[2] == want for t in kv.tensors)  # (2, blocks, block_size, h, d)
+        params = SamplingParams(temperature=0.0, max_tokens=140, ignore_eos=True)  # 2 blocks
+        out = llm.generate(PROMPTS[:2], params, use_tqdm=False)
+        assert all(len(o.outputs[0].token_ids) == 140 for o in out)
+        assert llm.engine.block_manager.num_used_blocks == 0
 
 
 def test_abort_frees_blocks_at_once(smollm2_dir: Path) -> None:

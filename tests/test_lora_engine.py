@@ -248,7 +248,7 @@ def test_decode_graphs_replay_lora_steps(llm: LLM, adapters: dict[str, Path]) ->
 
 def test_prefix_cache_per_adapter_in_the_engine(llm: LLM, adapters: dict[str, Path]) -> None:
     a, b = LoRARequest("a", 1, str(adapters["a"])), LoRARequest("b", 2, str(adapters["b"]))
-    prompt = {"prompt_token_ids": list(range(100, 140))}
+    prompt = {"prompt_token_ids": list(range(100, 300))}  # a full 128-token block to share
     params = SamplingParams(temperature=0.0, max_tokens=2)
     first = llm.generate(prompt, params, lora_request=a, use_tqdm=False)[0]
     again = llm.generate(prompt, params, lora_request=a, use_tqdm=False)[0]

@@ -72,7 +72,7 @@ def test_eight_steps_per_plan_give_the_outputs_of_one(tiny_llama_dir: Path) -> N
     assert [w[2] for w in want] == ["length", "stop", "stop", "length", "length"]
     assert len(want[0][0]) == 13 and len(want[4][0]) == 19
     # a KV cache too small for all at once: preemption, windows cut to the blocks left
-    tight = LLM(str(tiny_llama_dir), num_kv_blocks=9, num_scheduler_steps=8,
+    tight = LLM(str(tiny_llama_dir), num_kv_blocks=9, block_size=16, num_scheduler_steps=8,
                 **{**base, "max_model_len": 128})
     assert _outs(tight, PROMPTS, params) == want
     assert tight.engine.stats()["num_preemptions"] > 0

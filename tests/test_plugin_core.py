@@ -295,3 +295,4 @@ def test_fake_device_runs_the_engine(
     out = llm.generate([[1, 2, 3, 4]], ironlm.SamplingParams(max_tokens=5, temperature=0))
     assert len(out[0].outputs[0].token_ids) == 5
     assert llm.engine.block_manager.num_used_blocks == 0
+    assert llm.engine.config.block_size == 16  # a platform that sets none: the base default

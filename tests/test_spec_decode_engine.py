@@ -93,7 +93,7 @@ def test_chunked_prefill_preemption_and_prefix_cache(
     from the prefix cache: the tokens of plain decoding every time."""
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     for spec in (NGRAM, {"speculative_model": str(tiny_draft_dir), "num_speculative_tokens": 3}):
-        llm = LLM(str(tiny_llama_dir), max_model_len=192, num_kv_blocks=14,
+        llm = LLM(str(tiny_llama_dir), max_model_len=192, num_kv_blocks=14, block_size=16,
                   max_num_batched_tokens=24, **spec)
         assert _ids(llm.generate(PROMPTS, params, use_tqdm=False)) == plain_greedy
         assert llm.engine.stats()["num_preemptions"] > 0

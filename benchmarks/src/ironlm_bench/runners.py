@@ -78,6 +78,7 @@ class IronlmRunner:
         num_kv_blocks = self.engine.block_manager.num_kv_blocks
         return {
             "num_kv_blocks": num_kv_blocks,
+            "block_size": self.engine.config.block_size,  # the platform's when --block-size unset
             "kv_cache_bytes": int(bytes_per_block) * num_kv_blocks,
             "max_model_len": self.engine.max_model_len,
             "max_num_seqs": self.engine.config.max_num_seqs,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
@@ -31,7 +31,7 @@ class EngineConfig:
     trust_remote_code: bool = False
     dtype: str = "auto"  # auto | float32 | float16 | bfloat16 (and vLLM's aliases)
     max_model_len: int | None = None  # None: the model's max_position_embeddings
-    block_size: int = 16
+    block_size: int | None = None  # None: the platform's default_block_size (cpu 128, cuda 16)
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     max_num_seqs: int = 256
@@ -92,7 +92,8 @@ class EngineConfig:
             )
         for name in ("block_size", "max_num_seqs", "tensor_parallel_size",
                      "pipeline_parallel_size", "max_logprobs"):
-            if getattr(self, name) < 1 and name != "max_logprobs":
+            if getattr(self, name) is not None and getattr(self, name) < 1 \
+                    and name != "max_logprobs":
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.max_logprobs < 0:
             raise ValueError(f"max_logprobs must be non-negative, got {self.max_logprobs}")
@@ -134,6 +135,12 @@ class EngineConfig:
             else:
                 ray_installed = importlib.util.find_spec("ray") is not None
                 self.distributed_executor_backend = "ray" if ray_installed else "mp"
+
+    def with_block_size(self, default: int) -> EngineConfig:
+        """This config with ``block_size`` fixed: the user's, or ``default`` (the platform's
+        ``default_block_size``) when none was given. The engine fixes it before any worker
+        starts, so every rank and the block manager use one size."""
+        return self if self.block_size is not None else replace(self, block_size=default)
 
     @property
     def world_size(self) -> int:

@@ -37,9 +37,10 @@ log = logging.getLogger("ironlm.engine")
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, pm: PluginManager | None = None) -> None:
-        self.config = config
         self.pm = pm or PluginManager()
         self.pm.check_compatible()
+        config = config.with_block_size(self.pm.select_platform(config.device).default_block_size)
+        self.config = config
         source = resolve_model(config.model, config.trust_remote_code)
         self.tokenizer = source.load_tokenizer(config.tokenizer)
         if config.tokenizer_extension_path is not None:

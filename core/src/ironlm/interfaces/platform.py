@@ -175,6 +175,8 @@ class Platform(ABC):
       supported_dtypes: dtypes the platform computes in.
       default_attention_backend: name of the attention backend used when none is selected.
       supported_block_sizes: KV block sizes the platform's kernels accept (None: any).
+      default_block_size: the KV block size when the user names none (vLLM's per-platform
+        defaults: 16 on GPUs, 128 on the CPU and Ascend backends).
       visible_devices_env: environment variable that masks devices (e.g. CUDA_VISIBLE_DEVICES).
       supports_graph_capture: whether ``graph_capture`` can return a capture (decode graphs:
         CUDA graphs, recorded kernel calls, ...).
@@ -187,6 +189,7 @@ class Platform(ABC):
     supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.float32,)
     default_attention_backend: ClassVar[str]
     supported_block_sizes: ClassVar[tuple[int, ...] | None] = None
+    default_block_size: ClassVar[int] = 16
     visible_devices_env: ClassVar[str | None] = None
     supports_graph_capture: ClassVar[bool] = False
 

@@ -51,6 +51,7 @@ class Worker(WorkerBase):
                 f"tensor_parallel_size x pipeline_parallel_size = {self.layout.world_size}"
             )
         platform = self.plugins.select_platform(self.config.device)
+        self.config = self.config.with_block_size(platform.default_block_size)  # engine: fixed
         platform.check_block_size(self.config.block_size)
         platform.configure_process(self.rank.local_world_size)
         platform.set_device(self.rank.local_rank)

@@ -22,6 +22,7 @@ class AscendPlatform(Platform):
     )
     default_attention_backend: ClassVar[str] = "ascend"
     supported_block_sizes: ClassVar[tuple[int, ...] | None] = (128,)
+    default_block_size: ClassVar[int] = 128
     visible_devices_env: ClassVar[str | None] = "ASCEND_RT_VISIBLE_DEVICES"
     ray_device_key: ClassVar[str] = "NPU"
 
