@@ -38,6 +38,88 @@ typedef int32_t vi __attribute__((vector_size(4 * VW), aligned(4)));
 
 DEFINE_VEXP(vexp_w, vf, vi) /* exp of VW lanes (vexp_src) */
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+/* exp(x) for x <= 0 on 16 lanes: the polynomial of vexp_src with the floor by roundscale and
+   2^i by scalef (which gives 0 past the clamp), about half the instructions of vexp_w */
+static inline __m512 exp_le0(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+    const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+    const __m512 fi = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(t, fi);
+    __m512 p = _mm512_fmadd_ps(f, _mm512_set1_ps(1.535336188319500e-4f),
+                               _mm512_set1_ps(1.339887440266574e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, fi);
+}
+
+/* row_lse_argmax below on 16 lanes: pass 1 the maximum in four independent chains (and any
+   NaN), pass 2 the sum of exp(x - max) in four chains, which also finds the maximum's first
+   index (the first lane equal to it). ~2x faster than the generic form on the Zen 5 (a
+   batch-64 step's 64 x 49152 logits 0.55 -> ~0.3 ms). */
+static int row_lse_argmax(const float *x, int64_t v, float *lse, int64_t *arg) {
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    __m512 m[4] = {ninf, ninf, ninf, ninf};
+    __mmask16 nan = 0;
+    int64_t i = 0;
+    for (; i + 64 <= v; i += 64)
+        for (int c = 0; c < 4; c++) {
+            const __m512 a = _mm512_loadu_ps(x + i + 16 * c);
+            nan |= _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
+            m[c] = _mm512_max_ps(m[c], a);
+        }
+    for (; i < v; i += 16) {
+        const __mmask16 k = v - i >= 16 ? 0xffff : (__mmask16)((1u << (v - i)) - 1);
+        const __m512 a = _mm512_mask_loadu_ps(ninf, k, x + i);
+        nan |= _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
+        m[0] = _mm512_max_ps(m[0], a);
+    }
+    if (nan) return 1;
+    const float mx = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(m[0], m[1]),
+                                                        _mm512_max_ps(m[2], m[3])));
+    if (mx == -INFINITY) { /* every value -inf */
+        *arg = 0;
+        *lse = -INFINITY;
+        return 0;
+    }
+    const __m512 mv = _mm512_set1_ps(mx);
+    int64_t am = -1;
+    __m512 sm[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                    _mm512_setzero_ps()};
+    for (i = 0; i + 64 <= v; i += 64)
+        for (int c = 0; c < 4; c++) {
+            const __m512 a = _mm512_loadu_ps(x + i + 16 * c);
+            if (am < 0) {
+                const __mmask16 eq = _mm512_cmp_ps_mask(a, mv, _CMP_EQ_OQ);
+                if (eq) am = i + 16 * c + __builtin_ctz(eq);
+            }
+            sm[c] = _mm512_add_ps(sm[c], exp_le0(_mm512_sub_ps(a, mv)));
+        }
+    for (; i < v; i += 16) {
+        const __mmask16 k = v - i >= 16 ? 0xffff : (__mmask16)((1u << (v - i)) - 1);
+        const __m512 a = _mm512_mask_loadu_ps(ninf, k, x + i);
+        if (am < 0) {
+            const __mmask16 eq = _mm512_cmp_ps_mask(a, mv, _CMP_EQ_OQ);
+            if (eq) am = i + __builtin_ctz(eq);
+        }
+        sm[0] = _mm512_add_ps(sm[0], exp_le0(_mm512_sub_ps(a, mv)));
+    }
+    *arg = am;
+    if (mx == INFINITY) {
+        *lse = INFINITY;
+        return 0;
+    }
+    const __m512 st = _mm512_add_ps(_mm512_add_ps(sm[0], sm[1]), _mm512_add_ps(sm[2], sm[3]));
+    const double tot = _mm512_reduce_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(st))) +
+                       _mm512_reduce_add_pd(_mm512_cvtps_pd(_mm512_extractf32x8_ps(st, 1)));
+    *lse = mx + (float)log(tot);
+    return 0;
+}
+#else
 /* One row: its maximum's first index into *arg and logsumexp into *lse; returns 1 when the
    row holds a NaN (nothing written then). */
 static int row_lse_argmax(const float *x, int64_t v, float *lse, int64_t *arg) {
@@ -95,6 +177,7 @@ static int row_lse_argmax(const float *x, int64_t v, float *lse, int64_t *arg) {
     *lse = mx + (float)log(tot);
     return 0;
 }
+#endif
 
 /* rows of v float32 logits at stride `stride`; returns the number of rows holding a NaN */
 int ironlm_lse_argmax_f32(const float *x, int64_t rows, int64_t v, int64_t stride, float *lse,
