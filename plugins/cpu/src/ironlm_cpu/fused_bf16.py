@@ -16,8 +16,10 @@ bf16 ops compute each op in float32 and round its result:
 A NaN rounds to a quiet NaN. Vector code uses GCC vector types of one register's width (16
 lanes on AVX-512 targets, 8 elsewhere: 16-lane types on an AVX2 build made the gated
 activation 6.5x slower than torch, 189 vs 29 us at 64 x 1536, its vectors going through
-memory); stores use AVX-512 BF16's ``vcvtneps2bf16`` where the target has it (the same
-rounding; it flushes float32 denormals to zero), integer rounding elsewhere.
+memory); stores and the intermediate roundings use AVX-512 BF16's ``vcvtneps2bf16`` where the
+target has it (the same rounding; it flushes float32 denormals to zero), integer rounding
+elsewhere; AVX-512 builds load 16 bf16 values with one ``vpmovzxwd`` and take exp by
+roundscale + scalef (2048 x 1536 gated activation 667 -> 380 us on 2 Zen 5 threads).
 """
 
 from __future__ import annotations
