@@ -81,6 +81,26 @@ def test_bf16_kernel_matches_torch(kernel: PackedLinearKernel, m: int, n: int, k
     assert kernel.bf16_path in ("avx512_bf16 dot products", "widened to float32")
 
 
+@pytest.mark.parametrize("m", [1, 5, 64])
+def test_bf16_lm_head_writes_the_float32_of_its_bf16_logits(ops: CpuLayerOps, m: int) -> None:
+    """A bf16 LM head on the panel tile: float32 logits equal to linear().float() (the bf16
+    rounding kept), written by the kernel itself on AVX-512 BF16 builds."""
+    from ironlm.interfaces.platform import LayerOps
+
+    gen = torch.Generator().manual_seed(m)
+    w = torch.randn(4096, 64, generator=gen).bfloat16()
+    x = torch.randn(m, 64, generator=gen).bfloat16()
+    packed = ops.pack_linear_weight(w)
+    got = ops.lm_head(x, packed)
+    assert got.dtype == torch.float32 and got.shape == (m, 4096)
+    assert torch.equal(got, ops.linear(x, packed, None).float())
+    torch.testing.assert_close(got, LayerOps().lm_head(x, w), rtol=1e-2, atol=1e-2)
+    kernel = PackedLinearKernel()
+    if kernel.f32_out_fits(x, packed):
+        assert torch.equal(kernel.f32_out(x, packed), got)
+    assert not kernel.f32_out_fits(x.float(), packed)
+
+
 def test_linear_matches_torch(ops: CpuLayerOps) -> None:
     w, x = torch.randn(960, 576), torch.randn(7, 576)
     packed = ops.pack_linear_weight(w)

@@ -54,6 +54,12 @@ class LayerOps:
         """(T, in) -> (T, out): x @ W^T + bias over a ``pack_linear_weight`` result."""
         return torch.nn.functional.linear(x, weight, bias)
 
+    def lm_head(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """(T, hidden) -> (T, vocab rows of ``weight``) float32 logits: ``linear`` without
+        bias, its result (rounded to the activations' dtype) as float32. A platform may write
+        the float32 values directly instead of converting ``linear``'s output."""
+        return self.linear(x, weight, None).float()
+
     def embedding(self, ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """(T,) ids -> (T, hidden): rows of a (vocab, hidden) weight, packed or not."""
         return torch.nn.functional.embedding(ids, weight)

@@ -159,7 +159,7 @@ class ParallelLMHead(VocabParallelEmbedding):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         # (num_rows, hidden) -> (num_rows, vocab_size) float32
         if self.quant_layout is None:
-            logits = self.layer_ops.linear(hidden, self.weight, None)  # (rows, rows_per_rank)
+            logits = self.layer_ops.lm_head(hidden, self.weight)  # (rows, rows_per_rank) f32
         else:
             assert self.quant_packed is not None
             logits = self.layer_ops.quantized_linear(

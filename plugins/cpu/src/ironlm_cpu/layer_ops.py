@@ -166,6 +166,17 @@ class CpuLayerOps(LayerOps):
             return self.kernel(x, weight, bias)
         return super().linear(x, weight, bias)
 
+    def lm_head(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        # a bf16 LM head on the panel tile writes its float32 logits itself (the values
+        # linear().float() gives, without the separate widening pass over (T, vocab))
+        plan = self._linear.get((weight.shape, weight.dtype))
+        if (
+            plan is not None and plan.impl_for(x.shape[0]) == "c_bf16"
+            and self.kernel.f32_out_fits(x, weight)
+        ):  # fmt: skip
+            return self.kernel.f32_out(x, weight)
+        return super().lm_head(x, weight)
+
     def embedding(self, ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if self.fused.gather_fits(ids, weight):
             return self.fused.gather_rows(ids, weight)  # (T, hidden), packed or row-major

@@ -188,10 +188,16 @@ class PackedLinearKernel(KernelLibrary):
         self._f32 = None if lib is None else lib.ironlm_linear_f32
         self._bf16 = None if lib is None else lib.ironlm_linear_bf16
         # how this build multiplies bf16: AVX-512 BF16 dot products, or widening to float32
+        native = lib is not None and bool(lib.ironlm_linear_bf16_native())
         self.bf16_path = (
-            "" if lib is None else "avx512_bf16 dot products" if lib.ironlm_linear_bf16_native()
-            else "widened to float32"
+            "" if lib is None else "avx512_bf16 dot products" if native else "widened to float32"
         )  # fmt: skip
+        # bf16 results stored widened to float32 (AVX-512 BF16 builds)
+        self._bf16_f32out = None
+        if native:
+            assert lib is not None
+            self._bf16_f32out = lib.ironlm_linear_bf16_f32out
+            self._bf16_f32out.argtypes, self._bf16_f32out.restype = [ptr] * 4 + [i32] * 4, None
 
     @staticmethod
     def can_pack(weight: torch.Tensor) -> bool:
@@ -229,6 +235,27 @@ class PackedLinearKernel(KernelLibrary):
         if packed.dim() == 4:
             return packed[ids // PANEL, :, ids % PANEL, :].reshape(ids.numel(), -1)
         return packed[ids // PANEL, :, ids % PANEL]
+
+    def f32_out_fits(self, x: torch.Tensor, packed: torch.Tensor) -> bool:
+        """Whether ``f32_out`` takes this bf16 activation and packed bf16 weight."""
+        return (
+            self._bf16_f32out is not None and packed.dim() == 4
+            and packed.dtype == torch.bfloat16 and x.dtype == torch.bfloat16 and x.dim() == 2
+            and x.shape[1] == packed.shape[1] * 2
+        )  # fmt: skip
+
+    def f32_out(self, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+        """(M, K) bf16 -> (M, N) float32: the bf16 result of ``x @ W^T`` (each value rounded
+        to bf16, as the bf16 kernel rounds it) stored as float32, in one pass
+        (``f32_out_fits`` first)."""
+        assert self._bf16_f32out is not None, "needs an AVX-512 BF16 build"
+        x = x.contiguous()
+        m, n, k = x.shape[0], packed.shape[0] * PANEL, x.shape[1]
+        y = torch.empty(m, n, dtype=torch.float32)
+        if m:
+            self.call(self._bf16_f32out, x.data_ptr(), packed.data_ptr(), None, y.data_ptr(),
+                      m, n, k, torch.get_num_threads())  # fmt: skip
+        return y
 
     def __call__(
         self,
