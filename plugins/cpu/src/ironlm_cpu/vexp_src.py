@@ -7,7 +7,7 @@ must fit the target's registers (a 16-lane type on an AVX2 build made the logits
 slower than 8 lanes: the vectors went through memory). AVX-512 builds also get ``vexp512``,
 the same polynomial on one zmm with the floor by roundscale and 2^i by scalef (which saturates
 to 0 or inf past the clamp): half the instructions of the generic form, used by the bf16
-element-wise ops and the logits reductions."""
+element-wise ops, the logits reductions and the decode attention's softmax."""
 
 VEXP_SOURCE = r"""
 #define DEFINE_VEXP(NAME, VF, VI)                                                              \
