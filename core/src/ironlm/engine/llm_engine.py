@@ -39,7 +39,9 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, pm: PluginManager | None = None) -> None:
         self.pm = pm or PluginManager()
         self.pm.check_compatible()
-        config = config.with_block_size(self.pm.select_platform(config.device).default_block_size)
+        # the front end's view of the platform the workers will select (same name, same host)
+        platform = self.pm.select_platform(config.device)
+        config = config.with_block_size(platform.default_block_size)
         self.config = config
         source = resolve_model(config.model, config.trust_remote_code)
         self.tokenizer = source.load_tokenizer(config.tokenizer)
@@ -58,7 +60,7 @@ class LLMEngine:
                          config.pipeline_parallel_size)
         if config.kv_cache_dtype != "auto":  # refused here, naming it, not late in a worker
             self.pm.check_kv_cache_dtype(config.kv_cache_dtype, config.attention_backend,
-                                         self.pm.select_platform(config.device))
+                                         platform)
         self.spec = self._speculation(config)
         executor_cls = self.pm.select_executor(config.distributed_executor_backend or "uni")
         self.executor: Executor = executor_cls(config, self.pm, Worker)
