@@ -81,6 +81,29 @@ def test_bf16_kernel_matches_torch(kernel: PackedLinearKernel, m: int, n: int, k
     assert kernel.bf16_path in ("avx512_bf16 dot products", "widened to float32")
 
 
+@pytest.mark.parametrize("m", [512, 1031])
+def test_bf16_threads_split_rows_of_a_long_batch(kernel: PackedLinearKernel, m: int) -> None:
+    """From 256 rows a thread, two threads take a half of the rows each (every column) instead
+    of a half of the columns: the same tiles over the same k order, so the values equal one
+    thread's bit for bit (1031: one thread has a row more, chunks end mid-tile)."""
+    gen = torch.Generator().manual_seed(m)
+    w = torch.randn(96, 40, generator=gen).bfloat16()
+    x = torch.randn(m, 40, generator=gen).bfloat16()
+    b = torch.randn(96, generator=gen).bfloat16()
+    packed = kernel.pack(w)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = kernel(x, packed, b)
+        torch.set_num_threads(2)
+        two = kernel(x, packed, b)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(two, one)
+    expected = torch.nn.functional.linear(x.float(), w.float(), b.float())
+    torch.testing.assert_close(two.float(), expected, rtol=1e-2, atol=1e-3 * 40**0.5)
+
+
 @pytest.mark.parametrize("m", [1, 5, 64])
 def test_bf16_lm_head_writes_the_float32_of_its_bf16_logits(ops: CpuLayerOps, m: int) -> None:
     """A bf16 LM head on the panel tile: float32 logits equal to linear().float() (the bf16

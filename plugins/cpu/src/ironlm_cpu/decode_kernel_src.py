@@ -11,6 +11,7 @@ SOURCE = VEXP_SOURCE + r"""
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <omp.h>
 
 /* 8 floats; alignment 4 so loads from cache rows need not be 32-byte aligned */
 typedef float v8 __attribute__((vector_size(32), aligned(4)));
@@ -323,6 +324,7 @@ static void item(const job_t *j, int bf16, int s, int hk0, int hk1, float *score
    (sequence, KV-head range), handed out dynamically; the OpenMP team is torch's own (the
    library is linked against the libgomp torch has loaded), so torch's idle workers pick the
    items up instead of spinning beside extra threads of ours. bf16: q, cache and out bf16. */
+#define ROW_COST 16 /* a row's fixed work (query, softmax, output) in keys' worth */
 static int paged_decode(const job_t *j, int bf16, int threads) {
     const int n = j->n, h = j->h, h_kv = j->h_kv, d = j->d, max_len = j->max_len;
     /* few sequences: one work item per (sequence, KV head) so every thread has work */
@@ -338,11 +340,28 @@ static int paged_decode(const job_t *j, int bf16, int threads) {
         float *buf = bf16 ? malloc(sizeof(float) * (size_t)j->bs * d) : NULL;
         const int ok = scores != NULL && acc != NULL && (!bf16 || (qbuf != NULL && buf != NULL));
         if (!ok) failed = 1;
-        #pragma omp for schedule(dynamic, 1)
-        for (int it = 0; it < items; it++) {
-            if (!ok) continue;
-            const int hk0 = (it % per_seq) * heads_per_item;
-            item(j, bf16, it / per_seq, hk0, hk0 + heads_per_item, scores, acc, qbuf, buf);
+        if (j->table_of != NULL && per_seq == 1) {
+            /* prefill rows: each thread a contiguous run of rows with an equal share of the
+               keys (a row costs its keys plus ROW_COST): the rows' queries come from, and
+               their outputs go to, ops that split rows the same way, so they stay in this
+               core's cache (the 32 x 64-token SmolLM2 prefill step on the 2-core Zen 5, 30
+               layers: rows handed out one by one 33.5 ms, these runs 29.6 ms) */
+            const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+            int64_t total = 0;
+            for (int s = 0; s < n; s++) total += j->lens[s] + ROW_COST;
+            int64_t seen = 0;
+            for (int s = 0; s < n && ok; s++) {
+                const int64_t mid = seen + (j->lens[s] + ROW_COST) / 2; /* owner: the middle */
+                seen += j->lens[s] + ROW_COST;
+                if (mid * nt / total == t) item(j, bf16, s, 0, h_kv, scores, acc, qbuf, buf);
+            }
+        } else {
+            #pragma omp for schedule(dynamic, 1)
+            for (int it = 0; it < items; it++) {
+                if (!ok) continue;
+                const int hk0 = (it % per_seq) * heads_per_item;
+                item(j, bf16, it / per_seq, hk0, hk0 + heads_per_item, scores, acc, qbuf, buf);
+            }
         }
         free(scores);
         free(acc);
