@@ -106,7 +106,7 @@ def test_dead_worker_makes_health_503(tiny_llama_dir: Path) -> None:
                           distributed_executor_backend="mp", max_model_len=128,
                           kv_cache_memory=8 * 1024**2, enforce_eager=True)
     died: list[BaseException] = []
-    engine = AsyncEngine(LLMEngine(config), on_dead=died.append)
+    engine = AsyncEngine(lambda: LLMEngine(config), on_dead=died.append)
     engine.start()
     try:
         app = build_app(engine, make_parser().parse_args([str(tiny_llama_dir),

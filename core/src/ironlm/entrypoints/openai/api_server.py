@@ -277,9 +277,9 @@ def run_server(args: argparse.Namespace) -> None:
         if server is not None:
             server.should_exit = True
 
-    engine = AsyncEngine(LLMEngine(config, pm), max_waiting=args.max_waiting_requests,
+    engine = AsyncEngine(lambda: LLMEngine(config, pm), max_waiting=args.max_waiting_requests,
                          on_dead=engine_dead)
-    engine.start()
+    engine.start()  # builds the engine on its own thread (see AsyncEngine)
     try:
         app = build_app(engine, args, pm)
         serving_models.load_static_loras(app.state.server, app.state.server.options.lora_modules)
