@@ -90,7 +90,60 @@ def test_smollm2_graph_matches_eager(smollm2_dir: Path, dtype: str) -> None:
     bf16 = torch.bfloat16
     direct = PackedLinearKernel().f32_out_fits(torch.zeros(1, 2, dtype=bf16),
                                                torch.zeros(1, 1, 16, 2, dtype=bf16))
-    assert len(dg.graphs[4].graph) == 30 * 10 + 3 + 2 + (dtype == "bfloat16" and not direct)
+    converts = dtype == "bfloat16" and not direct
+    assert len(dg.graphs[4].graph) == 30 * 10 + 3 + 2 + converts
+    # every C call replays inside a C program, each run of them one Python step (the
+    # measured kernel choice may pick torch ops, Python calls, for some shapes on some CPUs)
+    graph = dg.graphs[4].graph
+    assert all(c for (fn, _), c in zip(graph.calls, graph.in_c) if hasattr(fn, "argtypes"))
+    runs = sum(c and (i == 0 or not graph.in_c[i - 1]) for i, c in enumerate(graph.in_c))
+    assert graph.python_calls == runs + graph.in_c.count(False) < len(graph)
+
+
+_ARGS_SOURCE = r"""
+#include <stdint.h>
+#include <stddef.h>
+/* y[i] = a * x[i + off] + b (+ 1 when z is NULL); n may be negative: nothing written */
+void args_probe(float *y, const float *x, const float *z, int n, int64_t off, float a,
+                float b) {
+    for (int i = 0; i < n; i++) y[i] = a * x[i + off] + b + (z == NULL ? 1.0f : z[i]);
+}
+"""
+
+
+def test_c_replay_passes_every_argument_kind() -> None:
+    """Pointers (NULL included), negative ints, int64 and float32 scalars reach the C function
+    the same through a replay program's 64-bit slots as through ctypes."""
+    import ctypes
+
+    from ironlm_cpu.cbuild import KernelLibrary, Recording
+    from ironlm_cpu.graphs import CpuStepGraph, ReplayLibrary
+
+    ptr = ctypes.c_void_p
+    lib = KernelLibrary("test_args_probe", _ARGS_SOURCE, {"args_probe": (
+        [ptr, ptr, ptr, ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_float], None)},
+        "argument probe")  # fmt: skip
+    replay = ReplayLibrary()
+    if not (lib.available and replay.available):
+        pytest.skip(lib.reason or replay.reason)
+    x, z = torch.randn(40), torch.randn(8)
+    ys = [torch.zeros(8) for _ in range(3)]
+    recording = Recording()
+    lib.recorder = recording
+    fn = lib.lib.args_probe
+    lib.call(fn, ys[0].data_ptr(), x.data_ptr(), None, 8, 30, -1.5, 2.25)
+    lib.call(fn, ys[1].data_ptr(), x.data_ptr(), z.data_ptr(), 8, 3, 1e-3, -7.0)
+    lib.call(fn, ys[2].data_ptr(), x.data_ptr(), None, -4, 0, 1.0, 0.0)
+    lib.recorder = None
+    want = [y.clone() for y in ys]
+    assert want[2].abs().sum() == 0 and torch.equal(want[0], -1.5 * x[30:38] + 2.25 + 1)
+    graph = CpuStepGraph(recording.calls, [x, z, *ys], recording.thunks, replay)
+    assert graph.python_calls == 1
+    for y in ys:
+        y.fill_(5.0)
+    graph.replay()
+    assert torch.equal(ys[0], want[0]) and torch.equal(ys[1], want[1])
+    assert torch.equal(ys[2], torch.full((8,), 5.0))  # n = -4: untouched
 
 
 def test_replay_recomputes_from_static_inputs(ops: CpuLayerOps) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import struct
 import subprocess
 import tempfile
 from pathlib import Path
@@ -69,6 +70,56 @@ def build_library(name: str, source: str, target: IsaTarget) -> Path:
     return lib
 
 
+# C spelling of the ctypes argument types a replay thunk unpacks from its 64-bit slots
+_SLOT_TYPES: dict[Any, str] = {
+    ctypes.c_void_p: "void *", ctypes.c_int: "int", ctypes.c_int64: "int64_t",
+    ctypes.c_float: "float",
+}  # fmt: skip
+
+THUNK_SUFFIX = "__replay"
+
+
+def thunk_source(signatures: dict[str, Signature]) -> str:
+    """C source appended to a library: for each function whose arguments are all of
+    ``_SLOT_TYPES``, ``void <name>__replay(const uint64_t *a)`` calling it with argument i
+    taken from slot a[i] (``pack_slots`` fills them; a float is its 32 bits). A decode graph
+    replays its recorded calls through these in one C loop (``graphs.ReplayLibrary``)."""
+    out = ["#include <stdint.h>",
+           "static inline float ironlm_slot_f32(uint64_t s) {",
+           "    union { uint32_t u; float f; } v = {(uint32_t)s};",
+           "    return v.f;",
+           "}"]  # fmt: skip
+    for name, (argtypes, _restype) in signatures.items():
+        if not all(t in _SLOT_TYPES for t in argtypes):
+            continue
+        args = ", ".join(
+            "ironlm_slot_f32(a[%d])" % i if t is ctypes.c_float
+            else "(void *)(uintptr_t)a[%d]" % i if t is ctypes.c_void_p
+            else "(%s)(int64_t)a[%d]" % (_SLOT_TYPES[t], i)
+            for i, t in enumerate(argtypes)
+        )  # fmt: skip
+        unused = "" if argtypes else "    (void)a;\n"
+        out.append(f"void {name}{THUNK_SUFFIX}(const uint64_t *a) {{\n{unused}"
+                   f"    (void){name}({args});\n}}")  # fmt: skip
+    return "\n".join(out) + "\n"
+
+
+def pack_slots(argtypes: list[Any], args: tuple[Any, ...]) -> list[int] | None:
+    """``args`` as the signed 64-bit slots a thunk unpacks (None when one does not fit)."""
+    slots = []
+    for t, a in zip(argtypes, args, strict=True):
+        if t is ctypes.c_float and isinstance(a, (int, float)):
+            v = struct.unpack("<I", struct.pack("<f", a))[0]
+        elif t is ctypes.c_void_p and (a is None or isinstance(a, int)):
+            v = a or 0
+        elif t in (ctypes.c_int, ctypes.c_int64) and isinstance(a, int):
+            v = a
+        else:
+            return None
+        slots.append(v - (1 << 64) if v >= 1 << 63 else v)
+    return slots
+
+
 class Recordable:
     """Something whose calls a decode-graph capture records (``graphs.CpuGraphCapture``): while
     ``recorder`` is set, every ``call`` is appended to it, and a replay runs the recorded calls
@@ -84,20 +135,31 @@ class Recordable:
         reads and the output it writes, which the recording keeps alive."""
         if self.recorder is None:
             return fn(*args)
-        self.recorder.calls.append((fn, args))
+        self.recorder.add(fn, args, self.thunk(fn))
         self.recorder.trusted += 1  # the capture guard lets the call's own torch ops through
         try:
             return fn(*args)
         finally:
             self.recorder.trusted -= 1
 
+    def thunk(self, fn: Any) -> int | None:
+        """Address of ``fn``'s replay thunk (``thunk_source``), None when it has none (a
+        Python call)."""
+        return None
+
 
 class Recording:
-    """The calls one capture recorded; ``trusted`` > 0 while a recorded call runs."""
+    """The calls one capture recorded, each with its replay thunk's address or None;
+    ``trusted`` > 0 while a recorded call runs."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[Any, tuple[Any, ...]]] = []
+        self.thunks: list[int | None] = []
         self.trusted = 0
+
+    def add(self, fn: Any, args: tuple[Any, ...], thunk: int | None = None) -> None:
+        self.calls.append((fn, args))
+        self.thunks.append(thunk)
 
 
 class KernelLibrary(Recordable):
@@ -117,6 +179,7 @@ class KernelLibrary(Recordable):
         super().__init__()
         self.reason = ""
         self.lib: ctypes.CDLL | None = None
+        self._thunks: dict[str, int] = {}  # C function name -> its replay thunk's address
         try:
             self.target = target if target is not None else host_target()
         except IsaUnavailable as exc:
@@ -127,10 +190,13 @@ class KernelLibrary(Recordable):
             self.reason = f"{what} needs AVX2 + FMA (target: {self.target.describe()})"
             return
         try:
-            lib = load_library(name, source, self.target)
+            lib = load_library(name, source + thunk_source(signatures), self.target)
             for fn_name, (argtypes, restype) in signatures.items():
                 fn = getattr(lib, fn_name)
                 fn.argtypes, fn.restype = argtypes, restype
+                if hasattr(lib, fn_name + THUNK_SUFFIX):
+                    thunk = getattr(lib, fn_name + THUNK_SUFFIX)
+                    self._thunks[fn_name] = ctypes.cast(thunk, ctypes.c_void_p).value or 0
             self.lib = lib
         except (OSError, subprocess.SubprocessError, RuntimeError, AttributeError) as exc:
             self.reason = f"{what} unavailable: {exc}"
@@ -138,6 +204,9 @@ class KernelLibrary(Recordable):
     @property
     def available(self) -> bool:
         return self.lib is not None
+
+    def thunk(self, fn: Any) -> int | None:
+        return self._thunks.get(getattr(fn, "__name__", ""))
 
 
 def _compile(cc: str, source: str, flags: list[str], target: Path) -> None:

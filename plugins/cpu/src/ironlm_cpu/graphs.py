@@ -24,6 +24,8 @@ valid.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -31,7 +33,7 @@ import torch
 from ironlm.interfaces.graphs import GraphCapture, GraphCaptureError, StepGraph
 from torch.overrides import TorchFunctionMode
 
-from ironlm_cpu.cbuild import Recordable, Recording
+from ironlm_cpu.cbuild import KernelLibrary, Recordable, Recording, pack_slots
 
 # torch functions that allocate without computing (their results are kernel outputs)
 _ALLOCATORS = frozenset({torch.empty, torch.empty_like})
@@ -78,7 +80,7 @@ class _CaptureGuard(TorchFunctionMode):
         # ops inside a recorded call (``Recordable.call``) are replayed with it
         if self.problem is None and not self.recording.trusted:
             if self._conversion(func, inputs, result):
-                self.recording.calls.append((result.copy_, (inputs[0],)))
+                self.recording.add(result.copy_, (inputs[0],))
                 return result
             self.problem = self._check(func, name, kwargs, inputs, outputs)
         return result
@@ -113,19 +115,77 @@ class _CaptureGuard(TorchFunctionMode):
         return None
 
 
-class CpuStepGraph(StepGraph):
-    """The recorded calls, and every tensor whose address they hold."""
+_REPLAY_SOURCE = r"""
+#include <stdint.h>
+/* program: per call its thunk's address, its slot count, its slots; a zero address ends it */
+void ironlm_replay(const uint64_t *p) {
+    while (p[0]) {
+        ((void (*)(const uint64_t *))(uintptr_t)p[0])(p + 2);
+        p += 2 + p[1];
+    }
+}
+"""
 
-    def __init__(self, calls: list[tuple[Any, tuple[Any, ...]]], kept: list[torch.Tensor]) -> None:
+
+class ReplayLibrary(KernelLibrary):
+    """``ironlm_replay``: runs a program of thunk calls (``cbuild.thunk_source``) in one C loop.
+
+    Why: a Python loop of ctypes calls costs ~2-3 us a call (argument conversion, the GIL
+    released and taken back); a batch-64 SmolLM2 bf16 step is ~300 calls."""
+
+    def __init__(self) -> None:
+        super().__init__("cpu_replay", _REPLAY_SOURCE,
+                         {"ironlm_replay": ([ctypes.c_void_p], None)}, "graph replay loop")
+
+
+class CpuStepGraph(StepGraph):
+    """The recorded calls, and every tensor whose address they hold. With a replay library,
+    each run of consecutive C calls that have thunks replays as one program (a ``uint64``
+    tensor: thunk, slot count, slots per call); other calls (torch ops, dtype conversions)
+    run from Python between them, in the recorded order."""
+
+    def __init__(
+        self, calls: list[tuple[Any, tuple[Any, ...]]], kept: list[torch.Tensor],
+        thunks: list[int | None] | None = None, replay_lib: ReplayLibrary | None = None,
+    ) -> None:  # fmt: skip
         self.calls = calls
         self._kept = kept
+        self._steps: list[Callable[[], Any]] = []
+        self._programs: list[torch.Tensor] = []
+        thunks = thunks if thunks is not None and replay_lib is not None else [None] * len(calls)
+        self.in_c: list[bool] = []  # per call: replayed inside a C program
+        run: list[int] = []
+        for (fn, args), thunk in zip(calls, thunks, strict=True):
+            slots = None if thunk is None else pack_slots(list(fn.argtypes), args)
+            self.in_c.append(slots is not None)
+            if slots is not None:
+                run += [thunk, len(slots), *slots]
+                continue
+            self._flush(run, replay_lib)
+            self._steps.append(functools.partial(fn, *args))
+        self._flush(run, replay_lib)
+
+    def _flush(self, run: list[int], replay_lib: ReplayLibrary | None) -> None:
+        if not run:
+            return
+        assert replay_lib is not None and replay_lib.lib is not None
+        program = torch.tensor([v - (1 << 64) if v >= 1 << 63 else v for v in run] + [0],
+                               dtype=torch.int64)  # fmt: skip
+        self._programs.append(program)
+        self._steps.append(functools.partial(replay_lib.lib.ironlm_replay, program.data_ptr()))
+        run.clear()
 
     def __len__(self) -> int:
         return len(self.calls)
 
+    @property
+    def python_calls(self) -> int:
+        """Steps a replay takes from Python: programs plus the calls without a thunk."""
+        return len(self._steps)
+
     def replay(self) -> None:
-        for fn, args in self.calls:
-            fn(*args)
+        for step in self._steps:
+            step()
 
 
 class CpuGraphCapture(GraphCapture):
@@ -140,6 +200,8 @@ class CpuGraphCapture(GraphCapture):
 
     def __init__(self, libraries: list[Recordable]) -> None:
         self.libraries = libraries
+        replay = ReplayLibrary()  # without it (no compiler) every call replays from Python
+        self.replay_lib = replay if replay.available else None
 
     def capture(self, forward: Callable[[], torch.Tensor]) -> tuple[StepGraph, torch.Tensor]:
         recording = Recording()
@@ -156,4 +218,6 @@ class CpuGraphCapture(GraphCapture):
             raise GraphCaptureError(guard.problem)
         if not recording.calls:
             raise GraphCaptureError("the forward called none of the cpu plugin's C kernels")
-        return CpuStepGraph(recording.calls, guard.kept + [out]), out
+        graph = CpuStepGraph(recording.calls, guard.kept + [out], recording.thunks,
+                             self.replay_lib)
+        return graph, out

@@ -260,6 +260,17 @@ void ironlm_linear_bf16(const uint16_t *x, const uint16_t *wp, const uint16_t *b
     }
 }
 
+
+/* the same into float32 y (exported by every build, so the library's signatures are one
+   list; ``PackedLinearKernel`` calls it on AVX-512 BF16 builds only): the bf16 result widened */
+void ironlm_linear_bf16_f32out(const uint16_t *x, const uint16_t *wp, const uint16_t *bias,
+                               float *y, int m, int n, int k, int threads) {
+    uint16_t *tmp = malloc(sizeof(uint16_t) * (size_t)m * n);
+    if (tmp == NULL) return;
+    ironlm_linear_bf16(x, wp, bias, tmp, m, n, k, threads);
+    for (int64_t e = 0; e < (int64_t)m * n; e++) y[e] = bf16_f32(tmp[e]);
+    free(tmp);
+}
 #endif
 
 /* the bf16 path this build runs: 1 AVX-512 BF16 dot products, 0 widening to float32 */

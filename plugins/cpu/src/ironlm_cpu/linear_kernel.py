@@ -43,6 +43,7 @@ PANEL = 16  # output columns per panel
 _SOURCE = r"""
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
 #endif
@@ -180,6 +181,7 @@ class PackedLinearKernel(KernelLibrary):
             {
                 "ironlm_linear_f32": ([ptr] * 4 + [i32] * 5, None),
                 "ironlm_linear_bf16": ([ptr] * 4 + [i32] * 4, None),
+                "ironlm_linear_bf16_f32out": ([ptr] * 4 + [i32] * 4, None),
                 "ironlm_linear_bf16_native": ([], i32),
             },
             "packed linear kernel", target=target,
@@ -197,7 +199,6 @@ class PackedLinearKernel(KernelLibrary):
         if native:
             assert lib is not None
             self._bf16_f32out = lib.ironlm_linear_bf16_f32out
-            self._bf16_f32out.argtypes, self._bf16_f32out.restype = [ptr] * 4 + [i32] * 4, None
 
     @staticmethod
     def can_pack(weight: torch.Tensor) -> bool:
