@@ -4,6 +4,7 @@ a vectorised softmax, and the weighted values; float32 and bf16 caches."""
 
 from ironlm_cpu.decode_512_src import AVX512_ATTEND_SOURCE
 from ironlm_cpu.decode_bf16_src import BF16_ATTEND_SOURCE
+from ironlm_cpu.prefill_bf16_src import PREFILL_BF16_SOURCE
 from ironlm_cpu.vexp_src import VEXP_SOURCE
 
 SOURCE = VEXP_SOURCE + r"""
@@ -283,7 +284,7 @@ static void attend##SFX(const job_t *j, int s, int hk0, int hk1, const float *q,
 }
 ATTEND(_f32, float)
 ATTEND(_bf16, uint16_t)
-""" + AVX512_ATTEND_SOURCE + BF16_ATTEND_SOURCE + r"""
+""" + AVX512_ATTEND_SOURCE + BF16_ATTEND_SOURCE + PREFILL_BF16_SOURCE + r"""
 
 /* One work item: the float32 query row (a bf16 one widened into qbuf), attention, and the
    output heads [g0, g1) stored in the output's dtype (bf16 rounded to nearest even). */
@@ -330,7 +331,23 @@ static int paged_decode(const job_t *j, int bf16, int threads) {
     /* few sequences: one work item per (sequence, KV head) so every thread has work */
     const int heads_per_item = n >= 4 * threads ? h_kv : 1;
     const int per_seq = h_kv / heads_per_item, items = n * per_seq;
-    int failed = 0;
+    int failed = 0, tiles = 0, *starts = NULL, *ends = NULL;
+    unsigned char *tiled = NULL; /* rows a prefill tile attends (prefill_bf16_src) */
+#ifdef HAVE_PREFILL_TILES
+    if (pf_fits(j, bf16)) {
+        starts = malloc(sizeof(int) * (size_t)n);
+        ends = malloc(sizeof(int) * (size_t)n);
+        tiled = calloc((size_t)n, 1);
+        if (starts == NULL || ends == NULL || tiled == NULL) {
+            free(starts);
+            free(ends);
+            free(tiled);
+            return 1;
+        }
+        tiles = pf_tiles(j, starts, ends, tiled);
+    }
+    const int64_t pf_ml = ((int64_t)max_len + 15) / 16 * 16; /* a tile's score row stride */
+#endif
     #pragma omp parallel num_threads(threads > items ? (items > 0 ? items : 1) : threads) \
         reduction(|: failed)
     {
@@ -338,7 +355,21 @@ static int paged_decode(const job_t *j, int bf16, int threads) {
         v8 *acc = malloc(sizeof(float) * (size_t)h * d);
         float *qbuf = bf16 ? malloc(sizeof(float) * (size_t)h * d) : NULL;
         float *buf = bf16 ? malloc(sizeof(float) * (size_t)j->bs * d) : NULL;
-        const int ok = scores != NULL && acc != NULL && (!bf16 || (qbuf != NULL && buf != NULL));
+        int ok = scores != NULL && acc != NULL && (!bf16 || (qbuf != NULL && buf != NULL));
+#ifdef HAVE_PREFILL_TILES
+        uint32_t *kt = NULL;
+        float *sc = NULL;
+        if (tiles > 0) {
+            kt = malloc((size_t)pf_ml * 2 * d);
+            sc = malloc(sizeof(float) * (size_t)PF_ROWS * (h / h_kv) * pf_ml);
+            ok = ok && kt != NULL && sc != NULL;
+        }
+        #pragma omp for schedule(dynamic, 1) nowait
+        for (int it = 0; it < tiles * h_kv; it++)
+            if (ok) pf_tile(j, starts[it / h_kv], ends[it / h_kv], it % h_kv, kt, sc, pf_ml);
+        free(kt);
+        free(sc);
+#endif
         if (!ok) failed = 1;
         if (j->table_of != NULL && per_seq == 1) {
             /* prefill rows: each thread a contiguous run of rows with an equal share of the
@@ -348,9 +379,10 @@ static int paged_decode(const job_t *j, int bf16, int threads) {
                layers: rows handed out one by one 33.5 ms, these runs 29.6 ms) */
             const int t = omp_get_thread_num(), nt = omp_get_num_threads();
             int64_t total = 0;
-            for (int s = 0; s < n; s++) total += j->lens[s] + ROW_COST;
+            for (int s = 0; s < n; s++) total += tiled && tiled[s] ? 0 : j->lens[s] + ROW_COST;
             int64_t seen = 0;
             for (int s = 0; s < n && ok; s++) {
+                if (tiled && tiled[s]) continue;
                 const int64_t mid = seen + (j->lens[s] + ROW_COST) / 2; /* owner: the middle */
                 seen += j->lens[s] + ROW_COST;
                 if (mid * nt / total == t) item(j, bf16, s, 0, h_kv, scores, acc, qbuf, buf);
@@ -358,7 +390,7 @@ static int paged_decode(const job_t *j, int bf16, int threads) {
         } else {
             #pragma omp for schedule(dynamic, 1)
             for (int it = 0; it < items; it++) {
-                if (!ok) continue;
+                if (!ok || (tiled && tiled[it / per_seq])) continue;
                 const int hk0 = (it % per_seq) * heads_per_item;
                 item(j, bf16, it / per_seq, hk0, hk0 + heads_per_item, scores, acc, qbuf, buf);
             }
@@ -368,6 +400,9 @@ static int paged_decode(const job_t *j, int bf16, int threads) {
         free(qbuf);
         free(buf);
     }
+    free(starts);
+    free(ends);
+    free(tiled);
     return failed;
 }
 

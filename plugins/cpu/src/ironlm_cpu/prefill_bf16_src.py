@@ -1,0 +1,169 @@
+"""C source of the blocked bf16 prefill attention (AVX-512 BF16): a run of a prompt's new tokens
+attended as tiles of query rows instead of one row at a time (``decode_kernel_src`` places it
+after the per-row kernels and hands it the runs it finds among the rows).
+
+Why: as rows, every token scores its causal prefix on its own: 16 keys x 1 query per
+``vdpbf16ps`` group, then a 16 x 16 transpose-add per group, and the same keys again for the
+next token; quadratic in the prompt, so a 2000-token SmolLM2 prompt spent ~590 of its ~1100 ms
+prefill in attention on the 2-core Zen 5. Here a tile (PF_ROWS consecutive tokens x the query
+heads of one KV head) first lays its keys out transposed (``kt``: per 16 keys, per pair of head
+dims, the 16 keys' bf16 pairs side by side), so one ``vdpbf16ps`` scores 16 keys for one query
+with the query's pair broadcast, and each transposed load serves PF_QV queries; no transposes
+after. Scores are float32, the softmax the per-row kernel's (``softmax_512``), values are
+widened to float32 in registers and summed with FMAs into PF_PV queries' outputs at a time
+(unrounded weights, as the per-row kernel). Keys past a query's own position (the causal
+mask: the tile's later tokens, and the padding up to 16 keys) get weight 0.
+
+Runs with a sliding window or a soft cap take the per-row path (Gemma's layers).
+
+Measured (SmolLM2 bf16, 2 threads, Zen 5, the step's 30 layers): one 2000-token prompt 609 ->
+338 ms of attention (the prefill step 1179 -> 828 ms), 4 x 500 tokens 144 -> 98 ms, 32 x 64
+tokens ~30 ms either way (short rows: the tile's transposes and padding eat what it saves).
+Left: the value pass is float32 FMAs, half the dot products' rate; bf16 weights with
+``vdpbf16ps`` over key pairs would double it.
+"""
+
+PREFILL_BF16_SOURCE = r"""
+#if defined(__AVX512BF16__)
+#define HAVE_PREFILL_TILES 1
+#define PF_ROWS 32 /* query rows (tokens) per tile */
+#define PF_MIN 8   /* shorter runs of a prompt's rows take the per-row path */
+#define PF_QV 8    /* queries scored per transposed key load */
+#define PF_PV 6    /* queries summed per widened value row (x 4 vectors of 16 dims) */
+
+/* the cache row of position blk * bs (a block's first) of table row t, KV head hk; the block's
+   next rows follow at a stride of h_kv * d */
+static inline const uint16_t *pf_block(const job_t *j, const uint16_t *cache, int64_t t,
+                                       int64_t blk, int hk) {
+    const int64_t id = j->tables[t * j->table_stride + blk];
+    return cache + (id * j->bs * j->h_kv + hk) * (int64_t)j->d;
+}
+
+/* kt (nk rounded up to 16 keys, nd = d / 2 pairs, 16): keys [0, nk) of KV head hk, pair i of
+   key c at kt[(c / 16) * nd * 16 + i * 16 + c % 16]; the padding keys are zero */
+static void pf_transpose_keys(const job_t *j, int64_t t, int hk, int64_t nk, uint32_t *kt) {
+    const int nd = j->d / 2;
+    const int64_t row = (int64_t)j->h_kv * j->d, padded = (nk + 15) / 16 * 16;
+    for (int64_t b0 = 0; b0 < nk; b0 += j->bs) {
+        const uint16_t *base = pf_block(j, (const uint16_t *)j->kc, t, b0 / j->bs, hk);
+        for (int64_t c = b0; c < nk && c < b0 + j->bs; c++) {
+            const uint32_t *src = (const uint32_t *)(base + (c - b0) * row);
+            uint32_t *dst = kt + (c / 16) * nd * 16 + c % 16;
+            for (int i = 0; i < nd; i++) dst[i * 16] = src[i];
+        }
+    }
+    for (int64_t c = nk; c < padded; c++)
+        for (int i = 0; i < nd; i++) kt[(c / 16) * nd * 16 + i * 16 + c % 16] = 0;
+}
+
+/* One tile: rows [r0, r1) of the job (consecutive tokens of one sequence: row r attends keys
+   [0, lens[r])), KV head hk. kt: scratch for the transposed keys (2 * d bytes a key); sc:
+   scratch for (r1 - r0) * gq score rows of stride ml (at least the last row's length rounded
+   up to 16). */
+static void pf_tile(const job_t *j, int r0, int r1, int hk, uint32_t *kt, float *sc,
+                    int64_t ml) {
+    const int gq = j->h / j->h_kv, d = j->d, nd = d / 2;
+    const int64_t t = j->table_of[r0], row = (int64_t)j->h_kv * d;
+    const int nq = (r1 - r0) * gq; /* query v: row r0 + v / gq, head hk * gq + v % gq */
+    pf_transpose_keys(j, t, hk, j->lens[r1 - 1], kt);
+    const uint16_t *q = (const uint16_t *)j->q;
+    /* pass 1: scores of PF_QV queries at a time, 16 keys per step, up to the group's last
+       row's length (rounded up to 16) */
+    for (int v0 = 0; v0 < nq; v0 += PF_QV) {
+        const int nv = nq - v0 < PF_QV ? nq - v0 : PF_QV;
+        const uint32_t *qp[PF_QV];
+        for (int v = 0; v < nv; v++) {
+            const int r = r0 + (v0 + v) / gq, g = hk * gq + (v0 + v) % gq;
+            qp[v] = (const uint32_t *)(q + (j->tokens[r] * j->h + g) * (int64_t)d);
+        }
+        const int64_t keys = (j->lens[r0 + (v0 + nv - 1) / gq] + 15) / 16 * 16;
+        for (int64_t c = 0; c < keys; c += 16) {
+            const uint32_t *kb = kt + (c / 16) * nd * 16;
+            __m512 a[PF_QV];
+            for (int v = 0; v < PF_QV; v++) a[v] = _mm512_setzero_ps();
+            for (int i = 0; i < nd; i++) {
+                const __m512bh k = (__m512bh)_mm512_loadu_si512((const void *)(kb + i * 16));
+                for (int v = 0; v < PF_QV; v++)
+                    if (v < nv)
+                        a[v] = _mm512_dpbf16_ps(a[v], (__m512bh)_mm512_set1_epi32((int)qp[v][i]), k);
+            }
+            for (int v = 0; v < nv; v++)
+                _mm512_storeu_ps(sc + (v0 + v) * ml + c, _mm512_mul_ps(a[v], _mm512_set1_ps(j->scale)));
+        }
+    }
+    /* softmax over each query's own keys; weight 0 from there to the tile's end (rounded) */
+    const int64_t kend = (j->lens[r1 - 1] + 15) / 16 * 16;
+    for (int v = 0; v < nq; v++) {
+        const int64_t len = j->lens[r0 + v / gq];
+        softmax_512(sc + v * ml, len, 0.0f);
+        memset(sc + v * ml + len, 0, sizeof(float) * (size_t)(kend - len));
+    }
+    /* pass 2: PF_PV queries x 64 dims at a time, each value row widened once for them */
+    uint16_t *out = (uint16_t *)j->out;
+    for (int v0 = 0; v0 < nq; v0 += PF_PV) {
+        const int nv = nq - v0 < PF_PV ? nq - v0 : PF_PV;
+        const int64_t keys = j->lens[r0 + (v0 + nv - 1) / gq];
+        for (int i0 = 0; i0 < d; i0 += 64) {
+            __m512 a[PF_PV][4];
+            for (int v = 0; v < PF_PV; v++)
+                for (int u = 0; u < 4; u++) a[v][u] = _mm512_setzero_ps();
+            for (int64_t b0 = 0; b0 < keys; b0 += j->bs) {
+                const uint16_t *base = pf_block(j, (const uint16_t *)j->vc, t, b0 / j->bs, hk) + i0;
+                for (int64_t p = b0; p < keys && p < b0 + j->bs; p++) {
+                    const uint16_t *vr = base + (p - b0) * row;
+                    const __m512 x0 = widen16(vr), x1 = widen16(vr + 16),
+                                 x2 = widen16(vr + 32), x3 = widen16(vr + 48);
+                    const float *w = sc + v0 * ml + p;
+                    for (int v = 0; v < PF_PV; v++) {
+                        if (v >= nv) break;
+                        const __m512 wv = _mm512_set1_ps(w[v * ml]);
+                        a[v][0] = _mm512_fmadd_ps(wv, x0, a[v][0]);
+                        a[v][1] = _mm512_fmadd_ps(wv, x1, a[v][1]);
+                        a[v][2] = _mm512_fmadd_ps(wv, x2, a[v][2]);
+                        a[v][3] = _mm512_fmadd_ps(wv, x3, a[v][3]);
+                    }
+                }
+            }
+            for (int v = 0; v < nv; v++) {
+                const int r = r0 + (v0 + v) / gq, g = hk * gq + (v0 + v) % gq;
+                uint16_t *o = out + (j->tokens[r] * j->h + g) * (int64_t)d + i0;
+                float f[64];
+                for (int u = 0; u < 4; u++) _mm512_storeu_ps(f + 16 * u, a[v][u]);
+                for (int e = 0; e < 64; e++) o[e] = f32_bf16(f[e]);
+            }
+        }
+    }
+}
+
+/* Whether row r continues row r - 1's run: the same sequence, the next token and position */
+static inline int pf_continues(const job_t *j, int r) {
+    return j->table_of[r] == j->table_of[r - 1] && j->tokens[r] == j->tokens[r - 1] + 1 &&
+           j->lens[r] == j->lens[r - 1] + 1;
+}
+
+/* The tiles of the job's runs of at least PF_MIN rows: tile i is rows [starts[i], ends[i]);
+   returns the count (starts / ends hold n entries at most); tiled[r] = 1 for their rows. */
+static int pf_tiles(const job_t *j, int *starts, int *ends, unsigned char *tiled) {
+    int count = 0;
+    for (int r0 = 0; r0 < j->n;) {
+        int r1 = r0 + 1;
+        while (r1 < j->n && pf_continues(j, r1)) r1++;
+        if (r1 - r0 >= PF_MIN) {
+            for (int s = r0; s < r1; s += PF_ROWS) {
+                starts[count] = s;
+                ends[count++] = s + PF_ROWS < r1 ? s + PF_ROWS : r1;
+            }
+            memset(tiled + r0, 1, (size_t)(r1 - r0));
+        }
+        r0 = r1;
+    }
+    return count;
+}
+
+/* Whether the job's prefill rows may take tiles: bf16, head dims a multiple of 64, prompts
+   with rows (table_of), no window, no soft cap */
+static inline int pf_fits(const job_t *j, int bf16) {
+    return bf16 && j->table_of != NULL && j->d % 64 == 0 && j->window <= 0 && j->cap <= 0;
+}
+#endif
+"""
