@@ -56,6 +56,91 @@ static void pf_transpose_keys(const job_t *j, int64_t t, int hk, int64_t nk, uin
         for (int i = 0; i < nd; i++) kt[(c / 16) * nd * 16 + i * 16 + c % 16] = 0;
 }
 
+/* scores sc[v][c] = scale * q_v . k_c of NV queries (qp: their bf16 pairs) for keys [0, keys)
+   (a multiple of 16) from the transposed keys: per 16 keys, nd loads of 16 key pairs, each
+   times NV broadcast query pairs */
+static inline __attribute__((always_inline)) void pf_scores(
+    const int NV, const uint32_t *const *qp, const uint32_t *kt, int nd, int64_t keys,
+    float scale, float *sc, int64_t ml) {
+    for (int64_t c = 0; c < keys; c += 16) {
+        const uint32_t *kb = kt + (c / 16) * nd * 16;
+        __m512 a[PF_QV];
+        for (int v = 0; v < NV; v++) a[v] = _mm512_setzero_ps();
+        for (int i = 0; i < nd; i++) {
+            const __m512bh k = (__m512bh)_mm512_loadu_si512((const void *)(kb + i * 16));
+            for (int v = 0; v < NV; v++)
+                a[v] = _mm512_dpbf16_ps(a[v], (__m512bh)_mm512_set1_epi32((int)qp[v][i]), k);
+        }
+        for (int v = 0; v < NV; v++)
+            _mm512_storeu_ps(sc + v * ml + c, _mm512_mul_ps(a[v], _mm512_set1_ps(scale)));
+    }
+}
+
+/* acc[v][0..64) = sum over keys [0, keys) of w[v][p] * value row p (64 dims from column i0)
+   for NV queries (weights at stride ml), each value row widened once for all of them; the
+   rows' bf16 outputs written to o[v] */
+static inline __attribute__((always_inline)) void pf_values(
+    const int NV, const job_t *j, int64_t t, int hk, int i0, int64_t keys, const float *w,
+    int64_t ml, uint16_t *const *o) {
+    const int64_t row = (int64_t)j->h_kv * j->d;
+    __m512 a[PF_PV][4];
+    for (int v = 0; v < NV; v++)
+        for (int u = 0; u < 4; u++) a[v][u] = _mm512_setzero_ps();
+    for (int64_t b0 = 0; b0 < keys; b0 += j->bs) {
+        const uint16_t *base = pf_block(j, (const uint16_t *)j->vc, t, b0 / j->bs, hk) + i0;
+        const int64_t b1 = keys < b0 + j->bs ? keys : b0 + j->bs;
+        for (int64_t p = b0; p < b1; p++) {
+            const uint16_t *vr = base + (p - b0) * row;
+            const __m512 x0 = widen16(vr), x1 = widen16(vr + 16), x2 = widen16(vr + 32),
+                         x3 = widen16(vr + 48);
+            for (int v = 0; v < NV; v++) {
+                const __m512 wv = _mm512_set1_ps(w[v * ml + p]);
+                a[v][0] = _mm512_fmadd_ps(wv, x0, a[v][0]);
+                a[v][1] = _mm512_fmadd_ps(wv, x1, a[v][1]);
+                a[v][2] = _mm512_fmadd_ps(wv, x2, a[v][2]);
+                a[v][3] = _mm512_fmadd_ps(wv, x3, a[v][3]);
+            }
+        }
+    }
+    for (int v = 0; v < NV; v++)
+        for (int u = 0; u < 4; u++) { /* round to nearest even, as f32_bf16 */
+            __m512i x = _mm512_castps_si512(a[v][u]);
+            x = _mm512_add_epi32(x, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                                 _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1))));
+            _mm256_storeu_si256((__m256i *)(o[v] + i0 + 16 * u),
+                                _mm512_cvtepi32_epi16(_mm512_srli_epi32(x, 16)));
+        }
+}
+
+/* softmax of s[0, len) in place, 16 lanes at a time with the last group masked: lanes
+   [len, len rounded up to 16) become 0 (no scalar tail) */
+static void pf_softmax(float *s, int64_t len) {
+    const int64_t full = len / 16 * 16;
+    const __mmask16 last = (__mmask16)((1u << (len - full)) - 1u);
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    __m512 m = ninf;
+    for (int64_t p = 0; p < full; p += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(s + p));
+    if (last) m = _mm512_max_ps(m, _mm512_mask_loadu_ps(ninf, last, s + full));
+    const __m512 mv = _mm512_set1_ps(_mm512_reduce_max_ps(m));
+    __m512 t = _mm512_setzero_ps();
+    for (int64_t p = 0; p < full; p += 16) {
+        const __m512 e = vexp512(_mm512_sub_ps(_mm512_loadu_ps(s + p), mv));
+        _mm512_storeu_ps(s + p, e);
+        t = _mm512_add_ps(t, e);
+    }
+    if (last) {
+        const __m512 x = _mm512_mask_loadu_ps(mv, last, s + full);
+        const __m512 e = _mm512_maskz_mov_ps(last, vexp512(_mm512_sub_ps(x, mv)));
+        _mm512_storeu_ps(s + full, e);
+        t = _mm512_add_ps(t, e);
+    }
+    const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(t));
+    for (int64_t p = 0; p < len; p += 16)
+        _mm512_storeu_ps(s + p, _mm512_mul_ps(_mm512_loadu_ps(s + p), inv));
+}
+
+#define PF_CASE(FN, N, ...) case N: FN(N, __VA_ARGS__); break;
+
 /* One tile: rows [r0, r1) of the job (consecutive tokens of one sequence: row r attends keys
    [0, lens[r])), KV head hk. kt: scratch for the transposed keys (2 * d bytes a key); sc:
    scratch for (r1 - r0) * gq score rows of stride ml (at least the last row's length rounded
@@ -63,12 +148,11 @@ static void pf_transpose_keys(const job_t *j, int64_t t, int hk, int64_t nk, uin
 static void pf_tile(const job_t *j, int r0, int r1, int hk, uint32_t *kt, float *sc,
                     int64_t ml) {
     const int gq = j->h / j->h_kv, d = j->d, nd = d / 2;
-    const int64_t t = j->table_of[r0], row = (int64_t)j->h_kv * d;
+    const int64_t t = j->table_of[r0];
     const int nq = (r1 - r0) * gq; /* query v: row r0 + v / gq, head hk * gq + v % gq */
     pf_transpose_keys(j, t, hk, j->lens[r1 - 1], kt);
     const uint16_t *q = (const uint16_t *)j->q;
-    /* pass 1: scores of PF_QV queries at a time, 16 keys per step, up to the group's last
-       row's length (rounded up to 16) */
+    /* pass 1: PF_QV queries at a time, up to the group's last row's length (rounded up) */
     for (int v0 = 0; v0 < nq; v0 += PF_QV) {
         const int nv = nq - v0 < PF_QV ? nq - v0 : PF_QV;
         const uint32_t *qp[PF_QV];
@@ -77,61 +161,45 @@ static void pf_tile(const job_t *j, int r0, int r1, int hk, uint32_t *kt, float 
             qp[v] = (const uint32_t *)(q + (j->tokens[r] * j->h + g) * (int64_t)d);
         }
         const int64_t keys = (j->lens[r0 + (v0 + nv - 1) / gq] + 15) / 16 * 16;
-        for (int64_t c = 0; c < keys; c += 16) {
-            const uint32_t *kb = kt + (c / 16) * nd * 16;
-            __m512 a[PF_QV];
-            for (int v = 0; v < PF_QV; v++) a[v] = _mm512_setzero_ps();
-            for (int i = 0; i < nd; i++) {
-                const __m512bh k = (__m512bh)_mm512_loadu_si512((const void *)(kb + i * 16));
-                for (int v = 0; v < PF_QV; v++)
-                    if (v < nv)
-                        a[v] = _mm512_dpbf16_ps(a[v], (__m512bh)_mm512_set1_epi32((int)qp[v][i]), k);
-            }
-            for (int v = 0; v < nv; v++)
-                _mm512_storeu_ps(sc + (v0 + v) * ml + c, _mm512_mul_ps(a[v], _mm512_set1_ps(j->scale)));
+        float *s = sc + v0 * ml;
+        switch (nv) {
+            PF_CASE(pf_scores, 1, qp, kt, nd, keys, j->scale, s, ml)
+            PF_CASE(pf_scores, 2, qp, kt, nd, keys, j->scale, s, ml)
+            PF_CASE(pf_scores, 3, qp, kt, nd, keys, j->scale, s, ml)
+            PF_CASE(pf_scores, 4, qp, kt, nd, keys, j->scale, s, ml)
+            PF_CASE(pf_scores, 5, qp, kt, nd, keys, j->scale, s, ml)
+            PF_CASE(pf_scores, 6, qp, kt, nd, keys, j->scale, s, ml)
+            PF_CASE(pf_scores, 7, qp, kt, nd, keys, j->scale, s, ml)
+            default: pf_scores(PF_QV, qp, kt, nd, keys, j->scale, s, ml);
         }
     }
     /* softmax over each query's own keys; weight 0 from there to the tile's end (rounded) */
     const int64_t kend = (j->lens[r1 - 1] + 15) / 16 * 16;
     for (int v = 0; v < nq; v++) {
-        const int64_t len = j->lens[r0 + v / gq];
-        softmax_512(sc + v * ml, len, 0.0f);
-        memset(sc + v * ml + len, 0, sizeof(float) * (size_t)(kend - len));
+        const int64_t len = j->lens[r0 + v / gq], padded = (len + 15) / 16 * 16;
+        pf_softmax(sc + v * ml, len);
+        memset(sc + v * ml + padded, 0, sizeof(float) * (size_t)(kend - padded));
     }
-    /* pass 2: PF_PV queries x 64 dims at a time, each value row widened once for them */
+    /* pass 2: PF_PV queries x 64 dims at a time */
     uint16_t *out = (uint16_t *)j->out;
     for (int v0 = 0; v0 < nq; v0 += PF_PV) {
         const int nv = nq - v0 < PF_PV ? nq - v0 : PF_PV;
         const int64_t keys = j->lens[r0 + (v0 + nv - 1) / gq];
-        for (int i0 = 0; i0 < d; i0 += 64) {
-            __m512 a[PF_PV][4];
-            for (int v = 0; v < PF_PV; v++)
-                for (int u = 0; u < 4; u++) a[v][u] = _mm512_setzero_ps();
-            for (int64_t b0 = 0; b0 < keys; b0 += j->bs) {
-                const uint16_t *base = pf_block(j, (const uint16_t *)j->vc, t, b0 / j->bs, hk) + i0;
-                for (int64_t p = b0; p < keys && p < b0 + j->bs; p++) {
-                    const uint16_t *vr = base + (p - b0) * row;
-                    const __m512 x0 = widen16(vr), x1 = widen16(vr + 16),
-                                 x2 = widen16(vr + 32), x3 = widen16(vr + 48);
-                    const float *w = sc + v0 * ml + p;
-                    for (int v = 0; v < PF_PV; v++) {
-                        if (v >= nv) break;
-                        const __m512 wv = _mm512_set1_ps(w[v * ml]);
-                        a[v][0] = _mm512_fmadd_ps(wv, x0, a[v][0]);
-                        a[v][1] = _mm512_fmadd_ps(wv, x1, a[v][1]);
-                        a[v][2] = _mm512_fmadd_ps(wv, x2, a[v][2]);
-                        a[v][3] = _mm512_fmadd_ps(wv, x3, a[v][3]);
-                    }
-                }
-            }
-            for (int v = 0; v < nv; v++) {
-                const int r = r0 + (v0 + v) / gq, g = hk * gq + (v0 + v) % gq;
-                uint16_t *o = out + (j->tokens[r] * j->h + g) * (int64_t)d + i0;
-                float f[64];
-                for (int u = 0; u < 4; u++) _mm512_storeu_ps(f + 16 * u, a[v][u]);
-                for (int e = 0; e < 64; e++) o[e] = f32_bf16(f[e]);
-            }
+        uint16_t *o[PF_PV];
+        for (int v = 0; v < nv; v++) {
+            const int r = r0 + (v0 + v) / gq, g = hk * gq + (v0 + v) % gq;
+            o[v] = out + (j->tokens[r] * j->h + g) * (int64_t)d;
         }
+        const float *w = sc + v0 * ml;
+        for (int i0 = 0; i0 < d; i0 += 64)
+            switch (nv) {
+                PF_CASE(pf_values, 1, j, t, hk, i0, keys, w, ml, o)
+                PF_CASE(pf_values, 2, j, t, hk, i0, keys, w, ml, o)
+                PF_CASE(pf_values, 3, j, t, hk, i0, keys, w, ml, o)
+                PF_CASE(pf_values, 4, j, t, hk, i0, keys, w, ml, o)
+                PF_CASE(pf_values, 5, j, t, hk, i0, keys, w, ml, o)
+                default: pf_values(PF_PV, j, t, hk, i0, keys, w, ml, o);
+            }
     }
 }
 
