@@ -93,17 +93,20 @@ class IronlmRunner:
         }
 
     def run(self, prompts: list[list[int]], output_len: int) -> BatchTiming:
-        from ironlm.sampling_params import SamplingParams
+        from ironlm.sampling_params import RequestOutputKind, SamplingParams
 
+        # final outputs only, as LLM.generate asks for them; each request's first token time
+        # comes with its final output (RequestOutput.metrics, time.monotonic)
         params = SamplingParams(
-            temperature=0.0, max_tokens=output_len, ignore_eos=True, detokenize=self.detokenize
+            temperature=0.0, max_tokens=output_len, ignore_eos=True, detokenize=self.detokenize,
+            output_kind=RequestOutputKind.FINAL_ONLY,
         )
         n = len(prompts)
         index: dict[str, int] = {}
         first: list[float | None] = [None] * n
         last: list[float | None] = [None] * n
         produced = [0] * n
-        start = time.perf_counter()
+        start, start_mono = time.perf_counter(), time.monotonic()
         for i, p in enumerate(prompts):
             rid = f"bench-{next(self._ids)}"
             lora = self.loras[i % len(self.loras)] if self.loras else None
@@ -114,13 +117,11 @@ class IronlmRunner:
             now = time.perf_counter() - start
             for out in outputs:
                 i = index.get(out.request_id, -1)
-                if i < 0 or not out.outputs:
+                if i < 0 or not out.outputs or not out.finished:
                     continue
-                tokens = len(out.outputs[0].token_ids)
-                if tokens and first[i] is None:
-                    first[i] = now
-                if out.finished:
-                    last[i], produced[i] = now, tokens
+                first_token = (out.metrics or {}).get("first_token_time")
+                first[i] = None if first_token is None else first_token - start_mono
+                last[i], produced[i] = now, len(out.outputs[0].token_ids)
         if any(t is None for t in last):
             raise RuntimeError("the engine stopped with requests unfinished")
         return BatchTiming(

@@ -16,13 +16,14 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from ironlm.entrypoints.llm import LLM
     from ironlm.outputs import CompletionOutput, RequestOutput
-    from ironlm.sampling_params import BeamSearchParams, SamplingParams
+    from ironlm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 _LAZY = {
     "LLM": "ironlm.entrypoints.llm",
     "SamplingParams": "ironlm.sampling_params",
     "BeamSearchParams": "ironlm.sampling_params",
     "GuidedDecodingParams": "ironlm.sampling_params",
+    "RequestOutputKind": "ironlm.sampling_params",
     "RequestOutput": "ironlm.outputs",
     "CompletionOutput": "ironlm.outputs",
 }
@@ -43,6 +44,7 @@ __all__ = [
     "GuidedDecodingParams",
     "CompletionOutput",
     "RequestOutput",
+    "RequestOutputKind",
     "SamplingParams",
     "hookimpl",
     "hookspec",

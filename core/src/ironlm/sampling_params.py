@@ -4,10 +4,21 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 _SAMPLING_EPS = 1e-5
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+class RequestOutputKind(Enum):
+    """What each RequestOutput of a request holds (vLLM's names): CUMULATIVE, everything so
+    far (every step); DELTA, what is new since the request's previous output (every step);
+    FINAL_ONLY, one output when the request finishes (``LLM.generate`` asks for it)."""
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
 
 
 @dataclass
@@ -48,6 +59,7 @@ class SamplingParams:
     # an optional backend name (GuidedDecodingParams.backend wins when set).
     guided_decoding: Any = None
     guided_decoding_backend: str | None = None
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     # Filled by the engine: token-id sequences of bad_words, and the eos id.
     _bad_words_token_ids: list[list[int]] = field(default_factory=list, repr=False)
 
@@ -84,6 +96,8 @@ class SamplingParams:
 
         if not isinstance(self.n, int) or self.n < 1:
             raise bad("n", f"must be at least 1, got {self.n}.")
+        if not isinstance(self.output_kind, RequestOutputKind):
+            raise bad("output_kind", f"must be a RequestOutputKind, got {self.output_kind!r}.")
         if not isinstance(self.best_of, int) or self.best_of < self.n:
             raise bad("best_of", f"must be greater than or equal to n, got n={self.n} and "
                       f"best_of={self.best_of}.")

@@ -1,7 +1,9 @@
 """OutputProcessor: sampled tokens -> detokenized text, stop checks, RequestOutputs.
 
 A group is what the user submitted (one request id); its children are the n / best_of
-sequences. Outputs are cumulative (the whole text so far); streaming layers take deltas.
+sequences. Outputs are cumulative (the whole text so far: streaming layers take deltas) unless
+the request's ``output_kind`` asks for deltas or for its final output only (no RequestOutput
+is built on the other steps: ~0.5 ms a step for 64 requests).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from ironlm.engine.request import Request, RequestStatus
 from ironlm.engine.scheduler import Scheduler
 from ironlm.interfaces.step import ModelOutput, SampledToken
 from ironlm.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
-from ironlm.sampling_params import SamplingParams
+from ironlm.sampling_params import RequestOutputKind, SamplingParams
 
 
 @dataclass
@@ -31,6 +33,8 @@ class Group:
     arrival: float = field(default_factory=time.monotonic)
     embedding: list[float] | None = None  # pooling requests: the mean-pooled hidden state
     error: str | None = None  # why the request failed (a guided backend's dead end)
+    # DELTA outputs: per child, the tokens, text characters and logprob entries sent so far
+    sent: list[tuple[int, int, int]] = field(default_factory=list)
 
 
 class OutputProcessor:
@@ -57,6 +61,7 @@ class OutputProcessor:
             for _ in children
         ]
         group = Group(request_id, prompt, prompt_token_ids, params, children, detoks)
+        group.sent = [(0, 0, 0)] * len(children)
         self.groups[request_id] = group
         for c in children:
             self._child_group[c.request_id] = group
@@ -231,12 +236,17 @@ class OutputProcessor:
     def _completion(self, group: Group, i: int, req: Request) -> CompletionOutput:
         detok = group.detoks[i]
         text = detok.visible_text(req.is_finished) if detok is not None else ""
+        tokens, logprobs = req.output_token_ids, req.logprobs
+        if group.params.output_kind == RequestOutputKind.DELTA:  # what is new since last time
+            t0, c0, l0 = group.sent[i]
+            group.sent[i] = (len(tokens), len(text), len(logprobs))
+            tokens, text, logprobs = tokens[t0:], text[c0:], logprobs[l0:]
         return CompletionOutput(
             index=i,
             text=text,
-            token_ids=list(req.output_token_ids),
+            token_ids=list(tokens),
             cumulative_logprob=req.cumulative_logprob,
-            logprobs=list(req.logprobs) if req.sampling_params.logprobs is not None else None,
+            logprobs=list(logprobs) if req.sampling_params.logprobs is not None else None,
             finish_reason=req.status.finish_reason,
             stop_reason=req.stop_reason,
         )
@@ -246,6 +256,12 @@ class OutputProcessor:
         n, best_of = group.params.n, group.params.best_of or 1
         if best_of > n and not finished:
             return None  # best_of picks among complete sequences only
+        kind = group.params.output_kind
+        if kind == RequestOutputKind.FINAL_ONLY and not finished:
+            return None
+        # the prompt's logprobs go with the first output only when outputs are deltas
+        with_prompt_lps = group.params.prompt_logprobs is not None and (
+            kind != RequestOutputKind.DELTA or all(s == (0, 0, 0) for s in group.sent))
         outs = [self._completion(group, i, c) for i, c in enumerate(group.children)]
         if best_of > n:
             outs = sorted(outs, key=lambda o: -(o.cumulative_logprob or 0.0))[:n]
@@ -264,8 +280,7 @@ class OutputProcessor:
             prompt_token_ids=group.prompt_token_ids,
             outputs=outs,
             finished=finished,
-            prompt_logprobs=group.prompt_logprobs
-            if group.params.prompt_logprobs is not None else None,
+            prompt_logprobs=group.prompt_logprobs if with_prompt_lps else None,
             num_cached_tokens=group.children[0].num_cached_tokens,
             metrics=metrics,
             embedding=group.embedding,

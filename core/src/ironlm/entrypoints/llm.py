@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 from dataclasses import fields
 from typing import Any, Sequence
@@ -16,7 +17,7 @@ from ironlm.entrypoints.chat_utils import apply_chat_template
 from ironlm.lora.request import LoRARequest
 from ironlm.outputs import EmbeddingOutput, RequestOutput
 from ironlm.plugin_manager import PluginManager
-from ironlm.sampling_params import BeamSearchParams, SamplingParams
+from ironlm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 _ENGINE_ARGS = {f.name for f in fields(EngineConfig)}
 
@@ -57,6 +58,7 @@ class LLM:
         loras = _per_prompt_lora(lora_request, len(batch))
         if any(p.use_beam_search for p in params):
             return self._generate_beams(batch, params, loras)
+        params = [_final_only(p) for p in params]
         ids = []
         try:
             for i, (prompt, p) in enumerate(zip(batch, params)):
@@ -175,6 +177,16 @@ class LLM:
 
     def shutdown(self) -> None:
         self.engine.shutdown()
+
+
+def _final_only(params: SamplingParams) -> SamplingParams:
+    """A copy of ``params`` asking for the final output only: generate() returns nothing
+    else, so the engine builds no output on the other steps (vLLM's LLM does the same)."""
+    if params.output_kind == RequestOutputKind.FINAL_ONLY:
+        return params
+    final = copy.copy(params)
+    final.output_kind = RequestOutputKind.FINAL_ONLY
+    return final
 
 
 def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:
