@@ -346,7 +346,7 @@ static int paged_decode(const job_t *j, int bf16, int threads) {
         }
         tiles = pf_tiles(j, starts, ends, tiled);
     }
-    const int64_t pf_ml = ((int64_t)max_len + 31) / 32 * 32; /* a tile's score row stride */
+    const int64_t pf_ml = ((int64_t)max_len + 15) / 16 * 16; /* a tile's score row stride */
 #endif
     #pragma omp parallel num_threads(threads > items ? (items > 0 ? items : 1) : threads) \
         reduction(|: failed)

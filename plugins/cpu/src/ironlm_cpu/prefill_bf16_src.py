@@ -9,18 +9,18 @@ prefill in attention on the 2-core Zen 5. Here a tile (PF_ROWS consecutive token
 heads of one KV head) first lays its keys out transposed (``kt``: per 16 keys, per pair of head
 dims, the 16 keys' bf16 pairs side by side), so one ``vdpbf16ps`` scores 16 keys for one query
 with the query's pair broadcast, and each transposed load serves PF_QV queries; no transposes
-after. Scores are float32 and so is the softmax (16 lanes, the last group masked); the weights
-are then rounded to bf16 (as flash attention's P) so that the value pass is ``vdpbf16ps`` too:
-per key pair the two value rows interleaved by unpacklo / unpackhi, one instruction per 16 dims
-and query. Keys past a query's own position (the causal mask: the tile's later tokens, and the
-padding up to 32 keys) get weight 0.
+after. Scores are float32, the softmax the per-row kernel's (``softmax_512``), values are
+widened to float32 in registers and summed with FMAs into PF_PV queries' outputs at a time
+(unrounded weights, as the per-row kernel). Keys past a query's own position (the causal
+mask: the tile's later tokens, and the padding up to 16 keys) get weight 0.
 
 Runs with a sliding window or a soft cap take the per-row path (Gemma's layers).
 
-Measured (SmolLM2 bf16, 2 threads, Zen 5, the step's 30 layers), against the per-row kernel:
-one 2000-token prompt 609 -> 256 ms of attention (the prefill step 1179 -> 749 ms), 4 x 500
-tokens 145 -> 72 ms, 32 x 64 tokens 29.6 -> 19.9 ms. The value pass in float32 FMAs (weights
-unrounded) had left 338, 98 and ~30 ms.
+Measured (SmolLM2 bf16, 2 threads, Zen 5, the step's 30 layers): one 2000-token prompt 609 ->
+338 ms of attention (the prefill step 1179 -> 828 ms), 4 x 500 tokens 144 -> 98 ms, 32 x 64
+tokens ~30 ms either way (short rows: the tile's transposes and padding eat what it saves).
+Left: the value pass is float32 FMAs, half the dot products' rate; bf16 weights with
+``vdpbf16ps`` over key pairs would double it.
 """
 
 PREFILL_BF16_SOURCE = r"""
@@ -76,71 +76,40 @@ static inline __attribute__((always_inline)) void pf_scores(
     }
 }
 
-/* o[v][i0, i0 + 64) = bf16(sum over keys [0, keys) of w[v][p] * value row p) for NV queries:
-   per key pair, the two value rows' 64 dims interleaved into 4 vectors of 16 bf16 pairs
-   (unpacklo / unpackhi: lanes in the dim order 0-3, 8-11, 16-19, 24-27 and 4-7, 12-15, ...),
-   one vdpbf16ps per vector and query with the query's (w[p], w[p + 1]) bf16 pair broadcast;
-   the sums are put back in dim order at the end. wb: each query's weights as bf16 at stride
-   2 * ml uint16s (``pf_weights_bf16``). An odd last key pairs with zeros. */
+/* acc[v][0..64) = sum over keys [0, keys) of w[v][p] * value row p (64 dims from column i0)
+   for NV queries (weights at stride ml), each value row widened once for all of them; the
+   rows' bf16 outputs written to o[v] */
 static inline __attribute__((always_inline)) void pf_values(
-    const int NV, const job_t *j, int64_t t, int hk, int i0, int64_t keys, const uint16_t *wb,
+    const int NV, const job_t *j, int64_t t, int hk, int i0, int64_t keys, const float *w,
     int64_t ml, uint16_t *const *o) {
     const int64_t row = (int64_t)j->h_kv * j->d;
     __m512 a[PF_PV][4];
     for (int v = 0; v < NV; v++)
         for (int u = 0; u < 4; u++) a[v][u] = _mm512_setzero_ps();
-    const __m512i zero = _mm512_setzero_si512();
-    for (int64_t b0 = 0; b0 < keys; b0 += j->bs) { /* bs is even: a pair never straddles */
+    for (int64_t b0 = 0; b0 < keys; b0 += j->bs) {
         const uint16_t *base = pf_block(j, (const uint16_t *)j->vc, t, b0 / j->bs, hk) + i0;
         const int64_t b1 = keys < b0 + j->bs ? keys : b0 + j->bs;
-        for (int64_t p = b0; p < b1; p += 2) {
-            const uint16_t *r0 = base + (p - b0) * row;
-            const __m512i x0 = _mm512_loadu_si512((const void *)r0),
-                          x1 = _mm512_loadu_si512((const void *)(r0 + 32));
-            /* the odd last key pairs with zeros (the row past it may not exist) */
-            const __m512i y0 = p + 1 < b1 ? _mm512_loadu_si512((const void *)(r0 + row)) : zero,
-                          y1 = p + 1 < b1 ? _mm512_loadu_si512((const void *)(r0 + row + 32))
-                                          : zero;
-            const __m512bh v0 = (__m512bh)_mm512_unpacklo_epi16(x0, y0),
-                           v1 = (__m512bh)_mm512_unpackhi_epi16(x0, y0),
-                           v2 = (__m512bh)_mm512_unpacklo_epi16(x1, y1),
-                           v3 = (__m512bh)_mm512_unpackhi_epi16(x1, y1);
+        for (int64_t p = b0; p < b1; p++) {
+            const uint16_t *vr = base + (p - b0) * row;
+            const __m512 x0 = widen16(vr), x1 = widen16(vr + 16), x2 = widen16(vr + 32),
+                         x3 = widen16(vr + 48);
             for (int v = 0; v < NV; v++) {
-                const __m512bh w = (__m512bh)_mm512_set1_epi32(
-                    *(const int32_t *)(wb + v * 2 * ml + p));
-                a[v][0] = _mm512_dpbf16_ps(a[v][0], w, v0);
-                a[v][1] = _mm512_dpbf16_ps(a[v][1], w, v1);
-                a[v][2] = _mm512_dpbf16_ps(a[v][2], w, v2);
-                a[v][3] = _mm512_dpbf16_ps(a[v][3], w, v3);
+                const __m512 wv = _mm512_set1_ps(w[v * ml + p]);
+                a[v][0] = _mm512_fmadd_ps(wv, x0, a[v][0]);
+                a[v][1] = _mm512_fmadd_ps(wv, x1, a[v][1]);
+                a[v][2] = _mm512_fmadd_ps(wv, x2, a[v][2]);
+                a[v][3] = _mm512_fmadd_ps(wv, x3, a[v][3]);
             }
         }
     }
-    const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
-    const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29,
-                                             30, 31);
-    for (int v = 0; v < NV; v++) {
-        const __m512 dims[4] = {_mm512_permutex2var_ps(a[v][0], first, a[v][1]),
-                                _mm512_permutex2var_ps(a[v][0], second, a[v][1]),
-                                _mm512_permutex2var_ps(a[v][2], first, a[v][3]),
-                                _mm512_permutex2var_ps(a[v][2], second, a[v][3])};
+    for (int v = 0; v < NV; v++)
         for (int u = 0; u < 4; u++) { /* round to nearest even, as f32_bf16 */
-            __m512i x = _mm512_castps_si512(dims[u]);
+            __m512i x = _mm512_castps_si512(a[v][u]);
             x = _mm512_add_epi32(x, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
                                  _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1))));
             _mm256_storeu_si256((__m256i *)(o[v] + i0 + 16 * u),
                                 _mm512_cvtepi32_epi16(_mm512_srli_epi32(x, 16)));
         }
-    }
-}
-
-/* the first n (a multiple of 32) float32 weights of s as bf16 (round to nearest even) at the
-   start of the same row: written behind what is read */
-static inline void pf_weights_bf16(float *s, int64_t n) {
-    uint16_t *dst = (uint16_t *)s;
-    for (int64_t p = 0; p < n; p += 32) {
-        const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(s + p + 16), _mm512_loadu_ps(s + p));
-        _mm512_storeu_si512((void *)(dst + p), (__m512i)b);
-    }
 }
 
 /* softmax of s[0, len) in place, 16 lanes at a time with the last group masked: lanes
@@ -204,14 +173,12 @@ static void pf_tile(const job_t *j, int r0, int r1, int hk, uint32_t *kt, float 
             default: pf_scores(PF_QV, qp, kt, nd, keys, j->scale, s, ml);
         }
     }
-    /* softmax over each query's own keys; weight 0 from there to the tile's end (rounded up
-       to 32), then the weights as bf16 */
-    const int64_t kend = (j->lens[r1 - 1] + 31) / 32 * 32;
+    /* softmax over each query's own keys; weight 0 from there to the tile's end (rounded) */
+    const int64_t kend = (j->lens[r1 - 1] + 15) / 16 * 16;
     for (int v = 0; v < nq; v++) {
         const int64_t len = j->lens[r0 + v / gq], padded = (len + 15) / 16 * 16;
         pf_softmax(sc + v * ml, len);
         memset(sc + v * ml + padded, 0, sizeof(float) * (size_t)(kend - padded));
-        pf_weights_bf16(sc + v * ml, kend);
     }
     /* pass 2: PF_PV queries x 64 dims at a time */
     uint16_t *out = (uint16_t *)j->out;
@@ -223,7 +190,7 @@ static void pf_tile(const job_t *j, int r0, int r1, int hk, uint32_t *kt, float 
             const int r = r0 + (v0 + v) / gq, g = hk * gq + (v0 + v) % gq;
             o[v] = out + (j->tokens[r] * j->h + g) * (int64_t)d;
         }
-        const uint16_t *w = (const uint16_t *)(sc + v0 * ml);
+        const float *w = sc + v0 * ml;
         for (int i0 = 0; i0 < d; i0 += 64)
             switch (nv) {
                 PF_CASE(pf_values, 1, j, t, hk, i0, keys, w, ml, o)
