@@ -120,3 +120,19 @@ def test_forced_torch_keeps_prefill_on_sdpa(monkeypatch: pytest.MonkeyPatch) -> 
     assert cpu._row_keys == 0
     meta = cpu.build_metadata(_batch([0, 10], [30, 1]))
     assert meta.buckets[0].seq_ids == [1]  # the decode row alone; the prompt is padded SDPA
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
+def test_the_kernel_passes_the_choice_check(dtype: torch.dtype, tmp_path: Path) -> None:
+    """The measured choice checks the C path against torch's before timing it, on SmolLM2's
+    heads: the kernel (rows, and the bf16 tiles where built) must agree within the choice's
+    tolerance, or every prefill goes to torch (a tile value pass with bf16-rounded weights
+    once failed it: up to 0.0156 off)."""
+    cpu = CpuPagedAttentionBackend()
+    if not cpu.libraries():
+        pytest.skip(cpu.decode_path)
+    cpu._tuner = KernelTuner(host_target(), cache_dir=tmp_path, mode="1", forced="")
+    layer = AttentionLayerSpec(0, 9, 3, 64, 64**-0.5, None)
+    cpu._choose_prefill(layer, torch.zeros(1, 9, 64, dtype=dtype),
+                        torch.zeros(2, 1, 16, 3, 64, dtype=dtype))  # fmt: skip
+    assert "rejected" not in cpu.prefill_path, cpu.prefill_path
