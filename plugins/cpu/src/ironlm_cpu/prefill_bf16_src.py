@@ -9,18 +9,18 @@ prefill in attention on the 2-core Zen 5. Here a tile (PF_ROWS consecutive token
 heads of one KV head) first lays its keys out transposed (``kt``: per 16 keys, per pair of head
 dims, the 16 keys' bf16 pairs side by side), so one ``vdpbf16ps`` scores 16 keys for one query
 with the query's pair broadcast, and each transposed load serves PF_QV queries; no transposes
-after. Scores are float32, the softmax the per-row kernel's (``softmax_512``), values are
-widened to float32 in registers and summed with FMAs into PF_PV queries' outputs at a time
-(unrounded weights, as the per-row kernel). Keys past a query's own position (the causal
+after. Scores and softmax are float32 (16 lanes, the last group masked: no scalar tail),
+values are widened to float32 in registers and summed with FMAs into PF_PV queries' outputs
+at a time (unrounded weights, as the per-row kernel). Keys past a query's own position (the causal
 mask: the tile's later tokens, and the padding up to 16 keys) get weight 0.
 
 Runs with a sliding window or a soft cap take the per-row path (Gemma's layers).
 
 Measured (SmolLM2 bf16, 2 threads, Zen 5, the step's 30 layers): one 2000-token prompt 609 ->
-338 ms of attention (the prefill step 1179 -> 828 ms), 4 x 500 tokens 144 -> 98 ms, 32 x 64
-tokens ~30 ms either way (short rows: the tile's transposes and padding eat what it saves).
-Left: the value pass is float32 FMAs, half the dot products' rate; bf16 weights with
-``vdpbf16ps`` over key pairs would double it.
+320 ms of attention (the prefill step 1179 -> 809 ms), 4 x 500 tokens 145 -> 87 ms, 32 x 64
+tokens 29.6 -> 22 ms. A value pass on ``vdpbf16ps`` with the weights rounded to bf16 (flash
+attention's P) ran 256 / ~20 ms but moved outputs up to 0.0156 from torch's SDPA, past the
+kernel choice's check: not kept.
 """
 
 PREFILL_BF16_SOURCE = r"""
