@@ -169,8 +169,7 @@ class CpuStepGraph(StepGraph):
         if not run:
             return
         assert replay_lib is not None and replay_lib.lib is not None
-        program = torch.tensor([v - (1 << 64) if v >= 1 << 63 else v for v in run] + [0],
-                               dtype=torch.int64)  # fmt: skip
+        program = torch.tensor(run + [0], dtype=torch.int64)  # slots are signed already
         self._programs.append(program)
         self._steps.append(functools.partial(replay_lib.lib.ironlm_replay, program.data_ptr()))
         run.clear()

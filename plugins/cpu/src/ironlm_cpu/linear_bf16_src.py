@@ -134,16 +134,18 @@ static void bf_tile_any(int rows, int np, const uint16_t *x, int64_t ldx, const 
 }
 
 /* rows [m0, m1) of y for panel groups [g0, g1): tile by tile, rows inner so the group's
-   weights serve every row while in L1/L2; the first BF_PT tiles of a group pull in the next
-   group, a panel each */
+   weights serve every row while in L1/L2; with pull_next, the first BF_PT tiles of a group
+   pull in the next group, a panel each */
 static void linear_bf16_rows(const uint16_t *x, const uint16_t *wp, const uint16_t *bias,
-                             bf_out y, int m0, int m1, int n, int k, int g0, int g1) {
+                             bf_out y, int m0, int m1, int n, int k, int g0, int g1,
+                             int pull_next) {
     const int panels = n / 16, groups = (panels + BF_PT - 1) / BF_PT;
     const int64_t ps = (int64_t)k * 16;
     for (int g = g0; g < g1; g++) {
         const int pi = g * BF_PT, np = panels - pi < BF_PT ? panels - pi : BF_PT;
         for (int i = m0, t = 0; i < m1; i += BF_RT, t++) {
-            const uint16_t *next = t < BF_PT && g + 1 < groups ? wp + (pi + BF_PT + t) * ps : 0;
+            const uint16_t *next =
+                pull_next && t < BF_PT && g + 1 < groups ? wp + (pi + BF_PT + t) * ps : 0;
             bf_tile_any(m1 - i < BF_RT ? m1 - i : BF_RT, np, x + (int64_t)i * k, k,
                         wp + pi * ps, ps, k / 2, bias ? bias + 16 * pi : 0,
                         bf_at(y, (int64_t)i * n + 16 * pi), n, next);
@@ -180,7 +182,7 @@ static void linear_bf16(const uint16_t *x, const uint16_t *wp, const uint16_t *b
             const int size = ((r1 - r0 + nc - 1) / nc + BF_RT - 1) / BF_RT * BF_RT;
             for (int m0 = r0; m0 < r1; m0 += size)
                 linear_bf16_rows(x, wp, bias, y, m0, m0 + size < r1 ? m0 + size : r1, n, k, 0,
-                                 groups);
+                                 groups, 1);
         }
         return;
     }
@@ -188,7 +190,7 @@ static void linear_bf16(const uint16_t *x, const uint16_t *wp, const uint16_t *b
     for (int g = 0; g < groups; g++) {
         for (int c = 0; c < chunks; c++) {
             const int m0 = c * mc, m1 = m0 + mc < m ? m0 + mc : m;
-            linear_bf16_rows(x, wp, bias, y, m0, m1, n, k, g, g + 1);
+            linear_bf16_rows(x, wp, bias, y, m0, m1, n, k, g, g + 1, c == 0);
         }
     }
 }
@@ -265,11 +267,11 @@ void ironlm_linear_bf16(const uint16_t *x, const uint16_t *wp, const uint16_t *b
    list; ``PackedLinearKernel`` calls it on AVX-512 BF16 builds only): the bf16 result widened */
 void ironlm_linear_bf16_f32out(const uint16_t *x, const uint16_t *wp, const uint16_t *bias,
                                float *y, int m, int n, int k, int threads) {
-    uint16_t *tmp = malloc(sizeof(uint16_t) * (size_t)m * n);
-    if (tmp == NULL) return;
-    ironlm_linear_bf16(x, wp, bias, tmp, m, n, k, threads);
-    for (int64_t e = 0; e < (int64_t)m * n; e++) y[e] = bf16_f32(tmp[e]);
-    free(tmp);
+    /* the bf16 result in y's first half, widened in place from the end (element e's float
+       overwrites bf16 elements 2e and 2e + 1, both read already) */
+    uint16_t *h = (uint16_t *)y;
+    ironlm_linear_bf16(x, wp, bias, h, m, n, k, threads);
+    for (int64_t e = (int64_t)m * n - 1; e >= 0; e--) y[e] = bf16_f32(h[e]);
 }
 #endif
 

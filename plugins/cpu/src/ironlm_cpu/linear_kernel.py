@@ -43,7 +43,6 @@ PANEL = 16  # output columns per panel
 _SOURCE = r"""
 #include <stddef.h>
 #include <stdint.h>
-#include <stdlib.h>
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
 #endif

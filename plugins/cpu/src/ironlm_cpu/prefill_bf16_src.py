@@ -103,13 +103,9 @@ static inline __attribute__((always_inline)) void pf_values(
         }
     }
     for (int v = 0; v < NV; v++)
-        for (int u = 0; u < 4; u++) { /* round to nearest even, as f32_bf16 */
-            __m512i x = _mm512_castps_si512(a[v][u]);
-            x = _mm512_add_epi32(x, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
-                                 _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1))));
+        for (int u = 0; u < 4; u++) /* round to nearest even (vcvtneps2bf16) */
             _mm256_storeu_si256((__m256i *)(o[v] + i0 + 16 * u),
-                                _mm512_cvtepi32_epi16(_mm512_srli_epi32(x, 16)));
-        }
+                                (__m256i)_mm512_cvtneps_pbh(a[v][u]));
 }
 
 /* softmax of s[0, len) in place, 16 lanes at a time with the last group masked: lanes
