@@ -13,6 +13,7 @@ SOURCE = VEXP_SOURCE + r"""
 #include <stdlib.h>
 #include <string.h>
 #include <omp.h>
+#include <unistd.h>
 
 /* 8 floats; alignment 4 so loads from cache rows need not be 32-byte aligned */
 typedef float v8 __attribute__((vector_size(32), aligned(4)));
@@ -28,6 +29,7 @@ typedef struct {
     const int64_t *table_of; /* (n,) each row's table row; NULL: row s reads table row s */
     int n, h, h_kv, d, bs, window, max_len;
     float scale, cap;
+    int64_t touch_item_bytes; /* K + V bytes of an item touched whole (touch_items) */
 } job_t;
 
 static inline float hsum(v8 a) {
@@ -223,16 +225,76 @@ static inline void touch_blocks(const job_t *j, const void *cache, size_t esize,
     __asm__ volatile("" : : "r"(sum)); /* the loads are the point: keep them */
 }
 
+/* First row an item attends to (a sliding window's start, else 0) */
+static inline int64_t item_start(const job_t *j, int s) {
+    const int64_t len = j->lens[s];
+    return (j->window > 0 && len > j->window) ? len - j->window : 0;
+}
+
+/* Whether item (s, [hk0, hk1)) reads few enough K and V bytes to be touched whole before its
+   first pass (touch_items, by the caller) instead of a chunk at a time (block_rows) */
+static inline int item_touched_whole(const job_t *j, size_t esize, int s, int hk0, int hk1) {
+    const int64_t bytes = (j->lens[s] - item_start(j, s)) * (hk1 - hk0) * j->d * (int64_t)esize;
+    return 2 * bytes <= j->touch_item_bytes;
+}
+
+/* Touch every K and V line of up to two items (sequence s[i], KV heads [hk0[i], hk1[i]))
+   that item_touched_whole takes, token by token across them: K and V of a row together, and
+   the two items' rows in turn, so four streams run at once where a chunk of touch_blocks runs
+   one; each block's values are in cache before pass 2. 64 sequences of SmolLM2, 30 layers'
+   bf16 caches, 2 threads on the Zen 5, us per layer, a chunk at a time -> pairs: 70 tokens
+   142-157 -> 118-130, 100: 179-185 -> 149-154, 150: 262-271 -> 229-243, 190: 328-331 ->
+   292-307 (one item's K and V alone: about half the gain; three or more items: slower). */
+static void touch_items(const job_t *j, size_t esize, int count, const int *s, const int *hk0,
+                        const int *hk1) {
+    const int64_t bs = j->bs, row = (int64_t)j->h_kv * j->d * esize;
+    int64_t first[2], blocks[2], most = 0;
+    int m = 0, take[2];
+    for (int i = 0; i < count && i < 2; i++) {
+        if (!item_touched_whole(j, esize, s[i], hk0[i], hk1[i])) continue;
+        take[m] = i;
+        first[m] = item_start(j, s[i]) / bs;
+        blocks[m] = (j->lens[s[i]] + bs - 1) / bs - first[m];
+        most = blocks[m] > most ? blocks[m] : most;
+        m++;
+    }
+    unsigned sum = 0;
+    for (int64_t r = 0; r < most; r++) { /* the items' r-th blocks together */
+        const char *k[2], *v[2];
+        int64_t rows[2], span[2];
+        for (int u = 0; u < m; u++) {
+            const int i = take[u];
+            const int64_t blk = first[u] + r, len = j->lens[s[i]], st = item_start(j, s[i]);
+            const int64_t c0 = blk * bs > st ? blk * bs : st;
+            const int64_t c1 = (blk + 1) * bs < len ? (blk + 1) * bs : len;
+            rows[u] = r < blocks[u] ? c1 - c0 : 0;
+            span[u] = (int64_t)(hk1[i] - hk0[i]) * j->d * esize;
+            const int64_t off = rows[u] == 0 ? 0 : (block_id(j, s[i], blk) * bs + (c0 - blk * bs)) *
+                                row + hk0[i] * j->d * (int64_t)esize; /* same place in K and V */
+            k[u] = (const char *)j->kc + off;
+            v[u] = (const char *)j->vc + off;
+        }
+        for (int64_t c = 0; c < bs; c++)
+            for (int u = 0; u < m; u++) {
+                if (c >= rows[u]) continue;
+                for (int64_t b = 0; b < span[u]; b += 64)
+                    sum += (unsigned char)k[u][c * row + b] + (unsigned char)v[u][c * row + b];
+            }
+    }
+    __asm__ volatile("" : : "r"(sum)); /* the loads are the point: keep them */
+}
+
 /* Block blk of sequence s in `cache` (elements of esize bytes): its rows [*p0, *p1) clipped to
    [start, len), returned as a pointer to row *p0; the next TOUCH_TOKENS are touched first when
-   blk starts a chunk. Both passes of both kernels walk the blocks through this. */
+   blk starts a chunk, unless the item is one its caller touches whole (item_touched_whole).
+   Both passes of both kernels walk the blocks through this. */
 static inline const void *block_rows(const job_t *j, const void *cache, size_t esize, int s,
                                      int64_t blk, int64_t start, int hk0, int hk1, int64_t *p0,
                                      int64_t *p1) {
     const int64_t len = j->lens[s], bs = j->bs, row = (int64_t)j->h_kv * j->d;
     *p0 = blk * bs > start ? blk * bs : start;
     *p1 = (blk + 1) * bs < len ? (blk + 1) * bs : len;
-    if ((blk - start / bs) % touch_every(j->bs) == 0)
+    if (!item_touched_whole(j, esize, s, hk0, hk1) && (blk - start / bs) % touch_every(bs) == 0)
         touch_blocks(j, cache, esize, s, blk, hk0, hk1);
     const int64_t id = block_id(j, s, blk);
     return (const char *)cache + ((id * bs + (*p0 - blk * bs)) * row) * (int64_t)esize;
@@ -333,6 +395,7 @@ static int paged_decode(const job_t *j, int bf16, int threads) {
     /* few sequences: one work item per (sequence, KV head) so every thread has work */
     const int heads_per_item = n >= 4 * threads ? h_kv : 1;
     const int per_seq = h_kv / heads_per_item, items = n * per_seq;
+    const size_t esize = bf16 ? sizeof(uint16_t) : sizeof(float);
     int failed = 0, tiles = 0, *starts = NULL, *ends = NULL;
     unsigned char *tiled = NULL; /* rows a prefill tile attends (prefill_bf16_src) */
 #ifdef HAVE_PREFILL_TILES
@@ -387,14 +450,29 @@ static int paged_decode(const job_t *j, int bf16, int threads) {
                 if (tiled && tiled[s]) continue;
                 const int64_t mid = seen + (j->lens[s] + ROW_COST) / 2; /* owner: the middle */
                 seen += j->lens[s] + ROW_COST;
-                if (mid * nt / total == t) item(j, bf16, s, 0, h_kv, scores, acc, qbuf, buf);
+                if (mid * nt / total != t) continue;
+                const int zero = 0;
+                touch_items(j, esize, 1, &s, &zero, &h_kv);
+                item(j, bf16, s, 0, h_kv, scores, acc, qbuf, buf);
             }
         } else {
+            /* items in pairs touched together (touch_items) when every item is touched
+               whole (the longest fits); else one by one, each touching its chunks */
+            const int group = (int64_t)max_len * heads_per_item * d * (int64_t)esize * 2 <=
+                              j->touch_item_bytes ? 2 : 1;
             #pragma omp for schedule(dynamic, 1)
-            for (int it = 0; it < items; it++) {
-                if (!ok || (tiled && tiled[it / per_seq])) continue;
-                const int hk0 = (it % per_seq) * heads_per_item;
-                item(j, bf16, it / per_seq, hk0, hk0 + heads_per_item, scores, acc, qbuf, buf);
+            for (int p = 0; p < (items + group - 1) / group; p++) {
+                int m = 0, seq[2], hk0[2], hk1[2];
+                for (int it = group * p; it < group * (p + 1) && it < items; it++) {
+                    if (!ok || (tiled && tiled[it / per_seq])) continue;
+                    seq[m] = it / per_seq;
+                    hk0[m] = (it % per_seq) * heads_per_item;
+                    hk1[m] = hk0[m] + heads_per_item;
+                    m++;
+                }
+                touch_items(j, esize, m, seq, hk0, hk1);
+                for (int i = 0; i < m; i++)
+                    item(j, bf16, seq[i], hk0[i], hk1[i], scores, acc, qbuf, buf);
             }
         }
         free(scores);
@@ -408,6 +486,13 @@ static int paged_decode(const job_t *j, int bf16, int threads) {
     return failed;
 }
 
+/* K and V bytes of an item that touch_items takes whole: a quarter of this core's L2 (the
+   touched lines wait there for their pass), 64 KiB where the size is not known. */
+static int64_t touch_item_budget(void) {
+    const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return l2 > 0 ? (int64_t)l2 / 4 : 64 * 1024;
+}
+
 #define DECODE_ENTRY(SFX, T, BF16)                                                           \
 int ironlm_paged_decode##SFX(const T *q, const T *kc, const T *vc, T *out,                   \
                              const int64_t *tokens, const int64_t *lens,                     \
@@ -416,7 +501,7 @@ int ironlm_paged_decode##SFX(const T *q, const T *kc, const T *vc, T *out,      
                              int h_kv, int d, int bs, int window, int max_len, float scale,  \
                              float cap, int threads) {                                       \
     const job_t j = {q, kc, vc, out, tokens, lens, tables, table_stride, table_of, n, h,     \
-                     h_kv, d, bs, window, max_len, scale, cap};                              \
+                     h_kv, d, bs, window, max_len, scale, cap, touch_item_budget()};         \
     return paged_decode(&j, BF16, threads);                                                  \
 }
 DECODE_ENTRY(_f32, float, 0)
