@@ -29,8 +29,12 @@ def _check(kernel: LogitsKernel, x: torch.Tensor) -> None:
     done = kernel(x)
     assert done is not None
     lse, arg = done
+    assert lse is not None
     assert torch.equal(arg, x.argmax(dim=-1)), (arg, x.argmax(dim=-1))
     torch.testing.assert_close(lse, torch.logsumexp(x, dim=-1), rtol=2e-6, atol=2e-6)
+    only = kernel(x, logsumexp=False)  # the argmax alone: the same indices
+    assert only is not None and only[0] is None
+    assert torch.equal(only[1], arg)
 
 
 @pytest.mark.parametrize("rows", [1, 3, PARALLEL_ROWS + 1, 64])
@@ -88,48 +92,58 @@ class _CountingOps(LayerOps):
         self.inner, self.calls, self.asked = inner, 0, []
 
     def logsumexp_argmax(
-        self, logits: torch.Tensor, argmax: bool = True
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self, logits: torch.Tensor, argmax: bool = True, logsumexp: bool = True
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         self.calls += 1
-        self.asked.append(argmax)
-        return self.inner.logsumexp_argmax(logits, argmax)
+        self.asked.append((argmax, logsumexp))
+        return self.inner.logsumexp_argmax(logits, argmax, logsumexp)
 
 
 class _LastIndexOps(LayerOps):
     """Reports the last index as every row's argmax: whatever the sampler takes from it shows."""
 
     def logsumexp_argmax(
-        self, logits: torch.Tensor, argmax: bool = True
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self, logits: torch.Tensor, argmax: bool = True, logsumexp: bool = True
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         last = torch.full((logits.shape[0],), logits.shape[1] - 1, dtype=torch.int64)
-        return torch.logsumexp(logits, dim=-1), last
+        return torch.logsumexp(logits, dim=-1) if logsumexp else None, last
 
 
 def _states(params: list[SamplingParams], vocab: int) -> list[SamplingState]:
     return [SamplingState.create(p, 0, [1, 2, 3], vocab, torch.device("cpu")) for p in params]
 
 
+@pytest.mark.parametrize("reporting", [False, True])
 @pytest.mark.parametrize("mixed", [False, True])
-def test_sampler_reads_the_platform_reductions(mixed: bool) -> None:
-    """Greedy rows take the kernel's argmax and every row's log-probability its logsumexp:
-    the same tokens and log-probabilities as the reference ops (seeded random rows too)."""
+def test_sampler_reads_the_platform_reductions(mixed: bool, reporting: bool) -> None:
+    """Greedy rows take the kernel's argmax, and rows whose requests report log-probabilities
+    (here best_of ranks by them) the logsumexp: the same tokens and log-probabilities as the
+    reference ops (seeded random rows too). Without such a request no logsumexp is asked for
+    and tokens carry no log-probability (vLLM's outputs then carry none either)."""
     vocab = 4000
     logits = torch.randn(6, vocab, generator=torch.Generator().manual_seed(1)) * 3
-    params = [SamplingParams(temperature=0.0) for _ in range(6)]
+    extra = {"n": 1, "best_of": 2} if reporting else {}
+    params = [SamplingParams(temperature=0.0, **extra) for _ in range(6)]
     if mixed:
-        params[2] = SamplingParams(temperature=0.8, seed=5)
-        params[4] = SamplingParams(temperature=0.0, logit_bias={7: 100.0})
+        params[2] = SamplingParams(temperature=0.8, seed=5, **extra)
+        params[4] = SamplingParams(temperature=0.0, logit_bias={7: 100.0}, **extra)
+    assert all(p.reports_logprobs == reporting for p in params)
     counting = _CountingOps(CpuLayerOps())
     got = Sampler(counting)(logits, _states(params, vocab))
     want = Sampler()(logits, _states(params, vocab))
-    assert counting.calls == 1
-    assert counting.asked == [not mixed]  # a raw argmax only when no rule changed the logits
+    # a raw argmax only when no rule changed the logits; no call when neither is wanted
+    assert counting.asked == ([] if mixed and not reporting else [(not mixed, reporting)])
     assert [t.token_id for t in got] == [t.token_id for t in want]
     assert got[0].token_id == int(logits[0].argmax())
     if mixed:
         assert got[4].token_id == 7  # the bias applies: the processed logits' argmax
-    for g, w in zip(got, want):
-        assert g.logprob == pytest.approx(w.logprob, abs=1e-5)
+    ref = torch.log_softmax(logits, dim=-1)
+    for row, (g, w) in enumerate(zip(got, want)):
+        if reporting:
+            assert g.logprob == pytest.approx(w.logprob, abs=1e-5)
+            assert g.logprob == pytest.approx(float(ref[row, g.token_id]), abs=1e-4)
+        else:
+            assert g.logprob is None and w.logprob is None
     # a request for top logprobs takes the full log-softmax path instead
     counting.calls = 0
     Sampler(counting)(logits, _states([SamplingParams(temperature=0.0, logprobs=2)] * 6, vocab))

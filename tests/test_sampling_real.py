@@ -176,6 +176,20 @@ def test_logprobs_match_hf_and_prompt_logprobs_cover_the_prompt(llm: LLM, hf) ->
         assert plp[pos][tid].logprob == pytest.approx(float(ref[pos - 1, tid]), abs=1e-3)
 
 
+def test_cumulative_logprob_only_when_reported(llm: LLM) -> None:
+    """As vLLM: outputs carry the sampled tokens' log-probabilities (and their sum) only when
+    the request asks for logprobs (or best_of ranks by them); the same tokens either way."""
+    plain = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=6),
+                         use_tqdm=False)[0].outputs[0]
+    asked = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=6, logprobs=0),
+                         use_tqdm=False)[0].outputs[0]
+    assert plain.cumulative_logprob is None and plain.logprobs is None
+    assert plain.token_ids == asked.token_ids
+    assert asked.cumulative_logprob is not None and asked.cumulative_logprob < 0
+    assert asked.cumulative_logprob == pytest.approx(
+        sum(lp[t].logprob for lp, t in zip(asked.logprobs, asked.token_ids)), abs=1e-4)
+
+
 def test_seed_reproducible_alone_or_in_a_batch(llm: LLM) -> None:
     p = SamplingParams(temperature=1.0, seed=1234, max_tokens=16)
     alone = llm.generate(PROMPT, p, use_tqdm=False)[0].outputs[0].text

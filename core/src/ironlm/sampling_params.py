@@ -87,6 +87,14 @@ class SamplingParams:
             self.top_p, self.top_k, self.min_p = 1.0, -1, 0.0
 
     @property
+    def reports_logprobs(self) -> bool:
+        """Whether outputs carry the sampled tokens' log-probabilities (their sum is
+        ``cumulative_logprob``): when ``logprobs`` asks for them, or when best_of ranks the
+        sequences by that sum. As vLLM, outputs carry None otherwise, and the sampler skips
+        the vocabulary-wide log-normaliser it would need."""
+        return self.logprobs is not None or (self.best_of or self.n) > self.n
+
+    @property
     def sampling_type_greedy(self) -> bool:
         return self.temperature < _SAMPLING_EPS
 

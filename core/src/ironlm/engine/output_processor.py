@@ -205,7 +205,8 @@ class OutputProcessor:
             scheduler.finish(req, RequestStatus.FINISHED_ABORTED)
             return
         req.output_token_ids.append(tok.token_id)
-        req.cumulative_logprob += tok.logprob
+        if tok.logprob is not None:
+            req.cumulative_logprob += tok.logprob
         if tok.top_logprobs is not None:
             req.logprobs.append(self._logprob_dict(tok.top_logprobs))
         status: RequestStatus | None = None
@@ -245,7 +246,8 @@ class OutputProcessor:
             index=i,
             text=text,
             token_ids=list(tokens),
-            cumulative_logprob=req.cumulative_logprob,
+            cumulative_logprob=req.cumulative_logprob if req.sampling_params.reports_logprobs
+            else None,
             logprobs=list(logprobs) if req.sampling_params.logprobs is not None else None,
             finish_reason=req.status.finish_reason,
             stop_reason=req.stop_reason,

@@ -134,14 +134,15 @@ class LayerOps:
         return torch.nn.functional.gelu(gate, approximate="tanh") * up
 
     def logsumexp_argmax(
-        self, logits: torch.Tensor, argmax: bool = True
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(B, V) float32 logits -> (logsumexp (B,) float32, argmax (B,) int64 or None when not
-        asked for): what the sampler reads from every row (a token's log-probability is its
-        logit minus the row's logsumexp; greedy rows take the argmax). torch's semantics: the
-        first maximal index, NaN counts as the maximum. A kernel that gets the argmax for free
-        may return it anyway."""
-        return torch.logsumexp(logits, dim=-1), logits.argmax(dim=-1) if argmax else None
+        self, logits: torch.Tensor, argmax: bool = True, logsumexp: bool = True
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(B, V) float32 logits -> (logsumexp (B,) float32, argmax (B,) int64), each None when
+        not asked for: what the sampler reads from every row (a token's log-probability is its
+        logit minus the row's logsumexp, wanted when a request asks for log-probabilities;
+        greedy rows take the argmax). torch's semantics: the first maximal index, NaN counts
+        as the maximum. A kernel that gets one for free may return it anyway."""
+        lse = torch.logsumexp(logits, dim=-1) if logsumexp else None
+        return lse, logits.argmax(dim=-1) if argmax else None
 
     def rotary(
         self,

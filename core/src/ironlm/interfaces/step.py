@@ -77,7 +77,9 @@ class ModelInput:
 @dataclass
 class SampledToken:
     token_id: int
-    logprob: float  # log-probability of token_id under the model's raw distribution
+    # log-probability of token_id under the model's raw distribution; None when its request
+    # does not report it (SamplingParams.reports_logprobs)
+    logprob: float | None
     # Top logprobs when requested: [(token_id, logprob, rank)], sampled token first.
     top_logprobs: list[tuple[int, float, int]] | None = None
 

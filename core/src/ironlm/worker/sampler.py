@@ -91,31 +91,38 @@ class Sampler:
         allowed_mask: torch.Tensor | None = None,  # (B, V) bool from guided decoding
     ) -> list[SampledToken]:
         # Log-probabilities under the raw distribution: all of them when a request asks for top
-        # logprobs, else only each sampled token's, as x[t] - logsumexp(x) (no (B, V) tensor).
+        # logprobs, else only each sampled token's, as x[t] - logsumexp(x) (no (B, V) tensor),
+        # and none when no request reports them (SamplingParams.reports_logprobs)
         want_top = any(s.params.logprobs is not None for s in states)
+        want_lp = any(s.params.reports_logprobs for s in states)
         raw_logprobs = torch.log_softmax(logits, dim=-1) if want_top else None  # (B, V)
         # every rule and processor copies before it writes: x is logits when none applied
         x = self.final_logits(logits, states, allowed_mask)
-        log_norm, raw_argmax = (None, None) if want_top else \
-            self.ops.logsumexp_argmax(logits, argmax=x is logits)  # fmt: skip
+        log_norm, raw_argmax = None, None
+        if not want_top and (want_lp or x is logits):
+            log_norm, raw_argmax = self.ops.logsumexp_argmax(
+                logits, argmax=x is logits, logsumexp=want_lp)
         # greedy rows: the argmax of the processed logits (the raw ones' when nothing changed)
         tokens = raw_argmax if x is logits and raw_argmax is not None else x.argmax(dim=-1)
         if not all(s.params.sampling_type_greedy for s in states):
             greedy = torch.tensor([s.params.sampling_type_greedy for s in states],
                                   device=x.device)  # fmt: skip
             tokens = torch.where(greedy, tokens, draw(torch.softmax(x, dim=-1), states))
+        chosen_lp = None
         if raw_logprobs is not None:
             chosen_lp = raw_logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)  # (B,)
-        else:
+        elif want_lp:
             assert log_norm is not None
             chosen_lp = logits.gather(1, tokens.unsqueeze(1)).squeeze(1) - log_norm
         out: list[SampledToken] = []
-        tok_list, lp_list = tokens.tolist(), chosen_lp.tolist()
+        tok_list = tokens.tolist()
+        lp_list = chosen_lp.tolist() if chosen_lp is not None else [None] * len(states)
         for i, s in enumerate(states):
             top = None
             if s.params.logprobs is not None and raw_logprobs is not None:
                 top = top_logprobs(raw_logprobs[i], tok_list[i], s.params.logprobs)
-            out.append(SampledToken(tok_list[i], lp_list[i], top))
+            lp = lp_list[i] if s.params.reports_logprobs else None
+            out.append(SampledToken(tok_list[i], lp, top))
             s.record(tok_list[i])
         return out
 

@@ -127,13 +127,13 @@ class CpuLayerOps(LayerOps):
         return super().rotary(q, k, cos, sin)
 
     def logsumexp_argmax(
-        self, logits: torch.Tensor, argmax: bool = True
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if self.logits.fits(logits):
-            done = self.logits(logits)  # the argmax comes with the same pass
+        self, logits: torch.Tensor, argmax: bool = True, logsumexp: bool = True
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        if self.logits.fits(logits) and (argmax or logsumexp):
+            done = self.logits(logits, logsumexp)  # the argmax comes with the same pass
             if done is not None:  # else a row holds NaN: torch's ops decide it
                 return done
-        return super().logsumexp_argmax(logits, argmax)
+        return super().logsumexp_argmax(logits, argmax, logsumexp)
 
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         if self.fused.gated_act_fits(gate_up):
