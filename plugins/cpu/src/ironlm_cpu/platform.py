@@ -16,6 +16,7 @@ from ironlm.interfaces.graphs import GraphCapture
 from ironlm.interfaces.model import ModelContext
 from ironlm.interfaces.platform import Availability, LayerOps, Platform, usable_cores
 
+from ironlm_cpu.host_memory import tune_malloc
 from ironlm_cpu.isa import ENV_VAR, IsaTarget, IsaUnavailable, compiler, host_cpu, host_target
 
 logger = logging.getLogger(__name__)
@@ -59,8 +60,10 @@ class CpuPlatform(Platform):
 
     def configure_process(self, local_world_size: int = 1) -> None:
         """Torch threads: ``IRONLM_CPU_THREADS`` (default: the usable cores) shared by the
-        ``local_world_size`` ranks on this machine, at least one each; warns when the C
+        ``local_world_size`` ranks on this machine, at least one each; glibc's malloc kept
+        from returning the prefill intermediates' pages (``host_memory``); warns when the C
         kernels run their generic build."""
+        tune_malloc()
         threads = int(os.environ.get("IRONLM_CPU_THREADS", "0")) or usable_cores()
         torch.set_num_threads(max(1, threads // local_world_size))
         target = host_target()  # raises IsaUnavailable for a bad IRONLM_CPU_ISA
