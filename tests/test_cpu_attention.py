@@ -355,3 +355,61 @@ def test_decode_kernel_builds_match_reference(
     _compare([40, 3, 70], [1, 1, 1], h, kv, head_dim, 32, dtype, 6, 10.0, 4, cpu)
     _compare([9, 0, 17], [1, 1, 1], h, kv, head_dim, 1, dtype, None, None, 5, cpu)
     _compare(list(range(7, 40, 3)), [1] * 11, h, kv, head_dim, 16, dtype, 25, None, 6, cpu)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [None, 40])
+def test_decode_touching_leaves_the_outputs_alone(dtype: torch.dtype, window: int | None) -> None:
+    """How the kernel pulls a cold cache in (items touched whole, in pairs, or a chunk at a
+    time: ``touch_items`` / ``touch_blocks``) is chosen by its L2 budget; every choice reads
+    the same rows, so the outputs are bit for bit the same, and equal to the reference."""
+    from ironlm_cpu.decode_kernel import PagedDecodeKernel
+
+    kernel = PagedDecodeKernel()
+    if not kernel.available:
+        pytest.skip(kernel.reason)
+    gen = torch.Generator().manual_seed(5)
+    n, h, h_kv, d, bs = 12, 6, 2, 64, 16
+    lens = torch.tensor([1, 7, 16, 17, 40, 55, 64, 90, 100, 31, 3, 77], dtype=torch.int64)
+    per = -(-int(lens.max()) // bs)
+    tables = torch.randperm(n * per, generator=gen).to(torch.int32).reshape(n, per)
+    cache = torch.randn(2, n * per, bs, h_kv, d, generator=gen).to(dtype)
+    q = torch.randn(n, h, d, generator=gen).to(dtype)
+    outs = []
+    for budget in (0, 1 << 30, 8 * 1024):  # never whole; always (pairs); some items only
+        kernel.touch_item_bytes = budget
+        for threads in (1, 2, 7):
+            out = torch.zeros_like(q)
+            torch.set_num_threads(threads)
+            try:
+                kernel(q, cache, out, torch.arange(n), lens, tables, int(lens.max()), d**-0.5,
+                       window, None)
+            finally:
+                torch.set_num_threads(2)
+            outs.append(out)
+    assert all(torch.equal(o, outs[0]) for o in outs[1:])
+    for i in range(n):  # the reference: softmax over the sequence's (windowed) keys
+        L = int(lens[i])
+        lo = max(0, L - window) if window else 0
+        rows = torch.arange(lo, L)
+        blk = tables[i, rows // bs].long()
+        k = cache[0, blk, rows % bs].float().repeat_interleave(h // h_kv, dim=1)  # (L, h, d)
+        v = cache[1, blk, rows % bs].float().repeat_interleave(h // h_kv, dim=1)
+        w = torch.softmax(torch.einsum("hd,lhd->hl", q[i].float(), k) * d**-0.5, dim=-1)
+        ref = torch.einsum("hl,lhd->hd", w, v)
+        tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
+        torch.testing.assert_close(outs[0][i].float(), ref, rtol=tol, atol=tol)
+
+
+def test_touch_budget_reads_the_l2_size(tmp_path: Path) -> None:
+    from ironlm_cpu.decode_kernel import touch_budget
+
+    for name, (level, kind, size) in {"index0": ("1", "Data", "48K"),
+                                      "index1": ("1", "Instruction", "32K"),
+                                      "index2": ("2", "Unified", "2048K"),
+                                      "index3": ("3", "Unified", "32M")}.items():
+        (tmp_path / name).mkdir()
+        for field, value in (("level", level), ("type", kind), ("size", size)):
+            (tmp_path / name / field).write_text(value + "\n")
+    assert touch_budget(tmp_path) == 512 * 1024  # a quarter of the 2 MiB L2
+    assert touch_budget(tmp_path / "absent") == 64 * 1024

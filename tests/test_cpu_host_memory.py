@@ -4,6 +4,7 @@ intermediates) is measured in benchmarks, not asserted here."""
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 import sys
@@ -33,16 +34,22 @@ print(faults[1])
 """
 
 
+def _run(script: str, **env: str) -> list[str]:
+    """``script`` in a fresh interpreter (malloc settings are per process), with ``env`` on
+    top of this one's minus IRONLM_CPU_MALLOC."""
+    clean = {k: v for k, v in os.environ.items() if k != ENV_VAR}
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          check=True, timeout=60, env={**clean, **env}).stdout.split()
+
+
 @pytest.mark.skipif(not GLIBC, reason="the settings are glibc's")
 def test_freed_blocks_stay_in_the_heap() -> None:
-    out = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True,
-                         check=True, timeout=60).stdout.split()
+    out = _run(_SCRIPT)
     assert out[0] == "True"
     assert int(out[1]) < 100  # 24 MiB of fresh pages would be ~6,000 faults
 
 
-def test_the_environment_opts_out(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(ENV_VAR, "0")
-    assert tune_malloc() is False
-    monkeypatch.delenv(ENV_VAR)
-    assert tune_malloc() is GLIBC
+def test_the_environment_opts_out() -> None:
+    check = "from ironlm_cpu.host_memory import tune_malloc; print(tune_malloc())"
+    assert _run(check, **{ENV_VAR: "0"}) == ["False"]
+    assert _run(check) == [str(GLIBC)]

@@ -4,6 +4,9 @@ platform's ``LayerOps.logsumexp_argmax``."""
 
 from __future__ import annotations
 
+import ctypes
+import mmap
+
 import pytest
 import torch
 from ironlm.interfaces.platform import LayerOps
@@ -77,6 +80,38 @@ def test_nan_rows_are_left_to_torch(kernel: LogitsKernel) -> None:
     lse, arg = ops.logsumexp_argmax(x)
     assert arg.tolist() == x.argmax(dim=-1).tolist() and arg[1] == 42  # torch: NaN is max
     torch.testing.assert_close(lse, torch.logsumexp(x, dim=-1), equal_nan=True)
+
+
+def test_nan_rows_with_the_argmax_alone(kernel: LogitsKernel) -> None:
+    x = torch.randn(3, 500)
+    x[2, 7] = float("nan")
+    assert kernel(x, logsumexp=False) is None
+    lse, arg = CpuLayerOps(logits=kernel).logsumexp_argmax(x, logsumexp=False)
+    assert lse is None and arg.tolist() == x.argmax(dim=-1).tolist() and arg[2] == 7
+
+
+@pytest.mark.parametrize("logsumexp", [True, False])
+def test_rows_are_not_read_past_their_end(kernel: LogitsKernel, logsumexp: bool) -> None:
+    """A row of 17 logits that ends where an unreadable page begins: the partial last vector
+    is read masked (a plain 16-lane load there would fault)."""
+    page = mmap.PAGESIZE
+    buf = mmap.mmap(-1, 2 * page)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    assert libc.mprotect(base + page, page, 0) == 0  # PROT_NONE
+    try:
+        row = torch.frombuffer(buf, dtype=torch.float32, count=17, offset=page - 17 * 4)
+        row.copy_(torch.arange(17, dtype=torch.float32))
+        done = kernel(row.view(1, 17), logsumexp=logsumexp)
+        assert done is not None and done[1].tolist() == [16]
+        if logsumexp:
+            assert done[0] is not None
+            torch.testing.assert_close(done[0], torch.logsumexp(row.view(1, 17), dim=-1))
+    finally:
+        libc.mprotect(base + page, page, mmap.PROT_READ | mmap.PROT_WRITE)
+        del row
+        buf.close()
 
 
 def test_layer_ops_fall_back_for_other_inputs() -> None:

@@ -27,6 +27,7 @@ Built and cached by ``cbuild.load_library``.
 from __future__ import annotations
 
 import ctypes
+from pathlib import Path
 
 import torch
 
@@ -38,13 +39,32 @@ from ironlm_cpu.isa import IsaTarget
 
 
 
+def touch_budget(cache_dir: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int:
+    """K and V bytes of a work item that the kernel touches whole before its passes
+    (``touch_items`` in the source): a quarter of a core's L2 (Linux's sysfs cache
+    description), where the touched lines wait for their pass; 64 KiB where it is not
+    described."""
+    for index in sorted(cache_dir.glob("index*")):
+        try:
+            level = (index / "level").read_text().strip()
+            kind = (index / "type").read_text().strip()
+            size = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        if level == "2" and kind in ("Unified", "Data") and size[:-1].isdigit():
+            scale = {"K": 1 << 10, "M": 1 << 20}.get(size[-1])
+            if scale is not None:
+                return int(size[:-1]) * scale // 4
+    return 64 * 1024
+
+
 class PagedDecodeKernel(KernelLibrary):
     """Loads (building if needed) the C kernel; ``available`` / ``reason`` say whether it can
     run here. Calling it runs decode attention for one bucket of decode sequences."""
 
     def __init__(self, target: IsaTarget | None = None) -> None:
         ptr, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
-        decode = ([ptr] * 7 + [i64, ptr] + [i32] * 7 + [f32, f32, i32], i32)
+        decode = ([ptr] * 7 + [i64, ptr] + [i32] * 7 + [f32, f32, i32, i64], i32)
         write = ([ptr, i64, ptr, i64] + [ptr] * 3 + [i32, i32, i64], i32)
         super().__init__(
             "cpu_paged_decode", _SOURCE,
@@ -54,6 +74,7 @@ class PagedDecodeKernel(KernelLibrary):
             "C decode kernel", target=target,
         )  # fmt: skip
         lib = self.lib
+        self.touch_item_bytes = touch_budget()
         # dtype -> C function
         self._fn = {} if lib is None else {
             dt: getattr(lib, f"ironlm_paged_decode_{sfx}") for dt, sfx in KERNEL_DTYPES.items()}
@@ -84,7 +105,7 @@ class PagedDecodeKernel(KernelLibrary):
             tokens.data_ptr(), seq_lens.data_ptr(), tables.data_ptr(), tables.stride(0),
             None if table_of is None else table_of.data_ptr(), tokens.numel(), q.shape[1],
             h_kv, d, block_size, window or 0, max_len, scale, soft_cap or 0.0,
-            torch.get_num_threads(),
+            torch.get_num_threads(), self.touch_item_bytes,
         )  # fmt: skip
         if status != 0:
             raise MemoryError("paged decode kernel could not allocate its scratch buffers")

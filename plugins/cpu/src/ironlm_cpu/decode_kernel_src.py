@@ -13,7 +13,6 @@ SOURCE = VEXP_SOURCE + r"""
 #include <stdlib.h>
 #include <string.h>
 #include <omp.h>
-#include <unistd.h>
 
 /* 8 floats; alignment 4 so loads from cache rows need not be 32-byte aligned */
 typedef float v8 __attribute__((vector_size(32), aligned(4)));
@@ -29,7 +28,8 @@ typedef struct {
     const int64_t *table_of; /* (n,) each row's table row; NULL: row s reads table row s */
     int n, h, h_kv, d, bs, window, max_len;
     float scale, cap;
-    int64_t touch_item_bytes; /* K + V bytes of an item touched whole (touch_items) */
+    int64_t touch_item_bytes; /* K + V bytes of an item touched whole (touch_items):
+                                 the caller's share of this core's L2 */
 } job_t;
 
 static inline float hsum(v8 a) {
@@ -457,9 +457,11 @@ static int paged_decode(const job_t *j, int bf16, int threads) {
             }
         } else {
             /* items in pairs touched together (touch_items) when every item is touched
-               whole (the longest fits); else one by one, each touching its chunks */
-            const int group = (int64_t)max_len * heads_per_item * d * (int64_t)esize * 2 <=
-                              j->touch_item_bytes ? 2 : 1;
+               whole (the longest context, or the window, fits) and there are pairs enough
+               for every thread; else one by one, each touching itself whole or in chunks */
+            const int64_t span = j->window > 0 && j->window < max_len ? j->window : max_len;
+            const int group = span * heads_per_item * d * (int64_t)esize * 2 <=
+                              j->touch_item_bytes && (items + 1) / 2 >= threads ? 2 : 1;
             #pragma omp for schedule(dynamic, 1)
             for (int p = 0; p < (items + group - 1) / group; p++) {
                 int m = 0, seq[2], hk0[2], hk1[2];
@@ -486,22 +488,15 @@ static int paged_decode(const job_t *j, int bf16, int threads) {
     return failed;
 }
 
-/* K and V bytes of an item that touch_items takes whole: a quarter of this core's L2 (the
-   touched lines wait there for their pass), 64 KiB where the size is not known. */
-static int64_t touch_item_budget(void) {
-    const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
-    return l2 > 0 ? (int64_t)l2 / 4 : 64 * 1024;
-}
-
 #define DECODE_ENTRY(SFX, T, BF16)                                                           \
 int ironlm_paged_decode##SFX(const T *q, const T *kc, const T *vc, T *out,                   \
                              const int64_t *tokens, const int64_t *lens,                     \
                              const int32_t *tables, int64_t table_stride,                    \
                              const int64_t *table_of, int n, int h,                          \
                              int h_kv, int d, int bs, int window, int max_len, float scale,  \
-                             float cap, int threads) {                                       \
+                             float cap, int threads, int64_t touch_item_bytes) {             \
     const job_t j = {q, kc, vc, out, tokens, lens, tables, table_stride, table_of, n, h,     \
-                     h_kv, d, bs, window, max_len, scale, cap, touch_item_budget()};         \
+                     h_kv, d, bs, window, max_len, scale, cap, touch_item_bytes};            \
     return paged_decode(&j, BF16, threads);                                                  \
 }
 DECODE_ENTRY(_f32, float, 0)

@@ -11,8 +11,10 @@ and 515-545 ms. Decode steps replay graphs over fixed buffers and allocate next 
 
 The price is memory the process keeps: up to ``TRIM_THRESHOLD`` of freed heap is not returned
 to the kernel (the engine reaches that high-water mark in every prefill step anyway), and
-blocks up to ``MMAP_THRESHOLD`` come from the heap. ``IRONLM_CPU_MALLOC=0`` leaves glibc's
-defaults; other C libraries are left alone.
+blocks up to ``MMAP_THRESHOLD`` come from the heap, so heap space freed below live blocks is
+not returned either. With ``LLM`` in a user's own process the settings hold for that whole
+process. ``IRONLM_CPU_MALLOC=0`` leaves glibc's defaults; other C libraries are left alone (an
+allocator preloaded over glibc's, jemalloc or tcmalloc, does not read these settings).
 """
 
 from __future__ import annotations

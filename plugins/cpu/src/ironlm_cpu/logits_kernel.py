@@ -76,8 +76,8 @@ static int row_lse_argmax(const float *x, int64_t v, float *lse, int64_t *arg, i
     if (!want_lse) { /* the maximum's first index only: scan until it shows */
         for (i = 0; i < v && am < 0; i += 16) {
             const __mmask16 k = v - i >= 16 ? 0xffff : (__mmask16)((1u << (v - i)) - 1);
-            const __mmask16 eq = _mm512_mask_cmp_ps_mask(k, _mm512_loadu_ps(x + i), mv,
-                                                         _CMP_EQ_OQ);
+            const __m512 a = _mm512_mask_loadu_ps(ninf, k, x + i); /* not past the row */
+            const __mmask16 eq = _mm512_cmp_ps_mask(a, mv, _CMP_EQ_OQ);
             if (eq) am = i + __builtin_ctz(eq);
         }
         *arg = am;
