@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from ironlm.engine.detokenizer import IncrementalDetokenizer
+from ironlm.engine.detokenizer import IncrementalDetokenizer, WholeDetokenizer
 
 TEXT = "Hello, wörld! 你好 🙂 — naïve café\n\tdef f(x):\n    return x ** 2  # done"
 
@@ -40,6 +40,21 @@ def test_streamed_text_equals_one_decode(tokenizer: Any, skip_special: bool) -> 
     assert detok._backend is not None  # both are fast tokenizers without clean-up
     assert detok.text == tokenizer.decode(ids, skip_special_tokens=skip_special)
     assert "🙂" in detok.text and "café" in detok.text  # multi-byte pieces came through whole
+
+
+@pytest.mark.parametrize("skip_special", [True, False])
+def test_one_decode_at_the_end_gives_the_streamed_text(tokenizer: Any, skip_special: bool) -> None:
+    """What a final-only output without stop strings uses (``WholeDetokenizer``): the same
+    text as the stream, on the fast path and through ``decode``; an id cut in the middle of a
+    multi-byte character renders as the stream's flush does."""
+    ids = tokenizer.encode(TEXT, add_special_tokens=False)
+    ids = ids[:7] + [tokenizer.eos_token_id] + ids[7:]
+    for tok in (tokenizer, _SlowOnly(tokenizer)):
+        for cut in (len(ids), len(ids) - 3, 5, 0):
+            whole = WholeDetokenizer(tok, skip_special, True)
+            for t in ids[:cut]:
+                assert whole.add_token(t) is None
+            assert whole.visible_text(True) == _stream(tok, ids[:cut], skip_special).text
 
 
 class _SlowOnly:

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ironlm.engine.detokenizer import IncrementalDetokenizer
+from ironlm.engine.detokenizer import IncrementalDetokenizer, WholeDetokenizer
 from ironlm.engine.guided_manager import mark_dead_end
 from ironlm.engine.request import Request, RequestStatus
 from ironlm.engine.scheduler import Scheduler
@@ -52,19 +52,27 @@ class OutputProcessor:
         params: SamplingParams,
         children: list[Request],
     ) -> None:
-        detoks: list[IncrementalDetokenizer | None] = [
-            IncrementalDetokenizer(
-                self.tokenizer, prompt_token_ids, list(params.stop or []),
-                params.include_stop_str_in_output, params.skip_special_tokens,
-                params.spaces_between_special_tokens,
-            ) if params.detokenize else None
-            for _ in children
-        ]
+        detoks = [self._detokenizer(params, prompt_token_ids) if params.detokenize else None
+                  for _ in children]
         group = Group(request_id, prompt, prompt_token_ids, params, children, detoks)
         group.sent = [(0, 0, 0)] * len(children)
         self.groups[request_id] = group
         for c in children:
             self._child_group[c.request_id] = group
+
+    def _detokenizer(
+        self, params: SamplingParams, prompt_token_ids: list[int]
+    ) -> IncrementalDetokenizer:
+        """One decode at the end where only the final output is read and no stop string is
+        looked for; else token by token."""
+        if params.output_kind == RequestOutputKind.FINAL_ONLY and not params.stop:
+            return WholeDetokenizer(self.tokenizer, params.skip_special_tokens,
+                                    params.spaces_between_special_tokens)
+        return IncrementalDetokenizer(
+            self.tokenizer, prompt_token_ids, list(params.stop or []),
+            params.include_stop_str_in_output, params.skip_special_tokens,
+            params.spaces_between_special_tokens,
+        )  # fmt: skip
 
     def children(self, request_id: str) -> list[Request]:
         group = self.groups.get(request_id)
