@@ -176,7 +176,7 @@ static void attend_512##SFX(const job_t *j, int s, int hk0, int hk1, const T *q,
     const int gq = j->h / j->h_kv, d = j->d, nq = d / STEP, bs = j->bs, ml = j->max_len;       \
     const int g0 = hk0 * gq, g1 = hk1 * gq;                                                    \
     const int64_t len = j->lens[s], row = (int64_t)j->h_kv * d;                                \
-    const int64_t start = (j->window > 0 && len > j->window) ? len - j->window : 0;            \
+    const int64_t start = item_start(j, s); /* a sliding window's first row */                 \
     const T *kc = (const T *)j->kc, *vc = (const T *)j->vc;                                    \
     for (int64_t blk = start / bs; blk * bs < len; blk++) { /* pass 1: scores */               \
         int64_t p0, p1;                                                                        \
