@@ -2,7 +2,7 @@
 
 - ``describe_machine``: CPU model, cores, ISA flags, memory, torch version and threads, load.
 - ``measure_limits``: read bandwidth (sum over a tensor much larger than the caches) and fp32
-  matmul GFLOP/s, best of a few repeats, at the thread count the engines use.
+  and bf16 matmul GFLOP/s, best of a few repeats, at the thread count the engines use.
 - ``model_cost``: parameters read (and multiplied) per generated token, from the model config.
 - ``bounds``: single-stream decode is bounded by bandwidth / weight bytes per token; a large
   batch is bounded by matmul FLOP/s / (2 * params) per token (attention and sampling extra).
@@ -112,10 +112,28 @@ def _memory_seconds(tensor_bytes: int, repeats: int) -> tuple[float, float]:
             _best_seconds(lambda: dst.copy_(src), repeats))
 
 
-def _matmul_seconds(n: int, repeats: int, dtype: torch.dtype = torch.float32) -> float:
+def _matmul_seconds(n: int, repeats: int, dtype: torch.dtype) -> float:
     a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
     out = torch.empty(n, n, dtype=dtype)
     return _best_seconds(lambda: torch.mm(a, b, out=out), repeats)
+
+
+# A matmul slower than this at the probe's size has no fast path for its dtype here
+SLOW_MATMUL_GFLOPS = 20.0
+
+
+def _matmul_gflops(
+    n: int, repeats: int, dtype: torch.dtype = torch.float32, probe_n: int = 512
+) -> float:
+    """GFLOP/s of an (n, n) @ (n, n) matmul in ``dtype``, the best of ``repeats``. A probe at
+    ``probe_n`` comes first: a dtype without a fast path on this CPU (bf16 without AVX-512 BF16
+    or AMX runs oneDNN's reference loops: 0.3 GFLOP/s on a Zen 5 held to AVX2, ~6 minutes for
+    the full measurement) is reported at the probe's rate instead."""
+    probe_n = min(probe_n, n)
+    probe = 2 * probe_n**3 / _matmul_seconds(probe_n, 1, dtype) / 1e9
+    if probe < SLOW_MATMUL_GFLOPS or probe_n == n:
+        return probe
+    return 2 * n**3 / _matmul_seconds(n, repeats, dtype) / 1e9
 
 
 def measure_limits(
@@ -126,16 +144,16 @@ def measure_limits(
     torch.set_num_threads(threads)
     try:
         read_s, copy_s = _memory_seconds(tensor_bytes, repeats)
-        mm_s = _matmul_seconds(matmul_n, repeats)
-        mm_bf16_s = _matmul_seconds(matmul_n, repeats, torch.bfloat16)
+        mm = _matmul_gflops(matmul_n, repeats)
+        mm_bf16 = _matmul_gflops(matmul_n, repeats, torch.bfloat16)
     finally:
         torch.set_num_threads(before)
     return MachineLimits(
         threads=threads,
         read_bandwidth_gbs=tensor_bytes / read_s / 1e9,
         copy_bandwidth_gbs=2 * tensor_bytes / copy_s / 1e9,
-        matmul_gflops=2 * matmul_n**3 / mm_s / 1e9,
-        matmul_bf16_gflops=2 * matmul_n**3 / mm_bf16_s / 1e9,
+        matmul_gflops=mm,
+        matmul_bf16_gflops=mm_bf16,
     )
 
 
