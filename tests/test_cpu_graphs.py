@@ -192,6 +192,8 @@ def test_bfloat16_replay_recomputes_and_converts(ops: CpuLayerOps) -> None:
         (lambda x, y: y + 1, "add"),
         (lambda x, y: y.add_(1), "in-place"),
         (lambda x, y: y[: int(y[0, 0])], "reads tensor data"),
+        (lambda x, y: y[: round(y[0, 0].item())], "reads tensor data"),
+        (lambda x, y: (y.__setitem__((0, 0), 2.0), y)[1], "in-place torch op __setitem__"),
         (lambda x, y: torch.add(y, 1, out=torch.empty_like(y)), "out="),
     ],
 )

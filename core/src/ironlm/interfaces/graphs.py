@@ -38,9 +38,13 @@ class GraphCapture(ABC):
     """Captures forwards for one model on one platform.
 
     ``max_batch_size``: the largest decode batch worth a graph here (batches are padded up to
-    the next captured size: 1, 2, 4, 8, ... up to this)."""
+    the next captured size: 1, 2, 4, 8, ... up to this).
+    ``computes_on_capture``: whether the forward that ``capture`` records also computed its
+    output from the static inputs' contents at that time (cpu: the recorded calls ran; CUDA:
+    a captured stream only records), so the step that captured needs no replay."""
 
     max_batch_size: int = 8
+    computes_on_capture: bool = False
 
     @abstractmethod
     def capture(self, forward: Callable[[], torch.Tensor]) -> tuple[StepGraph, torch.Tensor]:

@@ -2,9 +2,10 @@
 
 vLLM's CUDA-graph scheme, through the platform (``ironlm.interfaces.graphs``): a batch of n
 decode sequences is padded to the next capture size (1, 2, 4, ... up to the capture's
-``max_batch_size``); the first step of each size runs the forward, LM head included, under
-capture on static tensors; every later step of that size copies its inputs into those tensors
-and replays. Padding rows read token 0 at position 0 with seq_len 1 and write nothing (slot -1);
+``max_batch_size``); the first step of each size copies its inputs into static tensors and runs
+the forward, LM head included, under capture (where the platform's capture computes as it
+records, that forward is the step: no replay); every later step of that size copies its inputs
+into those tensors and replays. Padding rows read token 0 at position 0 with seq_len 1 and write nothing (slot -1);
 their logits are dropped. A capture that fails (``GraphCaptureError``) turns graphs off for the
 engine, with the reason logged once, and every step runs eagerly, as with ``enforce_eager``.
 
@@ -31,14 +32,19 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class _Captured:
-    graph: StepGraph
+class _StaticInputs:
     batch: AttentionBatch  # static: seq_lens, context_lens, block_tables, slot_mapping
     metadata: Any  # the backend's graph metadata over ``batch``
     input_ids: torch.Tensor  # (size,) int64
     positions: torch.Tensor  # (size,) int64
-    logits: torch.Tensor  # (size, vocab) float32, rewritten by each replay
     lora_slots: torch.Tensor | None  # (size,) int32 adapter slot per row, with LoRA
+
+
+@dataclass
+class _Captured:
+    graph: StepGraph
+    inputs: _StaticInputs
+    logits: torch.Tensor  # (size, vocab) float32, rewritten by each replay
 
 
 class DecodeGraphs:
@@ -83,18 +89,23 @@ class DecodeGraphs:
         captured = self.graphs.get(size)
         if captured is None:
             try:
-                captured = self._capture(size)
+                inputs = self._static_inputs(size)
+                self._fill(inputs, token_ids, positions, block_tables, lora_slots)
+                captured = self._capture(inputs)
             except GraphCaptureError as exc:
                 self.disabled = str(exc)
                 logger.info("decode graphs off, every step runs eagerly: %s", exc)
                 return None
             self.graphs[size] = captured
-        self._fill(captured, token_ids, positions, block_tables, lora_slots)
+            if self.capture.computes_on_capture:  # the captured forward was this step
+                return captured.logits[:n]
+        else:
+            self._fill(captured.inputs, token_ids, positions, block_tables, lora_slots)
         captured.graph.replay()
         return captured.logits[:n]
 
     def _fill(
-        self, c: _Captured, ids: list[int], pos: list[int], tables: list[list[int]],
+        self, c: _StaticInputs, ids: list[int], pos: list[int], tables: list[list[int]],
         lora_slots: list[int] | None,
     ) -> None:  # fmt: skip
         n, size, bs = len(ids), c.input_ids.shape[0], self.block_size
@@ -119,7 +130,7 @@ class DecodeGraphs:
             c.lora_slots.copy_(torch.tensor(slots, dtype=torch.int32))
         self.attention.refresh_graph_metadata(c.metadata, c.batch)
 
-    def _capture(self, size: int) -> _Captured:
+    def _static_inputs(self, size: int) -> _StaticInputs:
         dev = self.device
         batch = AttentionBatch(
             query_start_loc=torch.arange(size + 1, dtype=torch.int32, device=dev),
@@ -139,13 +150,19 @@ class DecodeGraphs:
         input_ids = torch.zeros(size, dtype=torch.int64, device=dev)
         positions = torch.zeros(size, dtype=torch.int64, device=dev)
         lora_slots = None
-        if self.lora_state is not None:  # record the LoRA kernels over a static slot tensor
+        if self.lora_state is not None:  # the LoRA kernels read a static slot tensor
             lora_slots = torch.full((size,), -1, dtype=torch.int32, device=dev)
-            self.lora_state.bind(lora_slots, active=True)
+        return _StaticInputs(batch, metadata, input_ids, positions, lora_slots)
+
+    def _capture(self, inputs: _StaticInputs) -> _Captured:
+        if self.lora_state is not None:  # record the LoRA kernels over the static slot tensor
+            assert inputs.lora_slots is not None
+            self.lora_state.bind(inputs.lora_slots, active=True)
 
         def forward() -> torch.Tensor:
-            hidden = self.model(input_ids, positions, self.kv_caches, metadata)
+            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches,
+                                inputs.metadata)  # fmt: skip
             return self.model.compute_logits(hidden)  # (size, vocab)
 
         graph, logits = self.capture.capture(forward)
-        return _Captured(graph, batch, metadata, input_ids, positions, logits, lora_slots)
+        return _Captured(graph, inputs, logits)

@@ -54,6 +54,15 @@ def _tensors(obj: Any) -> list[torch.Tensor]:
     return []
 
 
+def _metadata(result: Any) -> bool:
+    """Whether a torch call's result is tensor metadata (a number, a flag, a shape or stride,
+    a dtype or device): no tensor came out of it."""
+    if isinstance(result, tuple):
+        return all(type(x) is int for x in result)
+    return isinstance(result, (int, float, bool, torch.dtype, torch.device))  # not None:
+    # ``__setitem__`` returns it, and is refused
+
+
 def _storage(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
@@ -74,6 +83,11 @@ class _CaptureGuard(TorchFunctionMode):
         kwargs = kwargs or {}
         result = func(*args, **kwargs)
         name = getattr(func, "__name__", str(func))
+        if _metadata(result) and name not in _DATA_READS:
+            # data_ptr, stride, shape, dim, is_contiguous ...: two thirds of a capture's torch
+            # calls, and nothing to record or refuse (a data read is refused below)
+            self.kept += [a for a in args if isinstance(a, torch.Tensor)]
+            return result
         inputs = _tensors(args) + _tensors(kwargs)
         outputs = _tensors(result)
         self.kept += inputs + outputs
@@ -196,6 +210,7 @@ class CpuGraphCapture(GraphCapture):
     for the sizes that were used."""
 
     max_batch_size = 64
+    computes_on_capture = True  # the recorded calls ran on the inputs of the capture
 
     def __init__(self, libraries: list[Recordable]) -> None:
         self.libraries = libraries
