@@ -48,6 +48,13 @@ class LayerOps:
         """(out, in) float weight -> the layout ``linear`` / ``embedding`` read."""
         return weight
 
+    def pack_tied_weight(self, weight: torch.Tensor) -> torch.Tensor:
+        """(vocab, hidden) weight shared by the LM head and the input embedding (tied): a
+        layout that both ``lm_head`` and ``embedding`` read. By default the linear layout; a
+        platform whose linear layouts include one without rows to look up (an opaque
+        library format) picks among the others here."""
+        return self.pack_linear_weight(weight)
+
     def linear(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:

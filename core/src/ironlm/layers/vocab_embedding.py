@@ -149,9 +149,9 @@ class ParallelLMHead(VocabParallelEmbedding):
                 VocabParallelEmbedding.process_weights_after_loading(source)
             self.quant_layout, self.quant_packed = source.quant_layout, source.quant_packed
             return
-        packed = torch.nn.Parameter(
-            self.layer_ops.pack_linear_weight(self.weight.data), requires_grad=False
-        )
+        pack = (self.layer_ops.pack_tied_weight if self.tied_to is not None
+                else self.layer_ops.pack_linear_weight)  # fmt: skip
+        packed = torch.nn.Parameter(pack(self.weight.data), requires_grad=False)
         self.weight = packed
         if self.tied_to is not None:
             self.tied_to.weight = packed

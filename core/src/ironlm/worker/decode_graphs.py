@@ -5,9 +5,10 @@ decode sequences is padded to the next capture size (1, 2, 4, ... up to the capt
 ``max_batch_size``); the first step of each size copies its inputs into static tensors and runs
 the forward, LM head included, under capture (where the platform's capture computes as it
 records, that forward is the step: no replay); every later step of that size copies its inputs
-into those tensors and replays. Padding rows read token 0 at position 0 with seq_len 1 and write nothing (slot -1);
-their logits are dropped. A capture that fails (``GraphCaptureError``) turns graphs off for the
-engine, with the reason logged once, and every step runs eagerly, as with ``enforce_eager``.
+into those tensors and replays. Padding rows read token 0 at position 0 with seq_len 1 and write
+nothing (slot -1); their logits are dropped. A capture that fails (``GraphCaptureError``) turns
+graphs off for the engine, with the reason logged once, and every step runs eagerly, as with
+``enforce_eager``.
 
 With LoRA enabled the capture binds a static per-row slot tensor to the model's LoRA layers
 (``LoRAStepState``) and records their kernel calls; each replay writes the rows' adapter slots

@@ -149,11 +149,14 @@ class Worker(WorkerBase):
     def weight_bytes(self) -> int:
         """Bytes of the model's weights as this rank holds them: parameters, buffers and the
         tensors a quantization method keeps in module attributes (packed dicts, segments),
-        each storage counted once."""
-        seen: dict[int, int] = {}
+        each storage counted once (an opaque library tensor, which has no storage, by its
+        elements)."""
+        seen: dict[object, int] = {}
 
         def visit(obj: object) -> None:
-            if isinstance(obj, torch.Tensor):
+            if isinstance(obj, torch.Tensor) and obj.layout != torch.strided:
+                seen[("opaque", id(obj))] = obj.numel() * obj.element_size()
+            elif isinstance(obj, torch.Tensor):
                 storage = obj.untyped_storage()
                 seen[storage.data_ptr()] = storage.nbytes()
             elif isinstance(obj, (list, tuple)):

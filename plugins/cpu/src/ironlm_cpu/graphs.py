@@ -56,14 +56,16 @@ def _tensors(obj: Any) -> list[torch.Tensor]:
 
 def _metadata(result: Any) -> bool:
     """Whether a torch call's result is tensor metadata (a number, a flag, a shape or stride,
-    a dtype or device): no tensor came out of it."""
+    a dtype, device or layout): no tensor came out of it. Not None: ``__setitem__`` returns
+    None, and is refused."""
     if isinstance(result, tuple):
         return all(type(x) is int for x in result)
-    return isinstance(result, (int, float, bool, torch.dtype, torch.device))  # not None:
-    # ``__setitem__`` returns it, and is refused
+    return isinstance(result, (int, float, bool, torch.dtype, torch.device, torch.layout))
 
 
 def _storage(t: torch.Tensor) -> int:
+    if t.layout != torch.strided:  # an opaque library tensor (oneDNN's weights): no storage
+        return id(t)
     return t.untyped_storage().data_ptr()
 
 

@@ -1,6 +1,7 @@
 """The cpu platform's layer ops: linears on panel-packed weights (``linear_kernel``, float32
-and bfloat16) or on row-major ones (torch's matmul; ``gemv_kernel`` for bf16 at few rows),
-whichever measured faster for the weight's shape here
+and bfloat16), on oneDNN's reordered ones (``onednn_linear``) or on row-major ones (torch's
+matmul; ``gemv_kernel`` for bf16 at few rows), whichever measured faster for the weight's shape
+here
 (``op_choice``); quantized linears and embeddings on packed int8 / int4 / fp8 / GGUF weights
 (``quant_kernels``); RMSNorm, rotary, the gated MLP activations and row lookups as single C
 calls (``fused_kernels``, float32 and bfloat16), RMSNorm against torch by measurement too;
@@ -24,6 +25,7 @@ from ironlm_cpu.fused_kernels import FusedKernels
 from ironlm_cpu.gemv_kernel import RowsGemvKernel
 from ironlm_cpu.linear_kernel import PackedLinearKernel
 from ironlm_cpu.logits_kernel import LogitsKernel
+from ironlm_cpu.onednn_linear import OneDnnLinear
 from ironlm_cpu.lora_kernel import LoRAKernel
 from ironlm_cpu.op_choice import OpChooser, OpPlan
 from ironlm_cpu.quant_kernels import QuantKernels
@@ -46,10 +48,12 @@ class CpuLayerOps(LayerOps):
         self.gemv = gemv if gemv is not None else RowsGemvKernel(self.kernel.target)
         self.logits = logits if logits is not None else LogitsKernel(self.kernel.target)
         self.torch_ops = TorchKernels()
+        self.onednn = OneDnnLinear()
         self.tuner = tuner if tuner is not None else KernelTuner(self.kernel.target)
-        self.chooser = OpChooser(self.tuner, self.kernel, self.fused, self.torch_ops, self.gemv)
-        # (weight shape as stored, dtype) -> plan, for every weight pack_linear_weight saw
-        self._linear: dict[tuple[torch.Size, torch.dtype], OpPlan] = {}
+        self.chooser = OpChooser(self.tuner, self.kernel, self.fused, self.torch_ops, self.gemv,
+                                 self.onednn)  # fmt: skip
+        # (weight shape, dtype and layout as stored) -> plan, for every weight packed here
+        self._linear: dict[tuple[torch.Size, torch.dtype, torch.layout], OpPlan] = {}
         # (hidden, residual, dtype) -> RMSNorm plan
         self._norm: dict[tuple[int, bool, torch.dtype], OpPlan | None] = {}
 
@@ -59,7 +63,7 @@ class CpuLayerOps(LayerOps):
             lib for lib in (self.kernel, self.fused, self.quant, self.lora, self.gemv)
             if lib.available
         ]
-        return libs + [self.torch_ops]
+        return libs + [self.torch_ops] + ([self.onednn] if self.onednn.available else [])
 
     # -- quantized weights --------------------------------------------------------------------
     def quantized_support(self, layout: QuantLayout) -> Availability:
@@ -146,30 +150,44 @@ class CpuLayerOps(LayerOps):
         return super().gelu_tanh_and_mul(gate_up)
 
     def pack_linear_weight(self, weight: torch.Tensor) -> torch.Tensor:
-        """Measures (or reads the cached choice for) the weight's shape, then packs it into
-        panels when a C kernel won, else keeps it row-major for torch."""
+        """Measures (or reads the cached choice for) the weight's shape, then lays it out for
+        the winner: panels (a C kernel), oneDNN's blocked format, or the rows (torch, gemv)."""
+        return self._pack(weight, looked_up=False)
+
+    def pack_tied_weight(self, weight: torch.Tensor) -> torch.Tensor:
+        """The same, among the layouts ``embedding`` can look rows up in (not oneDNN's)."""
+        return self._pack(weight, looked_up=True)
+
+    def _pack(self, weight: torch.Tensor, looked_up: bool) -> torch.Tensor:
         if weight.dim() != 2 or weight.device.type != "cpu":
             return weight
         n, k = weight.shape
-        plan = self.chooser.linear_plan(n, k, weight.dtype)
-        stored = self.kernel.pack(weight) if plan.layout == "panel" else weight.contiguous()
-        self._linear[(stored.shape, stored.dtype)] = plan
+        plan = self.chooser.linear_plan(n, k, weight.dtype, looked_up)
+        if plan.layout == "panel":
+            stored = self.kernel.pack(weight)
+        elif plan.layout == "onednn":
+            stored = self.onednn.pack(weight)
+        else:
+            stored = weight.contiguous()
+        self._linear[(stored.shape, stored.dtype, stored.layout)] = plan
         return stored
 
     def linear(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
-        plan = self._linear.get((weight.shape, weight.dtype))
+        plan = self._linear.get((weight.shape, weight.dtype, weight.layout))
         if plan is not None:
             return self.chooser.run_linear(plan.impl_for(x.shape[0]), x, weight, bias)
         if weight.dim() > 2:  # packed by another instance of these ops
             return self.kernel(x, weight, bias)
+        if self.onednn.is_packed(weight):
+            return self.onednn(x, weight, bias)
         return super().linear(x, weight, bias)
 
     def lm_head(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         # a bf16 LM head on the panel tile writes its float32 logits itself (the values
         # linear().float() gives, without the separate widening pass over (T, vocab))
-        plan = self._linear.get((weight.shape, weight.dtype))
+        plan = self._linear.get((weight.shape, weight.dtype, weight.layout))
         if (
             plan is not None and plan.impl_for(x.shape[0]) == "c_bf16"
             and self.kernel.f32_out_fits(x, weight)

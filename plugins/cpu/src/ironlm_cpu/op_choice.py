@@ -5,15 +5,19 @@ batch-size bucket (``BUCKETS``: decode of 1 and of a few sequences, a decode bat
 takes the fastest implementation that reads it:
 - ``panel`` (``linear_kernel.pack``): the C kernels ``c_narrow`` (6 x 16 tiles), ``c_wide``
   (12 x 32 tiles, only offered where the target has AVX-512's 32 vector registers), ``c_bf16``;
+- ``onednn`` (``onednn_linear.pack``: oneDNN's blocked format, reordered once): ``onednn``
+  (``torch.ops.mkldnn._linear_pointwise``), float32 and bf16, where torch has oneDNN; never for
+  a weight that embedding lookups read too (a tied LM head: its layout must have rows);
 - ``rows`` (the checkpoint's (N, K)): ``torch`` (``torch.mm``: MKL / oneDNN) and, for bf16,
   ``c_gemv`` (``gemv_kernel``: few rows on the row-major weight).
-The panel layout is taken only when, at every bucket, its best is no slower than plain torch
-(within ``TOLERANCE``, the timing noise) and its total (geometric mean over buckets) is lower
-than the rows layout's; otherwise the weight stays row-major and each bucket runs the fastest
-rows implementation. Against our own row-major gemv a bucket may be traded for a larger gain
-elsewhere (the bf16 LM head: the gemv and the panel tile take turns by a few percent at one row
-with the VM's state, the tile is 1.4x faster at 64 rows); against torch never, so no shape runs
-slower than plain torch, and every choice is a recordable call (decode graphs work with either).
+A layout other than rows is a candidate only when, at every bucket, its best is no slower than
+plain torch (within ``TOLERANCE``, the timing noise) and its total (geometric mean over buckets)
+is lower than the rows layout's; of those candidates the lowest total wins, and without one the
+weight stays row-major and each bucket runs the fastest rows implementation. Against our own
+row-major gemv a bucket may be traded for a larger gain elsewhere (the bf16 LM head: the gemv
+and the panel tile take turns by a few percent at one row with the VM's state, the tile is 1.4x
+faster at 64 rows); against torch never, so no shape runs slower than plain torch, and every
+choice is a recordable call (decode graphs work with either).
 
 Timed on random inputs of the real (N, K); for large batch buckets the weight is cut to fewer
 output rows (same K) so that one call stays under ``FLOP_CAP``: the rate per column is what is
@@ -33,6 +37,7 @@ import torch
 from ironlm_cpu.fused_kernels import FusedKernels
 from ironlm_cpu.gemv_kernel import RowsGemvKernel
 from ironlm_cpu.linear_kernel import PANEL, PackedLinearKernel
+from ironlm_cpu.onednn_linear import OneDnnLinear
 from ironlm_cpu.torch_kernels import TorchKernels
 from ironlm_cpu.tuner import VERSION, KernelTuner
 
@@ -41,7 +46,8 @@ _BOUNDS = (2, 22, 181)  # m <= bound -> that bucket (geometric midpoints)
 TOLERANCE = 1.05
 FLOP_CAP = 1e9
 _LAYOUT = {"c_narrow": "panel", "c_wide": "panel", "c_bf16": "panel", "c_gemv": "rows",
-           "torch": "rows"}  # fmt: skip
+           "onednn": "onednn", "torch": "rows"}  # fmt: skip
+PACKED_LAYOUTS = ("panel", "onednn")  # the layouts that replace the checkpoint's rows
 
 
 def bucket_index(m: int) -> int:
@@ -68,29 +74,36 @@ class OpChooser:
 
     def __init__(
         self, tuner: KernelTuner, kernel: PackedLinearKernel, fused: FusedKernels,
-        torch_ops: TorchKernels, gemv: RowsGemvKernel,
+        torch_ops: TorchKernels, gemv: RowsGemvKernel, onednn: OneDnnLinear,
     ) -> None:  # fmt: skip
         self.tuner, self.kernel, self.fused, self.torch_ops = tuner, kernel, fused, torch_ops
-        self.gemv = gemv
+        self.gemv, self.onednn = gemv, onednn
         self.forced = tuner.forced()  # raises ValueError on a bad IRONLM_CPU_KERNELS
 
     # -- linear ------------------------------------------------------------------------------
-    def linear_candidates(self, n: int, k: int, dtype: torch.dtype) -> tuple[str, ...]:
-        """Implementations that can run an (n, k) weight of ``dtype`` here, default first."""
+    def linear_candidates(
+        self, n: int, k: int, dtype: torch.dtype, looked_up: bool = False
+    ) -> tuple[str, ...]:
+        """Implementations that can run an (n, k) weight of ``dtype`` here, default first;
+        ``looked_up``: embedding lookups read the weight too (its layout must have rows)."""
         c_ok = self.kernel.available and n % PANEL == 0
+        dnn = ("onednn",) if self.onednn.available and not looked_up else ()
         if dtype == torch.float32 and c_ok:
             wide = ("c_wide",) if self.kernel.target.has("avx512") else ()
-            return ("c_narrow", *wide, "torch")
+            return ("c_narrow", *wide, *dnn, "torch")
         if dtype == torch.bfloat16:
             panel = ("c_bf16",) if c_ok and k % 2 == 0 else ()
             gemv = ("c_gemv",) if self.gemv.available else ()
-            return (*panel, *gemv, "torch")
-        return ("torch",)
+            return (*panel, *gemv, *dnn, "torch")
+        return ("torch", *dnn) if dtype == torch.float32 else ("torch",)  # torch the default
 
-    def linear_plan(self, n: int, k: int, dtype: torch.dtype) -> OpPlan:
+    def linear_plan(
+        self, n: int, k: int, dtype: torch.dtype, looked_up: bool = False
+    ) -> OpPlan:
         threads = torch.get_num_threads()
         key = f"linear|{str(dtype).removeprefix('torch.')}|{n}x{k}|t{threads}|v{VERSION}"
-        names = self.linear_candidates(n, k, dtype)
+        key += "|rows" if looked_up else ""  # fewer candidates: a decision of its own
+        names = self.linear_candidates(n, k, dtype, looked_up)
         forced = self.forced.get("linear")
         if forced is not None:
             pick = [c for c in names if c == forced or (forced == "c" and c != "torch")]
@@ -131,6 +144,8 @@ class OpChooser:
             return self.torch_ops.linear(x, w, bias)
         if impl == "c_gemv":
             return self.gemv(x, w, bias)
+        if impl == "onednn":
+            return self.onednn(x, w, bias)
         return self.kernel(x, w, bias, wide=impl == "c_wide")
 
     def _measure_linear(
@@ -146,9 +161,13 @@ class OpChooser:
             w = (torch.randn(cols, k, generator=gen) / math.sqrt(k)).to(dtype)
             x = torch.randn(m, k, generator=gen).to(dtype)
             ref = torch.nn.functional.linear(x.float(), w.float())
-            packed = self.kernel.pack(w) if any(_LAYOUT[c] == "panel" for c in names) else w
+            stored = {"rows": w}  # the weight in each candidate's layout
+            if any(_LAYOUT[c] == "panel" for c in names):
+                stored["panel"] = self.kernel.pack(w)
+            if "onednn" in names:
+                stored["onednn"] = self.onednn.pack(w)
             fns: dict[str, Callable[[], torch.Tensor]] = {
-                c: (lambda c=c: self.run_linear(c, x, packed if _LAYOUT[c] == "panel" else w, None))
+                c: (lambda c=c: self.run_linear(c, x, stored[_LAYOUT[c]], None))
                 for c in names if c not in rejected
             }  # fmt: skip
             tol = 1e-3 if dtype == torch.float32 else 3e-2
@@ -213,33 +232,43 @@ def decide_linear(
     reasons: list[str] = []
     best = {lay: {str(b): min((c for c in ok if _LAYOUT[c] == lay), key=lambda c: us[str(b)][c])
                   for b in BUCKETS}
-            for lay in ("panel", "rows") if any(_LAYOUT[c] == lay for c in ok)}  # fmt: skip
+            for lay in ("rows", *PACKED_LAYOUTS) if any(_LAYOUT[c] == lay for c in ok)}  # fmt: skip
     layout = "rows"
-    if "panel" in best and "rows" not in best:
-        layout = "panel"
-        reasons.append("no rows implementation passed; the C kernels run every bucket")
-    elif "panel" in best:
-        score, slower, traded = 0.0, [], []
-        for b in map(str, BUCKETS):
-            p, r = best["panel"][b], best["rows"][b]
-            floor = "torch" if "torch" in ok else r  # plain torch: the promise never to lose to
-            ratio = us[b][p] / us[b][r]
-            score += math.log(ratio) / len(BUCKETS)
-            if us[b][p] / us[b][floor] > TOLERANCE:
-                slower.append(f"M={b}: {p} {us[b][p] / us[b][floor]:.2f}x {floor}'s time")
-            elif ratio > TOLERANCE:
-                traded.append(f"M={b}: {p} {ratio:.2f}x {r}'s time")
-        if slower:
-            reasons.append("panel layout rejected, slower than torch at " + ", ".join(slower))
-        elif score < 0.0:
-            layout = "panel"
-            reasons.append(
-                f"panel layout: {math.exp(score):.2f}x the rows layout's time (geometric mean "
-                f"over M={', '.join(map(str, BUCKETS))}), never slower than torch"
-                + (" (traded: " + ", ".join(traded) + ")" if traded else "")
-            )
-        else:
-            reasons.append(f"panel layout no faster than rows overall ({math.exp(score):.2f}x)")
+    if "rows" not in best:
+        packed = [lay for lay in PACKED_LAYOUTS if lay in best]
+        if packed:  # the lowest total (log-sum of the buckets' best times)
+            layout = min(packed, key=lambda lay: sum(math.log(us[b][best[lay][b]])
+                                                     for b in best[lay]))  # fmt: skip
+            reasons.append(f"no rows implementation passed; the {layout} layout runs every "
+                           "bucket")  # fmt: skip
+    else:
+        scores: dict[str, float] = {}
+        for lay in (lay for lay in PACKED_LAYOUTS if lay in best):
+            score, slower, traded = 0.0, [], []
+            for b in map(str, BUCKETS):
+                p, r = best[lay][b], best["rows"][b]
+                floor = "torch" if "torch" in ok else r  # plain torch: the promise never to lose to
+                ratio = us[b][p] / us[b][r]
+                score += math.log(ratio) / len(BUCKETS)
+                if us[b][p] / us[b][floor] > TOLERANCE:
+                    slower.append(f"M={b}: {p} {us[b][p] / us[b][floor]:.2f}x {floor}'s time")
+                elif ratio > TOLERANCE:
+                    traded.append(f"M={b}: {p} {ratio:.2f}x {r}'s time")
+            if slower:
+                reasons.append(f"{lay} layout rejected, slower than torch at " + ", ".join(slower))
+            elif score < 0.0:
+                scores[lay] = score
+                reasons.append(
+                    f"{lay} layout: {math.exp(score):.2f}x the rows layout's time (geometric "
+                    f"mean over M={', '.join(map(str, BUCKETS))}), never slower than torch"
+                    + (" (traded: " + ", ".join(traded) + ")" if traded else "")
+                )
+            else:
+                reasons.append(f"{lay} layout no faster than rows overall ({math.exp(score):.2f}x)")
+        if scores:
+            layout = min(scores, key=lambda lay: scores[lay])
+            if len(scores) > 1:
+                reasons.append(f"{layout} layout taken, the faster of the two")
     if layout in best:
         impls = best[layout]
     else:
