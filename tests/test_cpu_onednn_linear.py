@@ -120,3 +120,17 @@ def test_smollm2_on_onednn_matches_torch(
     for a, b in zip(lp_d, lp_t, strict=True):
         assert a == pytest.approx(b, abs=1e-3)
     assert bytes_d == bytes_t  # the reordered weights hold as many float32 values
+
+
+@needs_onednn
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("forced", ["", "linear=c"])
+def test_onednn_is_never_a_default(tmp_path: Path, dtype: torch.dtype, forced: str) -> None:
+    """Without measuring (IRONLM_CPU_TUNE=0) each weight takes the first candidate, and
+    ``linear=c`` means our C kernels: neither is oneDNN, even where no panel fits (40 rows)."""
+    ops = CpuLayerOps(tuner=KernelTuner(host_target(), tmp_path, mode="0", forced=forced))
+    assert "onednn" in ops.chooser.linear_candidates(40, 32, dtype)
+    stored = ops.pack_linear_weight(torch.randn(40, 32).to(dtype))
+    assert stored.layout == torch.strided
+    plan = ops.chooser.linear_plan(40, 32, dtype)
+    assert "onednn" not in plan.impls

@@ -90,12 +90,12 @@ class OpChooser:
         dnn = ("onednn",) if self.onednn.available and not looked_up else ()
         if dtype == torch.float32 and c_ok:
             wide = ("c_wide",) if self.kernel.target.has("avx512") else ()
-            return ("c_narrow", *wide, *dnn, "torch")
+            return ("c_narrow", *wide, "torch", *dnn)
         if dtype == torch.bfloat16:
             panel = ("c_bf16",) if c_ok and k % 2 == 0 else ()
             gemv = ("c_gemv",) if self.gemv.available else ()
-            return (*panel, *gemv, *dnn, "torch")
-        return ("torch", *dnn) if dtype == torch.float32 else ("torch",)  # torch the default
+            return (*panel, *gemv, "torch", *dnn)  # oneDNN never the default (first)
+        return ("torch", *dnn) if dtype == torch.float32 else ("torch",)
 
     def linear_plan(
         self, n: int, k: int, dtype: torch.dtype, looked_up: bool = False
@@ -106,7 +106,7 @@ class OpChooser:
         names = self.linear_candidates(n, k, dtype, looked_up)
         forced = self.forced.get("linear")
         if forced is not None:
-            pick = [c for c in names if c == forced or (forced == "c" and c != "torch")]
+            pick = [c for c in names if c == forced or (forced == "c" and c.startswith("c_"))]
             impl = pick[0] if pick else "torch"
             why = f"forced by IRONLM_CPU_KERNELS=linear={forced}" + (
                 "" if pick else " (not available for this shape; torch)"
