@@ -148,7 +148,9 @@ class MachineContext:
             lines.append(f"limits: read {self.limits.read_bandwidth_gbs:.1f} GB/s, "
                          f"copy {self.limits.copy_bandwidth_gbs:.1f} GB/s, fp32 matmul "
                          f"{self.limits.matmul_gflops:.1f} GFLOP/s, bf16 matmul "
-                         f"{self.limits.matmul_bf16_gflops:.1f} GFLOP/s")
+                         f"{self.limits.matmul_bf16_gflops:.1f} GFLOP/s"
+                         + (f" (at {self.limits.matmul_bf16_n}: no fast bf16 path here)"
+                            if self.limits.matmul_bf16_n < self.limits.matmul_n else ""))  # fmt: skip
         if self.cost and self.bounds:
             lines.append(
                 f"model: {self.cost.params / 1e6:.1f}M params, "

@@ -98,7 +98,9 @@ class MachineLimits:
     read_bandwidth_gbs: float  # GB/s (1e9) reading a float32 tensor (torch sum)
     copy_bandwidth_gbs: float  # GB/s (read + write) of a float32 tensor copy
     matmul_gflops: float  # fp32 square matmul, 2 n^3 FLOPs
+    matmul_n: int  # its n
     matmul_bf16_gflops: float  # the same in bf16 (oneDNN: AMX or AVX-512 BF16 where present)
+    matmul_bf16_n: int  # the size it was measured at (the probe's where bf16 is slow here)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -124,16 +126,16 @@ SLOW_MATMUL_GFLOPS = 20.0
 
 def _matmul_gflops(
     n: int, repeats: int, dtype: torch.dtype = torch.float32, probe_n: int = 512
-) -> float:
-    """GFLOP/s of an (n, n) @ (n, n) matmul in ``dtype``, the best of ``repeats``. A probe at
-    ``probe_n`` comes first: a dtype without a fast path on this CPU (bf16 without AVX-512 BF16
-    or AMX runs oneDNN's reference loops: 0.3 GFLOP/s on a Zen 5 held to AVX2, ~6 minutes for
-    the full measurement) is reported at the probe's rate instead."""
-    probe_n = min(probe_n, n)
-    probe = 2 * probe_n**3 / _matmul_seconds(probe_n, 1, dtype) / 1e9
-    if probe < SLOW_MATMUL_GFLOPS or probe_n == n:
-        return probe
-    return 2 * n**3 / _matmul_seconds(n, repeats, dtype) / 1e9
+) -> tuple[float, int]:
+    """(GFLOP/s, size) of an (n, n) @ (n, n) matmul in ``dtype``, the best of ``repeats``. A
+    probe at ``probe_n`` comes first: a dtype without a fast path on this CPU (bf16 without
+    AVX-512 BF16 or AMX runs oneDNN's reference loops: 0.3 GFLOP/s on a Zen 5 held to AVX2, ~6
+    minutes for the full measurement) is reported at the probe's rate and size instead."""
+    if n > probe_n:
+        probe = 2 * probe_n**3 / _matmul_seconds(probe_n, 1, dtype) / 1e9
+        if probe < SLOW_MATMUL_GFLOPS:
+            return probe, probe_n
+    return 2 * n**3 / _matmul_seconds(n, repeats, dtype) / 1e9, n
 
 
 def measure_limits(
@@ -144,8 +146,8 @@ def measure_limits(
     torch.set_num_threads(threads)
     try:
         read_s, copy_s = _memory_seconds(tensor_bytes, repeats)
-        mm = _matmul_gflops(matmul_n, repeats)
-        mm_bf16 = _matmul_gflops(matmul_n, repeats, torch.bfloat16)
+        mm, _ = _matmul_gflops(matmul_n, repeats, probe_n=matmul_n)
+        mm_bf16, bf16_n = _matmul_gflops(matmul_n, repeats, torch.bfloat16)
     finally:
         torch.set_num_threads(before)
     return MachineLimits(
@@ -153,7 +155,9 @@ def measure_limits(
         read_bandwidth_gbs=tensor_bytes / read_s / 1e9,
         copy_bandwidth_gbs=2 * tensor_bytes / copy_s / 1e9,
         matmul_gflops=mm,
+        matmul_n=matmul_n,
         matmul_bf16_gflops=mm_bf16,
+        matmul_bf16_n=bf16_n,
     )
 
 

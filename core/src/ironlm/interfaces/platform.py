@@ -39,13 +39,14 @@ class LayerOps:
 
     Shapes: ``x`` is (num_tokens, hidden); ``residual`` the same; ``positions`` (num_tokens,).
 
-    Float weights of linear layers, the LM head and a tied embedding are handed to
-    ``pack_linear_weight`` once after loading; whatever layout it returns is what ``linear`` and
-    ``embedding`` receive (the reference keeps the checkpoint's (out, in) rows).
+    Float weights of linear layers and an untied LM head are handed to ``pack_linear_weight``
+    once after loading, an LM head tied to the input embedding to ``pack_tied_weight``;
+    whatever layout they return is what ``linear`` / ``lm_head`` (and, tied, ``embedding``)
+    receive (the reference keeps the checkpoint's (out, in) rows).
     """
 
     def pack_linear_weight(self, weight: torch.Tensor) -> torch.Tensor:
-        """(out, in) float weight -> the layout ``linear`` / ``embedding`` read."""
+        """(out, in) float weight -> the layout ``linear`` and ``lm_head`` read."""
         return weight
 
     def pack_tied_weight(self, weight: torch.Tensor) -> torch.Tensor:

@@ -38,8 +38,15 @@ from ironlm_cpu.cbuild import KernelLibrary, Recordable, Recording, pack_slots
 # torch functions that allocate without computing (their results are kernel outputs)
 _ALLOCATORS = frozenset({torch.empty, torch.empty_like})
 # reading tensor data into Python would freeze a data-dependent branch into the recording
-_DATA_READS = frozenset({"item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__"})
-_INPLACE_DUNDERS = frozenset({"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__"})
+_DATA_READS = frozenset({
+    "item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__", "__complex__",
+    "__format__", "__contains__", "equal", "allclose", "is_nonzero",
+})
+_INPLACE_DUNDERS = frozenset({
+    "__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__",
+    "__imod__", "__ipow__", "__imatmul__", "__iand__", "__ior__", "__ixor__", "__ilshift__",
+    "__irshift__",
+})
 # dtype conversions a replay redoes as ``result.copy_(source)``
 _CONVERSIONS = frozenset({torch.Tensor.float, torch.Tensor.to})
 
@@ -63,9 +70,9 @@ def _metadata(result: Any) -> bool:
     return isinstance(result, (int, float, bool, torch.dtype, torch.device, torch.layout))
 
 
-def _storage(t: torch.Tensor) -> int:
+def _storage(t: torch.Tensor) -> object:
     if t.layout != torch.strided:  # an opaque library tensor (oneDNN's weights): no storage
-        return id(t)
+        return ("opaque", id(t))
     return t.untyped_storage().data_ptr()
 
 

@@ -25,8 +25,8 @@ from ironlm_cpu.fused_kernels import FusedKernels
 from ironlm_cpu.gemv_kernel import RowsGemvKernel
 from ironlm_cpu.linear_kernel import PackedLinearKernel
 from ironlm_cpu.logits_kernel import LogitsKernel
-from ironlm_cpu.onednn_linear import OneDnnLinear
 from ironlm_cpu.lora_kernel import LoRAKernel
+from ironlm_cpu.onednn_linear import OneDnnLinear
 from ironlm_cpu.op_choice import OpChooser, OpPlan
 from ironlm_cpu.quant_kernels import QuantKernels
 from ironlm_cpu.quant_packing import fits, is_packed, kernel_format, pack

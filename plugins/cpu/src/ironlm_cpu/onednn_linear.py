@@ -23,13 +23,14 @@ import torch
 
 from ironlm_cpu.cbuild import Recordable
 
-DTYPES = (torch.float32, torch.bfloat16)
 
 
 def _linear_into(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor
 ) -> None:
-    y.copy_(torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], ""))
+    # contiguous here, inside the recorded call: a strided input's copy is part of the replay
+    b = None if bias is None else bias.contiguous()
+    y.copy_(torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, b, "none", [], ""))
 
 
 class OneDnnLinear(Recordable):
@@ -40,12 +41,13 @@ class OneDnnLinear(Recordable):
         self.available = torch.backends.mkldnn.is_available() and all(
             hasattr(torch.ops.mkldnn, op) for op in ("_linear_pointwise", "_reorder_linear_weight")
         )
+        # oneDNN's bf16 path needs avx512bw/vl/dq or avx_ne_convert (the reorder raises
+        # without them: AVX2-only CPUs, or ONEDNN_MAX_CPU_ISA=AVX2)
+        self.bf16 = self.available and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
-    def can_pack(self, weight: torch.Tensor) -> bool:
-        return (
-            self.available and weight.dim() == 2 and weight.dtype in DTYPES
-            and weight.device.type == "cpu"
-        )  # fmt: skip
+    def supports(self, dtype: torch.dtype) -> bool:
+        """Whether weights of ``dtype`` can be reordered and multiplied here."""
+        return self.available and (dtype == torch.float32 or (dtype == torch.bfloat16 and self.bf16))
 
     @staticmethod
     def pack(weight: torch.Tensor) -> torch.Tensor:
@@ -63,6 +65,5 @@ class OneDnnLinear(Recordable):
         """(M, K) in the weight's dtype -> (M, N), over a ``pack`` result."""
         y = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype)
         if x.shape[0]:
-            self.call(_linear_into, x.contiguous(), weight,
-                      None if bias is None else bias.contiguous(), y)  # fmt: skip
+            self.call(_linear_into, x, weight, bias, y)
         return y

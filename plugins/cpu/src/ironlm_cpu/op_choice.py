@@ -58,7 +58,7 @@ def bucket_index(m: int) -> int:
 class OpPlan:
     """The weight layout (linear) and the implementation per bucket."""
 
-    layout: str  # "panel" | "rows" ("rows" too for non-linear ops)
+    layout: str  # "panel" | "onednn" | "rows" ("rows" too for non-linear ops)
     impls: tuple[str, ...]  # one per BUCKETS entry
 
     def impl_for(self, m: int) -> str:
@@ -87,7 +87,7 @@ class OpChooser:
         """Implementations that can run an (n, k) weight of ``dtype`` here, default first;
         ``looked_up``: embedding lookups read the weight too (its layout must have rows)."""
         c_ok = self.kernel.available and n % PANEL == 0
-        dnn = ("onednn",) if self.onednn.available and not looked_up else ()
+        dnn = ("onednn",) if self.onednn.supports(dtype) and not looked_up else ()
         if dtype == torch.float32 and c_ok:
             wide = ("c_wide",) if self.kernel.target.has("avx512") else ()
             return ("c_narrow", *wide, "torch", *dnn)
@@ -164,8 +164,11 @@ class OpChooser:
             stored = {"rows": w}  # the weight in each candidate's layout
             if any(_LAYOUT[c] == "panel" for c in names):
                 stored["panel"] = self.kernel.pack(w)
-            if "onednn" in names:
-                stored["onednn"] = self.onednn.pack(w)
+            if "onednn" in names and "onednn" not in rejected:
+                try:  # a library that refuses the weight rejects the candidate, never fatal
+                    stored["onednn"] = self.onednn.pack(w)
+                except RuntimeError as exc:
+                    rejected["onednn"] = f"M={m}: reorder: {exc}"
             fns: dict[str, Callable[[], torch.Tensor]] = {
                 c: (lambda c=c: self.run_linear(c, x, stored[_LAYOUT[c]], None))
                 for c in names if c not in rejected
