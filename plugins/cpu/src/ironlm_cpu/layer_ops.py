@@ -1,14 +1,13 @@
 """The cpu platform's layer ops: linears on panel-packed weights (``linear_kernel``, float32
 and bfloat16), on oneDNN's reordered ones (``onednn_linear``) or on row-major ones (torch's
 matmul; ``gemv_kernel`` for bf16 at few rows), whichever measured faster for the weight's shape
-here
-(``op_choice``); quantized linears and embeddings on packed int8 / int4 / fp8 / GGUF weights
+here (``op_choice``); quantized linears and embeddings on packed int8 / int4 / fp8 / GGUF weights
 (``quant_kernels``); RMSNorm, rotary, the gated MLP activations and row lookups as single C
 calls (``fused_kernels``, float32 and bfloat16), RMSNorm against torch by measurement too;
 the segmented LoRA matmul of mixed-adapter batches (``lora_kernel``).
 
 Weights no C kernel takes (float16, output size not a multiple of 16) stay row-major and use
-torch; quantized layouts without a C kernel use the core's torch reference (said in
+torch, or oneDNN's layout where that measured faster (float32, bf16); quantized layouts without a C kernel use the core's torch reference (said in
 ``quantized_support``); so do inputs the fused ops do not fit, and everything when the C code
 cannot be built here. Every implementation runs as a recordable call, so decode graphs record
 whatever was chosen.

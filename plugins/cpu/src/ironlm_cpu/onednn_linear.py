@@ -24,7 +24,6 @@ import torch
 from ironlm_cpu.cbuild import Recordable
 
 
-
 def _linear_into(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor
 ) -> None:
@@ -43,11 +42,16 @@ class OneDnnLinear(Recordable):
         )
         # oneDNN's bf16 path needs avx512bw/vl/dq or avx_ne_convert (the reorder raises
         # without them: AVX2-only CPUs, or ONEDNN_MAX_CPU_ISA=AVX2)
-        self.bf16 = self.available and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        self.bf16 = (
+            self.available and hasattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported")
+            and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        )  # fmt: skip
 
     def supports(self, dtype: torch.dtype) -> bool:
         """Whether weights of ``dtype`` can be reordered and multiplied here."""
-        return self.available and (dtype == torch.float32 or (dtype == torch.bfloat16 and self.bf16))
+        if dtype == torch.bfloat16:
+            return self.bf16
+        return self.available and dtype == torch.float32
 
     @staticmethod
     def pack(weight: torch.Tensor) -> torch.Tensor:
