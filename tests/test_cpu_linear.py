@@ -15,10 +15,14 @@ from ironlm_cpu.tuner import KernelTuner
 
 
 def _runnable_targets() -> list[IsaTarget]:
-    """The host's best target and the generic one (every target this CPU can run that differs
-    in code: AVX-512 builds are compiled, not run, unless the CPU has AVX-512)."""
+    """The host's best target, the AVX2 one below it (an AVX-512 CPU runs the AVX2 build's
+    8-lane code too) and the generic one: every target this CPU can run that differs in code
+    (AVX-512 builds are compiled, not run, unless the CPU has AVX-512)."""
     best = host_target()
-    return [best] if best == GENERIC else [best, GENERIC]
+    if best == GENERIC:
+        return [best]
+    avx2 = host_target("avx2")
+    return [best, GENERIC] if avx2 == best else [best, avx2, GENERIC]
 
 
 @pytest.fixture(scope="module", params=_runnable_targets(), ids=lambda t: t.name)
@@ -41,13 +45,16 @@ def ops(tmp_path_factory: pytest.TempPathFactory) -> CpuLayerOps:
 
 
 @pytest.mark.parametrize("wide", [False, True], ids=["narrow", "wide"])
-@pytest.mark.parametrize("m", [1, 6, 7, 13, 300])
-@pytest.mark.parametrize(("n", "k"), [(16, 8), (48, 40), (576, 1536), (4096, 64)])
+@pytest.mark.parametrize("m", [1, 2, 4, 6, 7, 12, 13, 300])
+@pytest.mark.parametrize(("n", "k"), [(16, 8), (48, 40), (32, 42), (576, 1536), (4096, 64)])
 def test_kernel_matches_torch(
     kernel: PackedLinearKernel, wide: bool, m: int, n: int, k: int
 ) -> None:
     """Both tiles on every runnable target (the wide one is the 16-lane AVX-512 tile; on AVX2
-    and generic builds the same C code runs on 2 or 4 narrower registers per vector)."""
+    and generic builds the same C code runs on 2 or 4 narrower registers per vector). Rows 1
+    (the one-row kernels), up to 6 / 12 (one tile: its own prefetch), 7, 13 and 300 (several
+    tiles); k 42: a tail after the one-row kernels' four k chains; 48 and 4096: an odd panel
+    left for the wide tile."""
     gen = torch.Generator().manual_seed(m * 7919 + n + k)
     w = torch.randn(n, k, generator=gen)
     x = torch.randn(m, k, generator=gen)

@@ -89,7 +89,18 @@ static inline __attribute__((always_inline)) void bf_tile(
             bf_store16(bf_at(y, r * ldy + 16 * q), acc[r][q], bias ? bias + 16 * q : 0);
 }
 
-/* one row: two k chains per panel, so the dot products' latency does not bound the stream */
+/* one row: two k chains per panel, so the dot products' latency does not bound the stream;
+   each panel's stream kicked on once a page (`KICK`: a k pair's panel row is one line),
+   instead of BF_PREFETCH's line per k pair: batch-1 SmolLM2 bf16 replay on the Zen 5 4-5%
+   faster (0.73-0.78 -> 0.78 of the bandwidth bound at 74-79 GB/s, 0.93 -> 0.96 at 45-48);
+   KICK_AHEAD comes from the float32 source this one follows (linear_kernel) */
+#define BF_KICK(Q, KK)                                                                         \
+    do {                                                                                       \
+        _mm_prefetch((const char *)(p + (Q) * ps + 32 * (int64_t)((KK) + KICK_AHEAD)),         \
+                     _MM_HINT_T0);                                                             \
+        _mm_prefetch((const char *)(p + (Q) * ps + 32 * (int64_t)((KK) + KICK_AHEAD + 1)),     \
+                     _MM_HINT_T0);                                                             \
+    } while (0)
 static inline __attribute__((always_inline)) void bf_tile1(
     const int P, const uint16_t *x, const uint16_t *p, int64_t ps, int k2,
     const uint16_t *bias, bf_out y) {
@@ -99,8 +110,7 @@ static inline __attribute__((always_inline)) void bf_tile1(
     for (; kk + 2 <= k2; kk += 2) {
         const __m512bh x0 = BF_PAIR(x, kk), x1 = BF_PAIR(x, kk + 1);
         for (int q = 0; q < P; q++) {
-            BF_PREFETCH(q, kk);
-            BF_PREFETCH(q, kk + 1);
+            if ((kk & 63) == 0) BF_KICK(q, kk);
             a[q] = _mm512_dpbf16_ps(a[q], x0, BF_PANEL_ROW(q, kk));
             b[q] = _mm512_dpbf16_ps(b[q], x1, BF_PANEL_ROW(q, kk + 1));
         }
