@@ -16,7 +16,8 @@ serves every ISA target (``isa``):
   AVX-512, where it has 32 registers; on AVX2 it spills and the tuner leaves it out).
 Work is split over (chunk of x rows, group of panels); the x chunk is sized to stay in L2
 while its panels stream past it. With at most one tile of rows (decode of small batches), each
-thread takes one contiguous run of panels, so it streams the weight at full bandwidth.
+thread takes one contiguous run of panels, so it streams the weight at full bandwidth, asking
+for each page's lines a page ahead of the hardware prefetcher (``KICK`` in the source).
 
 bfloat16 weights are packed as (N/16, K/2, 16, 2): row kk of a panel holds each column's
 weights of inputs 2kk and 2kk+1, the pairs an AVX-512 BF16 ``vdpbf16ps`` multiplies (8 rows x
@@ -56,10 +57,6 @@ typedef float v16 __attribute__((vector_size(64), aligned(4)));
 typedef uint32_t v8u __attribute__((vector_size(32), aligned(4)));
 typedef uint16_t v8h __attribute__((vector_size(16), aligned(2)));
 
-/* One register tile: rows [0, MR) of x times 2 vectors' worth of columns, over all k. The
-   columns come from b0 = p[16 kk + 0 : W] and b1 = p[16 kk + off1 : W]: one 16-column panel
-   as two v8 (narrow, off1 = 8) or two adjacent panels as two v16 (wide, off1 = 16 k). The
-   accumulators are named variables, not arrays: gcc kept arrays in memory (a store per FMA). */
 /* A weight read once from DRAM (a row tile that streams its panels: decode of few rows)
    depends on the hardware prefetcher, which stops at each 4 KiB page and starts again only
    after misses on the next: every 64 lines (a page of a panel) the kernels ask for two lines
@@ -76,6 +73,10 @@ typedef uint16_t v8h __attribute__((vector_size(16), aligned(2)));
         __builtin_prefetch((line) + 16 * KICK_AHEAD + 16, 0, 3);                               \
     } while (0)
 
+/* One register tile: rows [0, MR) of x times 2 vectors' worth of columns, over all k. The
+   columns come from b0 = p[16 kk + 0 : W] and b1 = p[16 kk + off1 : W]: one 16-column panel
+   as two v8 (narrow, off1 = 8) or two adjacent panels as two v16 (wide, off1 = 16 k). The
+   accumulators are named variables, not arrays: gcc kept arrays in memory (a store per FMA). */
 #define DECL(V, I) V a##I = {0}, b##I = {0};
 #define ROW(I)                                                                                 \
     if (rows > I) {                                                                            \
@@ -203,7 +204,7 @@ static void unit(const float *x, const float *wp, const float *bias, float *y, i
     } else if (np == 2 && wide) {
         /* rows split evenly over the tiles: a short last tile (13 rows as 12 + 1) runs on too
            few accumulator chains for its share of the weight (SmolLM2's layer shapes from
-           DRAM, Zen 5: 13-16 rows 1.24-1.48x faster as 7 + 6 ... 8 + 8; from 20 rows within
+           DRAM, Zen 5: 13-16 rows 1.4-1.6x faster as 7 + 6 ... 8 + 8; from 20 rows within
            +-3%; the AVX2 build's narrow tile and the bf16 tile: no gain, not split so) */
         const int tiles = (rows + 11) / 12;
         for (int i = m0, t = 0, mr; i < m1; i += mr, t++) {
