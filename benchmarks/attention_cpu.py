@@ -1,7 +1,8 @@
 """Time the cpu plugin's paged attention against the core's reference backend.
 
 SmolLM2-135M shapes (9 query heads, 3 KV heads, head_dim 64, block 16, float32) on decode batches
-of 1/16/64 sequences at context 128 and 1024, and a prefill of 64 sequences x 64 tokens.
+of 1/16/64 sequences at context 128 and 1024, of 1/2 at 4096, and a prefill of 64 sequences x 64
+tokens.
 Prints milliseconds per layer call (``forward``) for the reference and for ``cpu_paged`` with its
 fused C decode kernel (``native``) and without it (``torch``: gather + SDPA only), the speed-up
 ratios ``reference / cpu_paged``, and ``build_metadata`` per step (shared by all layers).
@@ -75,6 +76,8 @@ def main() -> None:
     for ctx in (128, 1024):
         for n in (1, 16, 64):
             cases.append((f"decode b={n:<2} ctx={ctx:<4}", [ctx - 1] * n, [1] * n))
+    for n in (1, 2):  # few long rows: split along the context (decode_split_src)
+        cases.append((f"decode b={n:<2} ctx=4096", [4095] * n, [1] * n))
     cases.append(("prefill 64 x 64 tokens", [0] * 64, [64] * 64))
     cases.append(("mixed 48 decode + 2x128 prefill chunks",
                   [200 + 4 * i for i in range(48)] + [0, 256], [1] * 48 + [128, 128]))

@@ -401,6 +401,55 @@ def test_decode_touching_leaves_the_outputs_alone(dtype: torch.dtype, window: in
         torch.testing.assert_close(outs[0][i].float(), ref, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("isa", _isa_requests())
+def test_decode_long_rows_split_along_the_context(
+    dtype: torch.dtype, isa: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fewer decode rows than four per thread, with 256+ keys: each row's keys run in pieces
+    on every thread, merged by their log-sum-exp (``decode_split_src``). Against the softmax
+    over each row's (windowed, soft-capped) keys, on every build this CPU runs: one row, two
+    rows of very different lengths (the short one's pieces partly empty), five rows, a window
+    inside the pieces and one longer than the row; with one thread (never split) too."""
+    from ironlm_cpu.decode_kernel import PagedDecodeKernel
+    from ironlm_cpu.isa import host_target
+
+    monkeypatch.setenv("IRONLM_CPU_ISA", isa)
+    kernel = PagedDecodeKernel(host_target())
+    if not kernel.available:
+        pytest.skip(kernel.reason)
+    h, h_kv, d, bs = 9, 3, 64, 16
+    cases = [([1500], None, None), ([2100, 40], 700, None), ([1030, 3000], None, 30.0),
+             ([600], 1800, None), ([300, 900, 257, 1200, 700], 333, None)]  # fmt: skip
+    for seed, (lengths, window, cap) in enumerate(cases):
+        gen = torch.Generator().manual_seed(seed)
+        n, lens = len(lengths), torch.tensor(lengths, dtype=torch.int64)
+        per = -(-int(lens.max()) // bs)
+        tables = torch.randperm(n * per, generator=gen).to(torch.int32).reshape(n, per)
+        cache = torch.randn(2, n * per, bs, h_kv, d, generator=gen).to(dtype)
+        q = torch.randn(n, h, d, generator=gen).to(dtype)
+        for threads in (2, 1):
+            out = torch.zeros_like(q)
+            torch.set_num_threads(threads)
+            try:
+                kernel(q, cache, out, torch.arange(n), lens, tables, int(lens.max()), d**-0.5,
+                       window, cap)
+            finally:
+                torch.set_num_threads(2)
+            for i in range(n):
+                L = int(lens[i])
+                rows = torch.arange(max(0, L - window) if window else 0, L)
+                blk = tables[i, rows // bs].long()
+                k = cache[0, blk, rows % bs].float().repeat_interleave(h // h_kv, dim=1)
+                v = cache[1, blk, rows % bs].float().repeat_interleave(h // h_kv, dim=1)
+                scores = torch.einsum("hd,lhd->hl", q[i].float(), k) * d**-0.5
+                if cap:
+                    scores = cap * torch.tanh(scores / cap)
+                ref = torch.einsum("hl,lhd->hd", torch.softmax(scores, dim=-1), v)
+                tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
+                torch.testing.assert_close(out[i].float(), ref, rtol=tol, atol=tol)
+
+
 def test_touch_budget_reads_the_l2_size(tmp_path: Path) -> None:
     from ironlm_cpu.decode_kernel import touch_budget
 

@@ -4,7 +4,8 @@ Why: on CPU, decode attention is memory-bound. The torch path copies every seque
 into a padded buffer before SDPA reads them again (three passes over the context); this kernel
 reads each key and value row once, straight from the paged cache, block by block, with no
 padding. Measured here (benchmarks/attention_cpu.py) it is about 2x faster than gather + SDPA.
-Work items (a sequence, or a sequence's KV head when there are few sequences) are scheduled
+Work items (a sequence, or a sequence's KV head when there are few sequences, or a piece of
+a long sequence's keys when there are few: ``decode_split_src``) are scheduled
 dynamically over an OpenMP team that is torch's own: the library links libgomp.so.1, which the
 loader resolves to the copy torch has already loaded, so torch's idle workers take the items
 instead of spinning beside extra threads (separate pthreads ran slower than one thread here).

@@ -4,6 +4,7 @@ a vectorised softmax, and the weighted values; float32 and bf16 caches."""
 
 from ironlm_cpu.decode_512_src import AVX512_ATTEND_SOURCE
 from ironlm_cpu.decode_bf16_src import BF16_ATTEND_SOURCE
+from ironlm_cpu.decode_split_src import SPLIT_SOURCE
 from ironlm_cpu.prefill_bf16_src import PREFILL_BF16_SOURCE
 from ironlm_cpu.vexp_src import VEXP_SOURCE
 
@@ -30,6 +31,8 @@ typedef struct {
     float scale, cap;
     int64_t touch_item_bytes; /* K + V bytes of an item touched whole (touch_items):
                                  the caller's share of this core's L2 */
+    float *lse; /* (h,) or NULL: each head's log-sum-exp of its scores, stored by the softmax
+                   (a chunk of a split row: decode_split_src) */
 } job_t;
 
 static inline float hsum(v8 a) {
@@ -174,8 +177,9 @@ static inline const float *stage_bf16(const uint16_t *src, int64_t row, int64_t 
     return buf;
 }
 
-/* Softmax of one query head's n scores in place (after the soft cap, when cap > 0). */
-static void softmax(float *sg, int64_t n, float cap) {
+/* Softmax of one query head's n scores in place (after the soft cap, when cap > 0); lse, when
+   not NULL, gets the scores' log-sum-exp (max + log of the sum of exponentials). */
+static void softmax(float *sg, int64_t n, float cap, float *lse) {
     float mx = -INFINITY, tot = 0;
     if (cap > 0)
         for (int64_t p = 0; p < n; p++) sg[p] = cap * tanhf(sg[p] / cap);
@@ -191,6 +195,7 @@ static void softmax(float *sg, int64_t n, float cap) {
     }
     for (; p < n; p++) { sg[p] = exp_neg(sg[p] - mx); tot += sg[p]; }
     tot += hsum(t8);
+    if (lse) *lse = mx + logf(tot);
     const float inv = 1.0f / tot;
     for (p = 0; p < n; p++) sg[p] *= inv;
 }
@@ -327,7 +332,8 @@ static void attend##SFX(const job_t *j, int s, int hk0, int hk1, const float *q,
             }                                                                                \
         }                                                                                    \
     }                                                                                        \
-    for (int g = g0; g < g1; g++) softmax(scores + g * ml, len - start, j->cap);             \
+    for (int g = g0; g < g1; g++)                                                            \
+        softmax(scores + g * ml, len - start, j->cap, j->lse ? j->lse + g : NULL);           \
     /* pass 2: out_g = sum_p w[g][p] v_p, block by block */                                  \
     memset(acc + g0 * nv, 0, sizeof(float) * (size_t)(g1 - g0) * d);                         \
     for (int64_t blk = start / bs; blk * bs < len; blk++) {                                  \
@@ -348,13 +354,14 @@ ATTEND(_f32, float)
 ATTEND(_bf16, uint16_t)
 """ + AVX512_ATTEND_SOURCE + BF16_ATTEND_SOURCE + PREFILL_BF16_SOURCE + r"""
 
-/* One work item: the float32 query row (a bf16 one widened into qbuf), attention, and the
-   output heads [g0, g1) stored in the output's dtype (bf16 rounded to nearest even). */
-static void item(const job_t *j, int bf16, int s, int hk0, int hk1, float *scores, v8 *acc,
-                 float *qbuf, float *buf) {
+/* Attention of row s's query heads for KV heads [hk0, hk1) into acc, float32 (heads g0..g1 at
+   g * d): the query row as float32 (a bf16 one widened into qbuf), the body this build has. */
+static void attend_row(const job_t *j, int bf16, int s, int hk0, int hk1, float *scores,
+                       v8 *acc, float *qbuf, float *buf) {
     const int d = j->d, gq = j->h / j->h_kv, g0 = hk0 * gq, g1 = hk1 * gq;
     const int64_t row0 = j->tokens[s] * j->h * d;  /* the sequence's first q/out element */
     float *a = (float *)acc;
+    (void)a;
     if (!bf16) {
 #ifdef HAVE_ATTEND_512_F32
         if (d % 64 == 0 && d / 16 <= ATTEND_512_MAX_NQ) /* 16-lane FMAs (decode_512_src) */
@@ -362,8 +369,6 @@ static void item(const job_t *j, int bf16, int s, int hk0, int hk1, float *score
         else
 #endif
         attend_f32(j, s, hk0, hk1, (const float *)j->q + row0, scores, acc, NULL);
-        float *o = (float *)j->out + row0;
-        memcpy(o + g0 * d, a + g0 * d, sizeof(float) * (size_t)(g1 - g0) * d);
         return;
     }
     const uint16_t *q = (const uint16_t *)j->q + row0;
@@ -379,9 +384,28 @@ static void item(const job_t *j, int bf16, int s, int hk0, int hk1, float *score
         }
         attend_bf16(j, s, hk0, hk1, qbuf, scores, acc, buf);
     }
-    uint16_t *o = (uint16_t *)j->out + row0;
-    for (int64_t e = (int64_t)g0 * d; e < (int64_t)g1 * d; e++) o[e] = f32_bf16(a[e]);
 }
+
+/* Heads [g0, g1) of row s's output from float32 values (bf16 rounded to nearest even) */
+static void store_heads(const job_t *j, int bf16, int s, int g0, int g1, const float *a) {
+    const int64_t row0 = j->tokens[s] * j->h * j->d, e0 = (int64_t)g0 * j->d;
+    const int64_t e1 = (int64_t)g1 * j->d;
+    if (!bf16) {
+        memcpy((float *)j->out + row0 + e0, a + e0, sizeof(float) * (size_t)(e1 - e0));
+        return;
+    }
+    uint16_t *o = (uint16_t *)j->out + row0;
+    for (int64_t e = e0; e < e1; e++) o[e] = f32_bf16(a[e]);
+}
+
+/* One work item: attention of row s for KV heads [hk0, hk1), stored in the output's dtype */
+static void item(const job_t *j, int bf16, int s, int hk0, int hk1, float *scores, v8 *acc,
+                 float *qbuf, float *buf) {
+    const int gq = j->h / j->h_kv;
+    attend_row(j, bf16, s, hk0, hk1, scores, acc, qbuf, buf);
+    store_heads(j, bf16, s, hk0 * gq, hk1 * gq, (const float *)acc);
+}
+""" + SPLIT_SOURCE + r"""
 
 /* Returns 0 on success, 1 when a thread could not allocate its scratch. Work items are
    (sequence, KV-head range), handed out dynamically (prefill rows: in contiguous runs, below;
@@ -392,11 +416,26 @@ static void item(const job_t *j, int bf16, int s, int hk0, int hk1, float *score
 #define ROW_COST 16 /* a row's fixed work (query, softmax, output) in keys' worth */
 static int paged_decode(const job_t *j, int bf16, int threads) {
     const int n = j->n, h = j->h, h_kv = j->h_kv, d = j->d, max_len = j->max_len;
-    /* few sequences: one work item per (sequence, KV head) so every thread has work */
-    const int heads_per_item = n >= 4 * threads ? h_kv : 1;
+    /* few long rows: each row's keys in runs, every KV head of a run together (one dense
+       stream), merged after (decode_split_src); else few rows: one work item per (row, KV
+       head) so every thread has work */
+    const int runs = split_runs(j, threads);
+    const int heads_per_item = runs > 1 || n >= 4 * threads ? h_kv : 1;
     const int per_seq = h_kv / heads_per_item, items = n * per_seq;
     const size_t esize = bf16 ? sizeof(uint16_t) : sizeof(float);
     int failed = 0, tiles = 0, *starts = NULL, *ends = NULL;
+    float *part = NULL, *lse_all = NULL;
+    if (runs > 1) {
+        const size_t heads = (size_t)items * runs * heads_per_item * (h / h_kv);
+        part = malloc(sizeof(float) * heads * d);
+        lse_all = malloc(sizeof(float) * heads);
+        if (part == NULL || lse_all == NULL) {
+            free(part);
+            free(lse_all);
+            return 1;
+        }
+    }
+    const int work = items * runs;
     unsigned char *tiled = NULL; /* rows a prefill tile attends (prefill_bf16_src) */
 #ifdef HAVE_PREFILL_TILES
     if (pf_fits(j, bf16)) {
@@ -413,7 +452,7 @@ static int paged_decode(const job_t *j, int bf16, int threads) {
     }
     const int64_t pf_ml = ((int64_t)max_len + 15) / 16 * 16; /* a tile's score row stride */
 #endif
-    #pragma omp parallel num_threads(threads > items ? (items > 0 ? items : 1) : threads) \
+    #pragma omp parallel num_threads(threads > work ? (work > 0 ? work : 1) : threads) \
         reduction(|: failed)
     {
         float *scores = malloc(sizeof(float) * (size_t)h * max_len);
@@ -436,7 +475,11 @@ static int paged_decode(const job_t *j, int bf16, int threads) {
         free(sc);
 #endif
         if (!ok) failed = 1;
-        if (j->table_of != NULL && per_seq == 1) {
+        if (runs > 1) {
+            if (split_rows(j, bf16, per_seq, heads_per_item, runs, part, lse_all, scores, acc,
+                           qbuf, buf))
+                failed = 1;
+        } else if (j->table_of != NULL && per_seq == 1) {
             /* prefill rows: each thread a contiguous run of rows with an equal share of the
                keys (a row costs its keys plus ROW_COST): the rows' queries come from, and
                their outputs go to, ops that split rows the same way, so they stay in this
@@ -485,6 +528,8 @@ static int paged_decode(const job_t *j, int bf16, int threads) {
     free(starts);
     free(ends);
     free(tiled);
+    free(part);
+    free(lse_all);
     return failed;
 }
 
@@ -496,7 +541,7 @@ int ironlm_paged_decode##SFX(const T *q, const T *kc, const T *vc, T *out,      
                              int h_kv, int d, int bs, int window, int max_len, float scale,  \
                              float cap, int threads, int64_t touch_item_bytes) {             \
     const job_t j = {q, kc, vc, out, tokens, lens, tables, table_stride, table_of, n, h,     \
-                     h_kv, d, bs, window, max_len, scale, cap, touch_item_bytes};            \
+                     h_kv, d, bs, window, max_len, scale, cap, touch_item_bytes, NULL};      \
     return paged_decode(&j, BF16, threads);                                                  \
 }
 DECODE_ENTRY(_f32, float, 0)
