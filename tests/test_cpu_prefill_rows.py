@@ -44,7 +44,7 @@ def test_prefill_rows_match_reference(
     cache = torch.zeros(2, 4, 16, kv, head_dim, dtype=dtype)
     assert _kernel_fits(layer, torch.zeros(1, h, head_dim, dtype=dtype), cache)
     _compare([3], [1], h, kv, head_dim, 16, dtype, None, None, 0, cpu)  # first forward: choices
-    assert cpu._row_keys == BUCKETS[-1][1], cpu.prefill_path  # forced: C rows up to 2048 keys
+    assert cpu._row_keys == BUCKETS[-1][1], cpu.prefill_path  # forced: C rows up to 4096 keys
     for seed, (ctx, qs, window, cap) in enumerate(CASES):
         meta = cpu.build_metadata(_batch(ctx, qs))
         rows = meta.buckets[0].decode

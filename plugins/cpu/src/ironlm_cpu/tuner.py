@@ -19,7 +19,7 @@ Switches: ``IRONLM_CPU_KERNELS=op=impl[,op=impl]`` forces a choice (e.g. ``linea
 ``rms_norm=c``, ``decode_attention=torch``, ``prefill_attention=c``); ``IRONLM_CPU_TUNE=0``
 measures nothing and takes each op's default (the C kernel where it runs; torch for prefill
 attention); ``prefill_attention`` applies where decode attention runs on the C kernel, and
-``=c`` sends prompts up to the longest measured length (2048 keys) to it;
+``=c`` sends prompts up to the longest measured length (4096 keys) to it;
 ``IRONLM_CPU_TUNE=refresh`` measures again,
 ignoring the cache and the load. On a busy machine (load average per core above ``BUSY``)
 nothing is measured: each op takes its default for this process and is measured at a later,
@@ -52,7 +52,7 @@ KNOWN_OPS: dict[str, tuple[str, ...]] = {
 ROUNDS = 3
 BUDGET_S = 10.0  # measuring time per process (per tuner); past it, ops take their default
 BUSY = 0.75  # load per core above which a measurement is redone once the machine is quieter
-VERSION = 9  # bump when candidates, kernels or the decision rule change: old entries are ignored
+VERSION = 10  # bump when candidates, kernels or the decision rule change: old entries are ignored
 
 
 def parse_forced(value: str | None, known: dict[str, tuple[str, ...]]) -> dict[str, str]:
