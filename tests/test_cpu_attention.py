@@ -407,7 +407,7 @@ def test_decode_long_rows_split_along_the_context(
     dtype: torch.dtype, isa: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Fewer decode rows than four per thread, with 256+ keys: each row's keys run in pieces
-    on every thread, merged by their log-sum-exp (``decode_split_src``). Against the softmax
+    on every thread, merged by their max scores and sums (``decode_split_src``). Against the softmax
     over each row's (windowed, soft-capped) keys, on every build this CPU runs: one row, two
     rows of very different lengths (the short one's pieces partly empty), five rows, a window
     inside the pieces and one longer than the row; with one thread (never split) too."""
@@ -448,6 +448,40 @@ def test_decode_long_rows_split_along_the_context(
                 ref = torch.einsum("hl,lhd->hd", torch.softmax(scores, dim=-1), v)
                 tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
                 torch.testing.assert_close(out[i].float(), ref, rtol=tol, atol=tol)
+
+
+_SCRATCH_REFUSED = """
+import torch
+from ironlm_cpu.decode_kernel import PagedDecodeKernel
+torch.set_num_threads(2)
+h, h_kv, d, bs, L = 32, 4, 64, 16, 2048
+q, lens = torch.randn(1, h, d), torch.tensor([L])
+tables = torch.arange(L // bs, dtype=torch.int32).reshape(1, -1)
+try:  # scores scratch: h * max_len floats, 256 GiB
+    PagedDecodeKernel()(q, torch.randn(2, L // bs, bs, h_kv, d), torch.zeros_like(q),
+                        torch.arange(1), lens, tables, 2**31 - 1, d**-0.5, None, None)
+    print("returned")
+except MemoryError:
+    print("MemoryError")
+"""
+
+
+def test_split_rows_survive_a_refused_scratch() -> None:
+    """A long row on two threads takes the split path; when a thread's scratch cannot be had
+    (a max_len far past any row: 256 GiB of scores), the call raises MemoryError, or returns
+    where the system grants the memory, but never crashes the process (it did, found in
+    review: the split path ran on the missing scratch)."""
+    import subprocess
+    import sys
+
+    from ironlm_cpu.decode_kernel import PagedDecodeKernel
+
+    if not PagedDecodeKernel().available:
+        pytest.skip("no C decode kernel here")
+    run = subprocess.run([sys.executable, "-c", _SCRATCH_REFUSED], capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip() in ("MemoryError", "returned"), run.stdout
 
 
 def test_touch_budget_reads_the_l2_size(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """SmolLM2 decoding after a long prompt on the cpu platform: the C decode attention, whose rows
-of 256+ keys run in pieces on both threads and are merged by their log-sum-exp
+of 256+ keys run in pieces on both threads and are merged by their max scores and sums
 (``decode_split_src``), against torch's decode attention on the same model."""
 
 from __future__ import annotations

@@ -55,10 +55,10 @@ static inline __attribute__((always_inline)) __m512 hsum16x16(const __m512 *a) {
 }
 
 /* softmax (decode_kernel_src) on 16 lanes, exp by vexp_src's vexp512; the soft cap, when
-   set, by the portable one; lse as there */
-static void softmax_512(float *sg, int64_t n, float cap, float *lse) {
+   set, by the portable one; stats as there */
+static void softmax_512(float *sg, int64_t n, float cap, float *stats) {
     if (cap > 0) {
-        softmax(sg, n, cap, lse);
+        softmax(sg, n, cap, stats);
         return;
     }
     __m512 m = _mm512_set1_ps(-INFINITY), t = _mm512_setzero_ps();
@@ -75,7 +75,10 @@ static void softmax_512(float *sg, int64_t n, float cap, float *lse) {
     float tot = 0;
     for (; p < n; p++) { sg[p] = exp_neg(sg[p] - mx); tot += sg[p]; }
     tot += _mm512_reduce_add_ps(t);
-    if (lse) *lse = mx + logf(tot);
+    if (stats) {
+        stats[0] = mx;
+        stats[1] = tot;
+    }
     const __m512 inv = _mm512_set1_ps(1.0f / tot);
     for (p = 0; p + 16 <= n; p += 16)
         _mm512_storeu_ps(sg + p, _mm512_mul_ps(_mm512_loadu_ps(sg + p), inv));
@@ -202,7 +205,7 @@ static void attend_512##SFX(const job_t *j, int s, int hk0, int hk1, const T *q,
         }                                                                                      \
     }                                                                                          \
     for (int g = g0; g < g1; g++)                                                              \
-        softmax_512(scores + g * ml, len - start, j->cap, j->lse ? j->lse + g : NULL);         \
+        softmax_512(scores + g * ml, len - start, j->cap, j->stats ? j->stats + 2 * g : NULL); \
     memset(acc + g0 * d, 0, sizeof(float) * (size_t)(g1 - g0) * d);                            \
     for (int64_t blk = start / bs; blk * bs < len; blk++) { /* pass 2: weighted values */      \
         int64_t p0, p1;                                                                        \

@@ -31,8 +31,8 @@ typedef struct {
     float scale, cap;
     int64_t touch_item_bytes; /* K + V bytes of an item touched whole (touch_items):
                                  the caller's share of this core's L2 */
-    float *lse; /* (h,) or NULL: each head's log-sum-exp of its scores, stored by the softmax
-                   (a chunk of a split row: decode_split_src) */
+    float *stats; /* (h, 2) or NULL: per head the softmax's max score and sum of exp(score -
+                     max), stored by the softmax (a piece of a split row: decode_split_src) */
 } job_t;
 
 static inline float hsum(v8 a) {
@@ -177,9 +177,9 @@ static inline const float *stage_bf16(const uint16_t *src, int64_t row, int64_t 
     return buf;
 }
 
-/* Softmax of one query head's n scores in place (after the soft cap, when cap > 0); lse, when
-   not NULL, gets the scores' log-sum-exp (max + log of the sum of exponentials). */
-static void softmax(float *sg, int64_t n, float cap, float *lse) {
+/* Softmax of one query head's n scores in place (after the soft cap, when cap > 0); stats,
+   when not NULL, gets the max score and the sum of exp(score - max). */
+static void softmax(float *sg, int64_t n, float cap, float *stats) {
     float mx = -INFINITY, tot = 0;
     if (cap > 0)
         for (int64_t p = 0; p < n; p++) sg[p] = cap * tanhf(sg[p] / cap);
@@ -195,7 +195,10 @@ static void softmax(float *sg, int64_t n, float cap, float *lse) {
     }
     for (; p < n; p++) { sg[p] = exp_neg(sg[p] - mx); tot += sg[p]; }
     tot += hsum(t8);
-    if (lse) *lse = mx + logf(tot);
+    if (stats) {
+        stats[0] = mx;
+        stats[1] = tot;
+    }
     const float inv = 1.0f / tot;
     for (p = 0; p < n; p++) sg[p] *= inv;
 }
@@ -333,7 +336,7 @@ static void attend##SFX(const job_t *j, int s, int hk0, int hk1, const float *q,
         }                                                                                    \
     }                                                                                        \
     for (int g = g0; g < g1; g++)                                                            \
-        softmax(scores + g * ml, len - start, j->cap, j->lse ? j->lse + g : NULL);           \
+        softmax(scores + g * ml, len - start, j->cap, j->stats ? j->stats + 2 * g : NULL);   \
     /* pass 2: out_g = sum_p w[g][p] v_p, block by block */                                  \
     memset(acc + g0 * nv, 0, sizeof(float) * (size_t)(g1 - g0) * d);                         \
     for (int64_t blk = start / bs; blk * bs < len; blk++) {                                  \
@@ -424,14 +427,14 @@ static int paged_decode(const job_t *j, int bf16, int threads) {
     const int per_seq = h_kv / heads_per_item, items = n * per_seq;
     const size_t esize = bf16 ? sizeof(uint16_t) : sizeof(float);
     int failed = 0, tiles = 0, *starts = NULL, *ends = NULL;
-    float *part = NULL, *lse_all = NULL;
+    float *part = NULL, *stats = NULL; /* split rows: every piece's heads (decode_split_src) */
     if (runs > 1) {
-        const size_t heads = (size_t)items * runs * heads_per_item * (h / h_kv);
+        const size_t heads = (size_t)n * runs * h;
         part = malloc(sizeof(float) * heads * d);
-        lse_all = malloc(sizeof(float) * heads);
-        if (part == NULL || lse_all == NULL) {
+        stats = malloc(sizeof(float) * heads * 2);
+        if (part == NULL || stats == NULL) {
             free(part);
-            free(lse_all);
+            free(stats);
             return 1;
         }
     }
@@ -476,9 +479,7 @@ static int paged_decode(const job_t *j, int bf16, int threads) {
 #endif
         if (!ok) failed = 1;
         if (runs > 1) {
-            if (split_rows(j, bf16, per_seq, heads_per_item, runs, part, lse_all, scores, acc,
-                           qbuf, buf))
-                failed = 1;
+            if (split_rows(j, bf16, runs, part, stats, ok, scores, acc, qbuf, buf)) failed = 1;
         } else if (j->table_of != NULL && per_seq == 1) {
             /* prefill rows: each thread a contiguous run of rows with an equal share of the
                keys (a row costs its keys plus ROW_COST): the rows' queries come from, and
@@ -529,7 +530,7 @@ static int paged_decode(const job_t *j, int bf16, int threads) {
     free(ends);
     free(tiled);
     free(part);
-    free(lse_all);
+    free(stats);
     return failed;
 }
 

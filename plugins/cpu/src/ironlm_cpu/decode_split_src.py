@@ -11,9 +11,10 @@ How ("flash decoding"): each row's keys are cut into ``runs`` pieces of at least
 ``SPLIT_ROWS`` keys, every KV head of a piece together (whole cache rows: one dense stream);
 each (row, piece) is a work item, attended by the ordinary bodies through a copy of the job
 whose row ends at the piece's end and whose window starts at its start, the softmax storing
-each head's log-sum-exp. A second loop merges each row's pieces: out = sum_c exp(lse_c - M)
-out_c / sum_c exp(lse_c - M), M the largest lse_c, in float32, then stores it in the output's
-dtype. Prefill rows (``table_of``) are never split. Same setting, us a layer before -> after,
+each head's max score m_c and sum of exponentials t_c. A second loop merges each row's pieces:
+out = sum_c w_c out_c / sum_c w_c, w_c = t_c exp(m_c - M), M the largest m_c, in float32 (the
+max and the sum kept apart: a log-sum-exp in one float loses an ulp of the max), then stores
+it in the output's dtype. Prefill rows (``table_of``) are never split. Same setting, us a layer before -> after,
 bf16 / float32: 1 row of 1024 keys 50 -> 26 / 108 -> 48, of 4096 238 -> 113 / 414 -> 199; 2
 rows of 4096 392 -> 206 / 790 -> 404; 4 rows of 1024 176 -> 95 / 357 -> 197; 1 row of 256:
 even. SPLIT_ROWS 128 against 256 and 512: faster or even at every length from 256 to 1024
@@ -39,69 +40,68 @@ static int split_runs(const job_t *j, int threads) {
     return runs > 1 ? (int)runs : 1;
 }
 
-/* Inside the caller's parallel region: every (item, run) attended into part / lse (shared:
-   items * runs * span heads, span = the query heads of an item), then every item merged and
-   stored. Returns 0, or 1 when this thread could not allocate its scratch. */
-static int split_rows(const job_t *j, int bf16, int per_seq, int heads_per_item, int runs,
-                      float *part, float *lse_all, float *scores, v8 *acc, float *qbuf,
-                      float *buf) {
-    const int items = j->n * per_seq, gq = j->h / j->h_kv, d = j->d;
-    const int span = heads_per_item * gq;
+/* Inside the caller's parallel region: every (row, piece) attended, every KV head of it, into
+   part (n * runs * h heads of d floats) and stats (each head's max score and sum of
+   exponentials), then every row merged and stored. ok: this thread's scratch (scores, acc,
+   ...) exists; a thread without it still meets both loops' barriers but skips their work.
+   Returns 0, or 1 when this thread had no scratch. */
+static int split_rows(const job_t *j, int bf16, int runs, float *part, float *stats, int ok,
+                      float *scores, v8 *acc, float *qbuf, float *buf) {
+    const int h = j->h, d = j->d, all = j->h_kv;
     const size_t esize = bf16 ? sizeof(uint16_t) : sizeof(float);
     int64_t *lens = malloc(sizeof(int64_t) * (size_t)j->n); /* this thread's row ends */
-    float *lse = malloc(sizeof(float) * (size_t)j->h);
-    const int ok = lens != NULL && lse != NULL;
+    float *mine = malloc(sizeof(float) * 2 * (size_t)h);      /* the softmax's stats */
+    ok = ok && lens != NULL && mine != NULL;
     if (ok) memcpy(lens, j->lens, sizeof(int64_t) * (size_t)j->n);
     #pragma omp for schedule(dynamic, 1)
-    for (int w = 0; w < items * runs; w++) {
-        const int it = w / runs, c = w % runs, s = it / per_seq;
-        int hk0 = (it % per_seq) * heads_per_item, hk1 = hk0 + heads_per_item;
-        float *ls = lse_all + (int64_t)w * span, *pt = part + (int64_t)w * span * d;
+    for (int w = 0; w < j->n * runs; w++) {
+        int s = w / runs, c = w % runs, hk0 = 0;
+        float *sw = stats + (int64_t)w * 2 * h, *pw = part + (int64_t)w * h * d;
         const int64_t st = item_start(j, s), len = j->lens[s];
         const int64_t c0 = st + (len - st) * c / runs, c1 = st + (len - st) * (c + 1) / runs;
-        if (!ok || c1 <= c0) { /* an empty run (or no scratch): weight 0 in the merge */
-            for (int g = 0; g < span; g++) ls[g] = -INFINITY;
+        if (!ok || c1 <= c0) { /* an empty piece (or no scratch): weight 0 in the merge */
+            for (int g = 0; g < h; g++) sw[2 * g] = -INFINITY, sw[2 * g + 1] = 0.0f;
             continue;
         }
-        job_t run = *j; /* the row ends at c1; its window starts at c0 (item_start) */
+        job_t piece = *j; /* the row ends at c1; its window starts at c0 (item_start) */
         lens[s] = c1;
-        run.lens = lens;
-        run.window = (int)(c1 - c0);
-        run.lse = lse;
-        touch_items(&run, esize, 1, &s, &hk0, &hk1);
-        attend_row(&run, bf16, s, hk0, hk1, scores, acc, qbuf, buf);
+        piece.lens = lens;
+        piece.window = (int)(c1 - c0);
+        piece.stats = mine;
+        touch_items(&piece, esize, 1, &s, &hk0, &all);
+        attend_row(&piece, bf16, s, 0, all, scores, acc, qbuf, buf);
         lens[s] = len;
-        memcpy(ls, lse + hk0 * gq, sizeof(float) * (size_t)span);
-        memcpy(pt, (const float *)acc + (int64_t)hk0 * gq * d, sizeof(float) * (size_t)span * d);
+        memcpy(sw, mine, sizeof(float) * 2 * (size_t)h);
+        memcpy(pw, acc, sizeof(float) * (size_t)h * d);
     }
-    /* (the loop's barrier: every run is in part / lse_all) */
+    /* (the loop's barrier: every piece is in part / stats) */
     #pragma omp for schedule(static)
-    for (int it = 0; it < items; it++) {
-        const int s = it / per_seq, g0 = (it % per_seq) * heads_per_item * gq;
-        float *a = (float *)acc;
-        for (int g = 0; g < span; g++) {
+    for (int s = 0; s < j->n; s++) {
+        if (!ok) continue;
+        float *o = (float *)acc;
+        for (int g = 0; g < h; g++) {
             float top = -INFINITY, tot = 0.0f;
             for (int c = 0; c < runs; c++) {
-                const float l = lse_all[((int64_t)it * runs + c) * span + g];
-                top = l > top ? l : top;
+                const float m = stats[(((int64_t)s * runs + c) * h + g) * 2];
+                top = m > top ? m : top;
             }
-            float *o = a + (int64_t)(g0 + g) * d;
-            memset(o, 0, sizeof(float) * (size_t)d);
-            for (int c = 0; c < runs; c++) {
-                const int64_t w = (int64_t)it * runs + c;
-                if (lse_all[w * span + g] == -INFINITY) continue;
-                const float wt = expf(lse_all[w * span + g] - top);
-                const float *pc = part + (w * span + g) * d;
+            float *og = o + (int64_t)g * d;
+            memset(og, 0, sizeof(float) * (size_t)d);
+            for (int c = 0; c < runs; c++) { /* piece c: normalized over its sum, so weighted by it */
+                const int64_t hc = ((int64_t)s * runs + c) * h + g;
+                if (stats[2 * hc + 1] == 0.0f) continue;
+                const float wt = stats[2 * hc + 1] * expf(stats[2 * hc] - top);
+                const float *pc = part + hc * d;
                 tot += wt;
-                for (int e = 0; e < d; e++) o[e] += wt * pc[e];
+                for (int e = 0; e < d; e++) og[e] += wt * pc[e];
             }
             const float inv = 1.0f / tot;
-            for (int e = 0; e < d; e++) o[e] *= inv;
+            for (int e = 0; e < d; e++) og[e] *= inv;
         }
-        store_heads(j, bf16, s, g0, g0 + span, a);
+        store_heads(j, bf16, s, 0, h, o);
     }
     free(lens);
-    free(lse);
+    free(mine);
     return !ok;
 }
 """
