@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -357,6 +358,55 @@ def test_decode_kernel_builds_match_reference(
     _compare(list(range(7, 40, 3)), [1] * 11, h, kv, head_dim, 16, dtype, 25, None, 6, cpu)
 
 
+def _paged_rows(
+    lengths: list[int], h: int, h_kv: int, d: int, bs: int, dtype: torch.dtype, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(lens, tables, cache, q) of one decode row per length, blocks scattered over the cache"""
+    gen = torch.Generator().manual_seed(seed)
+    n, lens = len(lengths), torch.tensor(lengths, dtype=torch.int64)
+    per = -(-int(lens.max()) // bs)
+    tables = torch.randperm(n * per, generator=gen).to(torch.int32).reshape(n, per)
+    cache = torch.randn(2, n * per, bs, h_kv, d, generator=gen).to(dtype)
+    return lens, tables, cache, torch.randn(n, h, d, generator=gen).to(dtype)
+
+
+def _decode_on(
+    kernel: Any, threads: int, rows: tuple[torch.Tensor, ...], window: int | None,
+    cap: float | None,
+) -> torch.Tensor:  # fmt: skip
+    """The decode kernel's output for ``_paged_rows`` on ``threads`` threads"""
+    lens, tables, cache, q = rows
+    out = torch.zeros_like(q)
+    torch.set_num_threads(threads)
+    try:
+        kernel(q, cache, out, torch.arange(q.shape[0]), lens, tables, int(lens.max()),
+               q.shape[-1] ** -0.5, window, cap)  # fmt: skip
+    finally:
+        torch.set_num_threads(2)
+    return out
+
+
+def _assert_matches_softmax(
+    out: torch.Tensor, rows: tuple[torch.Tensor, ...], bs: int, window: int | None,
+    cap: float | None,
+) -> None:  # fmt: skip
+    """Each row against the softmax over its sequence's (windowed, soft-capped) keys"""
+    lens, tables, cache, q = rows
+    h, h_kv, d = q.shape[1], cache.shape[3], q.shape[2]
+    for i in range(q.shape[0]):
+        L = int(lens[i])
+        keys = torch.arange(max(0, L - window) if window else 0, L)
+        blk = tables[i, keys // bs].long()
+        k = cache[0, blk, keys % bs].float().repeat_interleave(h // h_kv, dim=1)  # (L, h, d)
+        v = cache[1, blk, keys % bs].float().repeat_interleave(h // h_kv, dim=1)
+        scores = torch.einsum("hd,lhd->hl", q[i].float(), k) * d**-0.5
+        if cap:
+            scores = cap * torch.tanh(scores / cap)
+        ref = torch.einsum("hl,lhd->hd", torch.softmax(scores, dim=-1), v)
+        tol = 1e-2 if q.dtype == torch.bfloat16 else 1e-5
+        torch.testing.assert_close(out[i].float(), ref, rtol=tol, atol=tol)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("window", [None, 40])
 def test_decode_touching_leaves_the_outputs_alone(dtype: torch.dtype, window: int | None) -> None:
@@ -368,37 +418,14 @@ def test_decode_touching_leaves_the_outputs_alone(dtype: torch.dtype, window: in
     kernel = PagedDecodeKernel()
     if not kernel.available:
         pytest.skip(kernel.reason)
-    gen = torch.Generator().manual_seed(5)
-    n, h, h_kv, d, bs = 12, 6, 2, 64, 16
-    lens = torch.tensor([1, 7, 16, 17, 40, 55, 64, 90, 100, 31, 3, 77], dtype=torch.int64)
-    per = -(-int(lens.max()) // bs)
-    tables = torch.randperm(n * per, generator=gen).to(torch.int32).reshape(n, per)
-    cache = torch.randn(2, n * per, bs, h_kv, d, generator=gen).to(dtype)
-    q = torch.randn(n, h, d, generator=gen).to(dtype)
+    bs = 16
+    rows = _paged_rows([1, 7, 16, 17, 40, 55, 64, 90, 100, 31, 3, 77], 6, 2, 64, bs, dtype, 5)
     outs = []
     for budget in (0, 1 << 30, 8 * 1024):  # never whole; always (pairs); some items only
         kernel.touch_item_bytes = budget
-        for threads in (1, 2, 7):
-            out = torch.zeros_like(q)
-            torch.set_num_threads(threads)
-            try:
-                kernel(q, cache, out, torch.arange(n), lens, tables, int(lens.max()), d**-0.5,
-                       window, None)
-            finally:
-                torch.set_num_threads(2)
-            outs.append(out)
+        outs += [_decode_on(kernel, threads, rows, window, None) for threads in (1, 2, 7)]
     assert all(torch.equal(o, outs[0]) for o in outs[1:])
-    for i in range(n):  # the reference: softmax over the sequence's (windowed) keys
-        L = int(lens[i])
-        lo = max(0, L - window) if window else 0
-        rows = torch.arange(lo, L)
-        blk = tables[i, rows // bs].long()
-        k = cache[0, blk, rows % bs].float().repeat_interleave(h // h_kv, dim=1)  # (L, h, d)
-        v = cache[1, blk, rows % bs].float().repeat_interleave(h // h_kv, dim=1)
-        w = torch.softmax(torch.einsum("hd,lhd->hl", q[i].float(), k) * d**-0.5, dim=-1)
-        ref = torch.einsum("hl,lhd->hd", w, v)
-        tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
-        torch.testing.assert_close(outs[0][i].float(), ref, rtol=tol, atol=tol)
+    _assert_matches_softmax(outs[0], rows, bs, window, None)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
@@ -407,10 +434,10 @@ def test_decode_long_rows_split_along_the_context(
     dtype: torch.dtype, isa: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Fewer decode rows than four per thread, with 256+ keys: each row's keys run in pieces
-    on every thread, merged by their max scores and sums (``decode_split_src``). Against the softmax
-    over each row's (windowed, soft-capped) keys, on every build this CPU runs: one row, two
-    rows of very different lengths (the short one's pieces partly empty), five rows, a window
-    inside the pieces and one longer than the row; with one thread (never split) too."""
+    on every thread, merged by their max scores and sums (``decode_split_src``). Against the
+    softmax over each row's (windowed, soft-capped) keys, on every build this CPU runs: one
+    row, two rows of very different lengths (the short one's pieces partly empty), five rows,
+    a window inside the pieces and one longer than the row; with one thread (never split)."""
     from ironlm_cpu.decode_kernel import PagedDecodeKernel
     from ironlm_cpu.isa import host_target
 
@@ -418,36 +445,14 @@ def test_decode_long_rows_split_along_the_context(
     kernel = PagedDecodeKernel(host_target())
     if not kernel.available:
         pytest.skip(kernel.reason)
-    h, h_kv, d, bs = 9, 3, 64, 16
+    bs = 16
     cases = [([1500], None, None), ([2100, 40], 700, None), ([1030, 3000], None, 30.0),
              ([600], 1800, None), ([300, 900, 257, 1200, 700], 333, None)]  # fmt: skip
     for seed, (lengths, window, cap) in enumerate(cases):
-        gen = torch.Generator().manual_seed(seed)
-        n, lens = len(lengths), torch.tensor(lengths, dtype=torch.int64)
-        per = -(-int(lens.max()) // bs)
-        tables = torch.randperm(n * per, generator=gen).to(torch.int32).reshape(n, per)
-        cache = torch.randn(2, n * per, bs, h_kv, d, generator=gen).to(dtype)
-        q = torch.randn(n, h, d, generator=gen).to(dtype)
+        rows = _paged_rows(lengths, 9, 3, 64, bs, dtype, seed)
         for threads in (2, 1):
-            out = torch.zeros_like(q)
-            torch.set_num_threads(threads)
-            try:
-                kernel(q, cache, out, torch.arange(n), lens, tables, int(lens.max()), d**-0.5,
-                       window, cap)
-            finally:
-                torch.set_num_threads(2)
-            for i in range(n):
-                L = int(lens[i])
-                rows = torch.arange(max(0, L - window) if window else 0, L)
-                blk = tables[i, rows // bs].long()
-                k = cache[0, blk, rows % bs].float().repeat_interleave(h // h_kv, dim=1)
-                v = cache[1, blk, rows % bs].float().repeat_interleave(h // h_kv, dim=1)
-                scores = torch.einsum("hd,lhd->hl", q[i].float(), k) * d**-0.5
-                if cap:
-                    scores = cap * torch.tanh(scores / cap)
-                ref = torch.einsum("hl,lhd->hd", torch.softmax(scores, dim=-1), v)
-                tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
-                torch.testing.assert_close(out[i].float(), ref, rtol=tol, atol=tol)
+            _assert_matches_softmax(_decode_on(kernel, threads, rows, window, cap), rows, bs,
+                                    window, cap)  # fmt: skip
 
 
 _SCRATCH_REFUSED = """

@@ -14,11 +14,13 @@ whose row ends at the piece's end and whose window starts at its start, the soft
 each head's max score m_c and sum of exponentials t_c. A second loop merges each row's pieces:
 out = sum_c w_c out_c / sum_c w_c, w_c = t_c exp(m_c - M), M the largest m_c, in float32 (the
 max and the sum kept apart: a log-sum-exp in one float loses an ulp of the max), then stores
-it in the output's dtype. Prefill rows (``table_of``) are never split. Same setting, us a layer before -> after,
-bf16 / float32: 1 row of 1024 keys 50 -> 26 / 108 -> 48, of 4096 238 -> 113 / 414 -> 199; 2
-rows of 4096 392 -> 206 / 790 -> 404; 4 rows of 1024 176 -> 95 / 357 -> 197; 1 row of 256:
-even. SPLIT_ROWS 128 against 256 and 512: faster or even at every length from 256 to 1024
-keys and 1-4 rows (float32 4 rows of 256: 47 against 71 us).
+it in the output's dtype. Prefill rows (``table_of``) are never split.
+
+Same setting, us a layer before -> after, bf16 / float32: 1 row of 1024 keys 50 -> 26 / 108 ->
+48, of 4096 238 -> 113 / 414 -> 199; 2 rows of 4096 392 -> 206 / 790 -> 404; 4 rows of 1024
+176 -> 95 / 357 -> 197; 1 row of 256: even. SPLIT_ROWS 128 against 256 and 512: faster or
+even at every length from 256 to 1024 keys and 1-4 rows (float32 4 rows of 256: 47 against
+71 us).
 """
 
 SPLIT_SOURCE = r"""
@@ -87,7 +89,7 @@ static int split_rows(const job_t *j, int bf16, int runs, float *part, float *st
             }
             float *og = o + (int64_t)g * d;
             memset(og, 0, sizeof(float) * (size_t)d);
-            for (int c = 0; c < runs; c++) { /* piece c: normalized over its sum, so weighted by it */
+            for (int c = 0; c < runs; c++) { /* piece c, normalized by t_c: weighted by it */
                 const int64_t hc = ((int64_t)s * runs + c) * h + g;
                 if (stats[2 * hc + 1] == 0.0f) continue;
                 const float wt = stats[2 * hc + 1] * expf(stats[2 * hc] - top);
