@@ -131,61 +131,41 @@ static inline const float *next_panel(const float *wp, int n, int k, int pi, int
     return tiles > 1 && t < np && q < n / 16 ? wp + (int64_t)q * k * 16 : NULL;
 }
 
-/* One row times two adjacent panels (wide): four k chains per panel, so the FMAs' latency
-   does not hold the weight stream back (decode of one sequence: the step streams every
-   weight once). Zen 5, 2 threads, weights from DRAM, against the one-chain 1-row tile in the
-   same process: 3072 x 576 70-78 -> 73-80 GB/s, 960 x 576 77-81 -> 85-92, 576 x 1536 even. */
-static void wide_row(const float *x, const float *p, int k, float *y) {
-    v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};
-    const float *q = p + 16 * (int64_t)k;
-    int kk = 0;
-    for (; kk + 4 <= k; kk += 4) {
-        const float *pa = p + 16 * (int64_t)kk, *pb = q + 16 * (int64_t)kk;
-        if ((kk & 63) == 0) {
-            KICK(pa);
-            KICK(pb);
-        }
-        a0 += x[kk] * *(const v16 *)pa;
-        b0 += x[kk] * *(const v16 *)pb;
-        a1 += x[kk + 1] * *(const v16 *)(pa + 16);
-        b1 += x[kk + 1] * *(const v16 *)(pb + 16);
-        a2 += x[kk + 2] * *(const v16 *)(pa + 32);
-        b2 += x[kk + 2] * *(const v16 *)(pb + 32);
-        a3 += x[kk + 3] * *(const v16 *)(pa + 48);
-        b3 += x[kk + 3] * *(const v16 *)(pb + 48);
-    }
-    for (; kk < k; kk++) {
-        a0 += x[kk] * *(const v16 *)(p + 16 * (int64_t)kk);
-        b0 += x[kk] * *(const v16 *)(q + 16 * (int64_t)kk);
-    }
-    *(v16 *)y = (a0 + a1) + (a2 + a3);
-    *(v16 *)(y + 16) = (b0 + b1) + (b2 + b3);
+/* One row of x times 2 vectors' worth of columns, as the tiles take them (b0 at p, b1 at
+   p + off1): two adjacent panels as two v16 (wide_row, off1 = 16 k) or one panel as two v8
+   (narrow_row, off1 = 8; the AVX2 build's decode of one sequence). Four k chains per vector,
+   so the FMAs' latency does not hold the weight stream back (decode of one sequence: the
+   step streams every weight once); each panel stream kicked on a page ahead (`KICK`). Zen 5,
+   2 threads, weights from DRAM, the wide row against the one-chain 1-row tile in the same
+   process: 3072 x 576 70-78 -> 73-80 GB/s, 960 x 576 77-81 -> 85-92, 576 x 1536 even. */
+#define ONE_ROW(NAME, V)                                                                       \
+static void NAME(const float *x, const float *p, int64_t off1, int k, float *y) {             \
+    V a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};          \
+    int kk = 0;                                                                                \
+    for (; kk + 4 <= k; kk += 4) {                                                             \
+        const float *pa = p + 16 * (int64_t)kk, *pb = pa + off1; /* 4 panel rows each */       \
+        if ((kk & 63) == 0) {                                                                  \
+            KICK(pa);                                                                          \
+            if (off1 > 8) KICK(pb); /* a second panel: a stream of its own */                  \
+        }                                                                                      \
+        a0 += x[kk] * *(const V *)pa;                                                          \
+        b0 += x[kk] * *(const V *)pb;                                                          \
+        a1 += x[kk + 1] * *(const V *)(pa + 16);                                               \
+        b1 += x[kk + 1] * *(const V *)(pb + 16);                                               \
+        a2 += x[kk + 2] * *(const V *)(pa + 32);                                               \
+        b2 += x[kk + 2] * *(const V *)(pb + 32);                                               \
+        a3 += x[kk + 3] * *(const V *)(pa + 48);                                               \
+        b3 += x[kk + 3] * *(const V *)(pb + 48);                                               \
+    }                                                                                          \
+    for (; kk < k; kk++) {                                                                     \
+        a0 += x[kk] * *(const V *)(p + 16 * (int64_t)kk);                                      \
+        b0 += x[kk] * *(const V *)(p + 16 * (int64_t)kk + off1);                               \
+    }                                                                                          \
+    *(V *)y = (a0 + a1) + (a2 + a3);                                                           \
+    *(V *)(y + sizeof(V) / 4) = (b0 + b1) + (b2 + b3);                                         \
 }
-
-/* One row times one panel (narrow: the AVX2 build's decode of one sequence): four k chains
-   of two 8-float halves, as the wide row has. */
-static void narrow_row(const float *x, const float *p, int k, float *y) {
-    v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};
-    int kk = 0;
-    for (; kk + 4 <= k; kk += 4) {
-        const float *pa = p + 16 * (int64_t)kk; /* 4 rows of 16 floats: 4 cache lines */
-        if ((kk & 63) == 0) KICK(pa);
-        a0 += x[kk] * *(const v8 *)pa;
-        b0 += x[kk] * *(const v8 *)(pa + 8);
-        a1 += x[kk + 1] * *(const v8 *)(pa + 16);
-        b1 += x[kk + 1] * *(const v8 *)(pa + 24);
-        a2 += x[kk + 2] * *(const v8 *)(pa + 32);
-        b2 += x[kk + 2] * *(const v8 *)(pa + 40);
-        a3 += x[kk + 3] * *(const v8 *)(pa + 48);
-        b3 += x[kk + 3] * *(const v8 *)(pa + 56);
-    }
-    for (; kk < k; kk++) {
-        a0 += x[kk] * *(const v8 *)(p + 16 * (int64_t)kk);
-        b0 += x[kk] * *(const v8 *)(p + 16 * (int64_t)kk + 8);
-    }
-    *(v8 *)y = (a0 + a1) + (a2 + a3);
-    *(v8 *)(y + 8) = (b0 + b1) + (b2 + b3);
-}
+ONE_ROW(wide_row, v16)
+ONE_ROW(narrow_row, v8)
 
 /* rows [m0, m1) of one unit: `np` panels (1 or 2) starting at panel pi. A unit of several row
    tiles pulls the next unit's panels in as it goes (`next_panel`); a unit of one row tile
@@ -198,7 +178,7 @@ static void unit(const float *x, const float *wp, const float *bias, float *y, i
     float *yr = y + (int64_t)m0 * n + pi * 16;
     const int rows = m1 - m0;
     if (np == 2 && wide && rows == 1) {
-        wide_row(xr, p, k, yr);
+        wide_row(xr, p, 16 * (int64_t)k, k, yr);
     } else if (np == 2 && wide && rows <= 12) {
         WIDE[rows](xr, k, p, 16 * (int64_t)k, k, yr, n, NULL);
     } else if (np == 2 && wide) {
@@ -213,7 +193,7 @@ static void unit(const float *x, const float *wp, const float *bias, float *y, i
                      next_panel(wp, n, k, pi, np, t, tiles));
         }
     } else if (rows == 1) {
-        for (int q = 0; q < np; q++) narrow_row(xr, p + (int64_t)q * k * 16, k, yr + q * 16);
+        for (int q = 0; q < np; q++) narrow_row(xr, p + (int64_t)q * k * 16, 8, k, yr + q * 16);
     } else if (rows <= 6) {
         for (int q = 0; q < np; q++)
             NARROW[rows](xr, k, p + (int64_t)q * k * 16, 8, k, yr + q * 16, n, NULL);
