@@ -50,10 +50,16 @@ def test_rule_takes_panels_only_when_never_slower_than_torch() -> None:
     names = ("c_narrow", "torch")
     faster = decide_linear(_times([1, 2, 3, 4], [2, 4, 6, 4.1]), {}, names)
     assert faster["layout"] == "panel" and set(faster["impls"].values()) == {"c_narrow"}
-    # 2x faster at decode, but 1.3x slower at prefill: torch everywhere
+    # 2x faster at decode, but 1.3x slower at prefill: both layouts, each bucket on its faster;
+    # with one copy only, torch everywhere
     mixed = decide_linear(_times([1, 2, 3, 13], [2, 4, 6, 10]), {}, names)
-    assert mixed["layout"] == "rows" and set(mixed["impls"].values()) == {"torch"}
-    assert "M=512" in mixed["why"]
+    assert mixed["layout"] == "panel+rows" and "M=512" in mixed["why"]
+    assert [mixed["impls"][str(b)] for b in BUCKETS] == ["c_narrow"] * 3 + ["torch"]
+    assert mixed["single"] == {"layout": "rows", "impls": {str(b): "torch" for b in BUCKETS}}
+    # slower at prefill and barely faster elsewhere: not worth a second copy
+    small = decide_linear(_times([1.9, 3.8, 5.7, 13], [2, 4, 6, 10]), {}, names)
+    assert small["layout"] == "rows" and set(small["impls"].values()) == {"torch"}
+    assert "single" not in small
     # within the noise tolerance at one bucket, faster overall: panels
     assert decide_linear(_times([1, 2, 3, 10.3], [2, 4, 6, 10]), {}, names)["layout"] == "panel"
     slower = decide_linear(_times([3, 5, 7, 11], [2, 4, 6, 10]), {}, names)
@@ -331,3 +337,51 @@ def test_decode_attention_choice(
         assert decision["impl"] == forced.split("=")[1] and decision["source"] == "forced"
     graphs = backend.graph_metadata(synthetic_decode_batch(2, 8)) is not None
     assert graphs == (decision["impl"] == "c")
+
+
+def _dual_ops(kernel: PackedLinearKernel, tmp_path: Path, n: int, k: int,
+              budget: int | None) -> CpuLayerOps:  # fmt: skip
+    """Layer ops whose cached decision for (n, k) float32 keeps both layouts: the panel tile
+    at 1-64 rows, torch on the rows at prefill."""
+    from ironlm_cpu.tuner import VERSION
+
+    ops = _ops(kernel, tmp_path)
+    ops.dual_budget = ops.dual_budget if budget is None else budget
+    key = f"linear|float32|{n}x{k}|t{torch.get_num_threads()}|v{VERSION}"
+    us = {str(b): {"c_narrow": 1.0, "torch": 2.0 if b < 512 else 0.5} for b in BUCKETS}
+    decision = decide_linear(us, {}, ("c_narrow", "torch"))
+    assert decision["layout"] == "panel+rows"
+    ops.tuner.record(key, {**decision, "source": "measured"})
+    return ops
+
+
+def test_both_layouts_run_each_bucket_on_its_own_copy(
+    kernel: PackedLinearKernel, tmp_path: Path
+) -> None:
+    w = torch.randn(64, 48)
+    ops = _dual_ops(kernel, tmp_path, 64, 48, budget=None)
+    stored = ops.pack_linear_weight(w)
+    assert stored.dim() == 3 and ops.dual_bytes == w.numel() * 4  # panels + one rows copy
+    calls: list[str] = []
+    for m in (1, 8, 600):
+        x = torch.randn(m, 48)
+        impl = ops._linear[(stored.shape, stored.dtype, stored.layout)].impl_for(m)
+        calls.append(impl)
+        torch.testing.assert_close(ops.linear(x, stored, None), torch.nn.functional.linear(x, w),
+                                   rtol=1e-4, atol=1e-4)  # fmt: skip
+    assert calls == ["c_narrow", "c_narrow", "torch"]  # torch on the rows copy (not the panels)
+    # the tied weight keeps panels: embedding lookups still read rows of them
+    ids = torch.tensor([3, 17, 63])
+    torch.testing.assert_close(ops.embedding(ids, stored), w[ids])
+
+
+def test_both_layouts_fall_back_to_the_rows_past_the_memory_budget(
+    kernel: PackedLinearKernel, tmp_path: Path
+) -> None:
+    w = torch.randn(64, 48)
+    ops = _dual_ops(kernel, tmp_path, 64, 48, budget=w.numel() * 4 - 1)
+    stored = ops.pack_linear_weight(w)
+    assert stored.dim() == 2 and ops.dual_bytes == 0  # one copy: the rows, torch everywhere
+    x = torch.randn(5, 48)
+    torch.testing.assert_close(ops.linear(x, stored, None), torch.nn.functional.linear(x, w),
+                               rtol=1e-4, atol=1e-4)  # fmt: skip

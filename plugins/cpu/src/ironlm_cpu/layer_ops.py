@@ -15,6 +15,8 @@ whatever was chosen.
 
 from __future__ import annotations
 
+import os
+
 import torch
 from ironlm.interfaces.platform import Availability, LayerOps
 from ironlm.interfaces.quant import QuantLayout
@@ -26,7 +28,7 @@ from ironlm_cpu.linear_kernel import PackedLinearKernel
 from ironlm_cpu.logits_kernel import LogitsKernel
 from ironlm_cpu.lora_kernel import LoRAKernel
 from ironlm_cpu.onednn_linear import OneDnnLinear
-from ironlm_cpu.op_choice import OpChooser, OpPlan
+from ironlm_cpu.op_choice import OpChooser, OpPlan, runs_on_rows
 from ironlm_cpu.quant_kernels import QuantKernels
 from ironlm_cpu.quant_packing import fits, is_packed, kernel_format, pack
 from ironlm_cpu.torch_kernels import TorchKernels
@@ -38,8 +40,12 @@ class CpuLayerOps(LayerOps):
         self, kernel: PackedLinearKernel | None = None, fused: FusedKernels | None = None,
         tuner: KernelTuner | None = None, quant: QuantKernels | None = None,
         lora: LoRAKernel | None = None, gemv: RowsGemvKernel | None = None,
-        logits: LogitsKernel | None = None,
+        logits: LogitsKernel | None = None, dual_budget: int | None = None,
     ) -> None:  # fmt: skip
+        """``dual_budget``: bytes the row-major second copies of weights may take (plans that
+        keep a packed layout for some row counts and the rows for others); default 1/8 of the
+        physical memory. Past it a weight keeps one layout (the rows, never slower than
+        torch)."""
         self.kernel = kernel if kernel is not None else PackedLinearKernel()
         self.fused = fused if fused is not None else FusedKernels()
         self.quant = quant if quant is not None else QuantKernels()
@@ -53,6 +59,10 @@ class CpuLayerOps(LayerOps):
                                  self.onednn)  # fmt: skip
         # (weight shape, dtype and layout as stored) -> plan, for every weight packed here
         self._linear: dict[tuple[torch.Size, torch.dtype, torch.layout], OpPlan] = {}
+        # stored (packed) weight's address -> its row-major copy, for plans that keep both
+        self._rows: dict[int, torch.Tensor] = {}
+        self.dual_budget = dual_budget if dual_budget is not None else _physical_memory() // 8
+        self.dual_bytes = 0  # bytes of those copies
         # (hidden, residual, dtype) -> RMSNorm plan
         self._norm: dict[tuple[int, bool, torch.dtype], OpPlan | None] = {}
 
@@ -162,12 +172,18 @@ class CpuLayerOps(LayerOps):
             return weight
         n, k = weight.shape
         plan = self.chooser.linear_plan(n, k, weight.dtype, looked_up)
-        if plan.layout == "panel":
+        copy = weight.numel() * weight.element_size()
+        if plan.single is not None and self.dual_bytes + copy > self.dual_budget:
+            plan = plan.single
+        if plan.packed_layout == "panel":
             stored = self.kernel.pack(weight)
-        elif plan.layout == "onednn":
+        elif plan.packed_layout == "onednn":
             stored = self.onednn.pack(weight)
         else:
             stored = weight.contiguous()
+        if plan.single is not None:
+            self._rows[stored.data_ptr()] = weight.contiguous()
+            self.dual_bytes += copy
         self._linear[(stored.shape, stored.dtype, stored.layout)] = plan
         return stored
 
@@ -176,7 +192,14 @@ class CpuLayerOps(LayerOps):
     ) -> torch.Tensor:
         plan = self._linear.get((weight.shape, weight.dtype, weight.layout))
         if plan is not None:
-            return self.chooser.run_linear(plan.impl_for(x.shape[0]), x, weight, bias)
+            impl = plan.impl_for(x.shape[0])
+            if plan.single is not None and runs_on_rows(impl):
+                rows = self._rows.get(weight.data_ptr())
+                if rows is None:  # packed by another instance: no copy here, its packed kernel
+                    impl = next(i for i in plan.impls if not runs_on_rows(i))
+                else:
+                    weight = rows
+            return self.chooser.run_linear(impl, x, weight, bias)
         if weight.dim() > 2:  # packed by another instance of these ops
             return self.kernel(x, weight, bias)
         if self.onednn.is_packed(weight):
@@ -203,4 +226,13 @@ class CpuLayerOps(LayerOps):
 
     def describe(self) -> dict[str, object]:
         """The ISA target and the choices made in this process (for logs and profiles)."""
-        return {"isa_target": self.kernel.target.describe(), "choices": self.tuner.decisions}
+        return {"isa_target": self.kernel.target.describe(), "choices": self.tuner.decisions,
+                "second_copy_bytes": self.dual_bytes}
+
+
+def _physical_memory() -> int:
+    """Bytes of physical memory (0 where the platform does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 0

@@ -19,6 +19,13 @@ and the panel tile take turns by a few percent at one row with the VM's state, t
 faster at 64 rows); against torch never, so no shape runs slower than plain torch, and every
 choice is a recordable call (decode graphs work with either).
 
+A packed layout that wins some buckets but loses another to torch (the Intel Xeon with AMX,
+float32: the 12 x 32 tile 1.2-3x faster than MKL at 8-64 rows, 1.1-1.2x slower at 512) is kept
+beside the rows when the best of both, bucket by bucket, is at most ``DUAL_GAIN`` of the rows'
+time: layout ``panel+rows``, two copies of the weight, each bucket on the faster (panels only:
+oneDNN's opaque tensors have no address to find their copy by). The layer ops bound those copies' memory (``CpuLayerOps.dual_budget``); past it the
+weight keeps the rows alone, as before (``OpPlan.single``).
+
 Timed on random inputs of the real (N, K); for large batch buckets the weight is cut to fewer
 output rows (same K) so that one call stays under ``FLOP_CAP``: the rate per column is what is
 compared. SmolLM2-135M's five shapes take ~1-2 s on the 2-core EPYC, once per machine.
@@ -44,6 +51,10 @@ from ironlm_cpu.tuner import VERSION, KernelTuner
 BUCKETS = (1, 8, 64, 512)  # rows (tokens) per call
 _BOUNDS = (2, 22, 181)  # m <= bound -> that bucket (geometric midpoints)
 TOLERANCE = 1.05
+# A packed layout that wins some buckets but loses others to torch is kept beside the rows (two
+# copies of the weight) when the buckets' best of both is at most this fraction of the rows'
+# time (geometric mean); the second copy's memory is bounded by the layer ops' budget.
+DUAL_GAIN = 0.85
 FLOP_CAP = 1e9
 _LAYOUT = {"c_narrow": "panel", "c_wide": "panel", "c_bf16": "panel", "c_gemv": "rows",
            "onednn": "onednn", "torch": "rows"}  # fmt: skip
@@ -58,15 +69,29 @@ def bucket_index(m: int) -> int:
 class OpPlan:
     """The weight layout (linear) and the implementation per bucket."""
 
-    layout: str  # "panel" | "onednn" | "rows" ("rows" too for non-linear ops)
+    layout: str  # "panel" | "onednn" | "rows" ("rows" too for non-linear ops) | "panel+rows"
+    # (the panels and the rows both kept, each bucket on its own)
     impls: tuple[str, ...]  # one per BUCKETS entry
+    single: OpPlan | None = None  # with "+rows": the plan when only one copy may be kept
 
     def impl_for(self, m: int) -> str:
         return self.impls[bucket_index(m)]
 
+    @property
+    def packed_layout(self) -> str:
+        """The layout the stored weight is in (the rows copy of a dual plan is kept aside)."""
+        return self.layout.removesuffix("+rows")
+
 
 def _plan_of(decision: dict[str, Any]) -> OpPlan:
-    return OpPlan(decision["layout"], tuple(decision["impls"][str(b)] for b in BUCKETS))
+    single = decision.get("single")
+    return OpPlan(decision["layout"], tuple(decision["impls"][str(b)] for b in BUCKETS),
+                  None if single is None else _plan_of(single))  # fmt: skip
+
+
+def runs_on_rows(impl: str) -> bool:
+    """Whether ``impl`` reads the row-major weight."""
+    return _LAYOUT.get(impl, "rows") == "rows"
 
 
 class OpChooser:
@@ -237,6 +262,7 @@ def decide_linear(
                   for b in BUCKETS}
             for lay in ("rows", *PACKED_LAYOUTS) if any(_LAYOUT[c] == lay for c in ok)}  # fmt: skip
     layout = "rows"
+    dual: tuple[str, dict[str, str], float] | None = None  # (packed layout, impls, time ratio)
     if "rows" not in best:
         packed = [lay for lay in PACKED_LAYOUTS if lay in best]
         if packed:  # the lowest total (log-sum of the buckets' best times)
@@ -259,6 +285,12 @@ def decide_linear(
                     traded.append(f"M={b}: {p} {ratio:.2f}x {r}'s time")
             if slower:
                 reasons.append(f"{lay} layout rejected, slower than torch at " + ", ".join(slower))
+                mixed = {b: best[lay][b] if us[b][best[lay][b]] < us[b][best["rows"][b]]
+                         else best["rows"][b] for b in map(str, BUCKETS)}  # fmt: skip
+                gain = math.exp(sum(math.log(us[b][mixed[b]] / us[b][best["rows"][b]])
+                                    for b in mixed) / len(BUCKETS))  # fmt: skip
+                if lay == "panel" and gain <= DUAL_GAIN and (dual is None or gain < dual[2]):
+                    dual = (lay, mixed, gain)
             elif score < 0.0:
                 scores[lay] = score
                 reasons.append(
@@ -272,7 +304,13 @@ def decide_linear(
             layout = min(scores, key=lambda lay: scores[lay])
             if len(scores) > 1:
                 reasons.append(f"{layout} layout taken, the faster of the two")
-    if layout in best:
+    single: dict[str, Any] | None = None  # what runs where no second copy is allowed
+    if layout == "rows" and dual is not None:
+        single = {"layout": "rows", "impls": best["rows"]}
+        layout, impls = dual[0] + "+rows", dual[1]
+        reasons.append(f"both layouts kept ({layout}): {dual[2]:.2f}x the rows layout's time "
+                       "(geometric mean), each bucket on the faster of the two")  # fmt: skip
+    elif layout in best:
         impls = best[layout]
     else:
         impls = {str(b): "torch" for b in BUCKETS}
@@ -281,5 +319,8 @@ def decide_linear(
         reasons.append("fastest rows implementation per bucket")
     if rejected:
         reasons.append("rejected: " + "; ".join(f"{c} ({r})" for c, r in rejected.items()))
-    return {"layout": layout, "impls": impls, "us": us, "rejected": rejected,
-            "why": "; ".join(reasons)}  # fmt: skip
+    decision = {"layout": layout, "impls": impls, "us": us, "rejected": rejected,
+                "why": "; ".join(reasons)}  # fmt: skip
+    if single is not None:
+        decision["single"] = single
+    return decision
