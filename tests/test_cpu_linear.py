@@ -15,14 +15,16 @@ from ironlm_cpu.tuner import KernelTuner
 
 
 def _runnable_targets() -> list[IsaTarget]:
-    """The host's best target, the AVX2 one below it (an AVX-512 CPU runs the AVX2 build's
-    8-lane code too) and the generic one: every target this CPU can run that differs in code
-    (AVX-512 builds are compiled, not run, unless the CPU has AVX-512)."""
+    """The host's best target, the AVX-512 one below an AMX host (its bf16 dot-product tiles
+    instead of the tile unit), the AVX2 one (an AVX-512 CPU runs the AVX2 build's 8-lane code
+    too) and the generic one: every target this CPU can run that differs in code (AVX-512
+    builds are compiled, not run, unless the CPU has AVX-512)."""
     best = host_target()
     if best == GENERIC:
         return [best]
+    below = [host_target("avx512")] if best.name == "amx" else []
     avx2 = host_target("avx2")
-    return [best, GENERIC] if avx2 == best else [best, avx2, GENERIC]
+    return [best, GENERIC] if avx2 == best else [best, *below, avx2, GENERIC]
 
 
 @pytest.fixture(scope="module", params=_runnable_targets(), ids=lambda t: t.name)
@@ -69,8 +71,10 @@ def test_kernel_matches_torch(
 
 # AVX-512 BF16 tiles: 8 rows x 3 panels, one-row tiles with two k chains; (32, 42) and (80, 30):
 # 2-panel remainders and an odd number of k pairs; m 9 and 13: row remainders
-@pytest.mark.parametrize("m", [1, 4, 5, 9, 13, 64])
-@pytest.mark.parametrize(("n", "k"), [(16, 8), (96, 40), (576, 1536), (32, 42), (80, 30)])
+@pytest.mark.parametrize("m", [1, 2, 4, 5, 9, 13, 33, 64, 80])
+@pytest.mark.parametrize(
+    ("n", "k"), [(16, 8), (96, 40), (576, 1536), (32, 42), (80, 30), (16, 32), (48, 96)]
+)
 def test_bf16_kernel_matches_torch(kernel: PackedLinearKernel, m: int, n: int, k: int) -> None:
     """bf16 weights and activations, float32 sums, one rounding to bf16: against torch's
     float32 result of the same bf16 values, rounded once."""
@@ -85,17 +89,24 @@ def test_bf16_kernel_matches_torch(kernel: PackedLinearKernel, m: int, n: int, k
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), expected, rtol=1e-2, atol=1e-3 * k**0.5)
     assert torch.equal(kernel.unpack(packed), w)
-    assert kernel.bf16_path in ("avx512_bf16 dot products", "widened to float32")
+    assert kernel.bf16_path in ("amx tiles from 2 rows, avx512_bf16 dot products",
+                                "avx512_bf16 dot products", "widened to float32")
+    # AMX builds (K a multiple of 32, 2+ rows: row blocks of 16, the last zero-padded)
+    assert ("amx" in kernel.bf16_path) == (kernel.target.name == "amx")
 
 
+@pytest.mark.parametrize("k", [40, 64])
 @pytest.mark.parametrize("m", [512, 1031])
-def test_bf16_threads_split_rows_of_a_long_batch(kernel: PackedLinearKernel, m: int) -> None:
+def test_bf16_threads_split_rows_of_a_long_batch(
+    kernel: PackedLinearKernel, m: int, k: int
+) -> None:
     """From 256 rows a thread, two threads take a half of the rows each (every column) instead
     of a half of the columns: the same tiles over the same k order, so the values equal one
-    thread's bit for bit (1031: one thread has a row more, chunks end mid-tile)."""
+    thread's bit for bit (1031: one thread has a row more, chunks end mid-tile). AMX builds
+    (k = 64) split panels: the same tiles too."""
     gen = torch.Generator().manual_seed(m)
-    w = torch.randn(96, 40, generator=gen).bfloat16()
-    x = torch.randn(m, 40, generator=gen).bfloat16()
+    w = torch.randn(96, k, generator=gen).bfloat16()
+    x = torch.randn(m, k, generator=gen).bfloat16()
     b = torch.randn(96, generator=gen).bfloat16()
     packed = kernel.pack(w)
     before = torch.get_num_threads()
@@ -108,7 +119,7 @@ def test_bf16_threads_split_rows_of_a_long_batch(kernel: PackedLinearKernel, m: 
         torch.set_num_threads(before)
     assert torch.equal(two, one)
     expected = torch.nn.functional.linear(x.float(), w.float(), b.float())
-    torch.testing.assert_close(two.float(), expected, rtol=1e-2, atol=1e-3 * 40**0.5)
+    torch.testing.assert_close(two.float(), expected, rtol=1e-2, atol=1e-3 * k**0.5)
 
 
 @pytest.mark.parametrize("m", [1, 5, 64])

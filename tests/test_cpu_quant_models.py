@@ -151,7 +151,11 @@ def test_smollm2_quantized_logits_match_reference_ops(
     prompt = smollm2_tokenizer("The capital of France is")["input_ids"]
     _, cpu = greedy_tokens(_smollm2(smollm2_dir, ops, suffix), prompt, 0)
     _, ref = greedy_tokens(_smollm2(smollm2_dir, LayerOps(), suffix), prompt, 0)
-    assert set(cpu.topk(5).indices.tolist()) == set(ref.topk(5).indices.tolist())
+    # each side's top 3 among the other's top 5 (SmolLM2's 5th to 7th logits here lie within
+    # 0.1 of each other, and q4_1 moves logits by ~4%: the 5th place may swap on another CPU)
+    top5 = set(cpu.topk(5).indices.tolist()), set(ref.topk(5).indices.tolist())
+    assert set(cpu.topk(3).indices.tolist()) <= top5[1]
+    assert set(ref.topk(3).indices.tolist()) <= top5[0]
     assert int(cpu.argmax()) == int(ref.argmax())
     assert ((cpu - ref).norm() / ref.norm()).item() < LOGIT_TOLERANCE[suffix]
 

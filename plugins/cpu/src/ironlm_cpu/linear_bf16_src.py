@@ -171,10 +171,20 @@ static void linear_bf16_rows(const uint16_t *x, const uint16_t *wp, const uint16
    rotary 9.7 -> 4.9, gated activation 31 -> 18-27 (noisy), its attention rows 46.6 -> 33.5. */
 #define BF_ROW_SPLIT 256
 
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+/* AMX builds: from AMX_MIN_ROWS rows the tile unit runs it (``linear_amx_src``) */
+#define AMX_MIN_ROWS 2
+static int amx_linear(const uint16_t *x, const uint16_t *wp, const uint16_t *bias, bf_out y,
+                      int m, int n, int k, int threads);
+#endif
+
 /* y (m, n) = x (m, k) @ W^T (+ bias) in bfloat16 (float32 sums); n % 16 == 0, k % 2 == 0.
    Work items: (group of BF_PT panels, chunk of rows that stays in L2) */
 static void linear_bf16(const uint16_t *x, const uint16_t *wp, const uint16_t *bias, bf_out y,
                         int m, int n, int k, int threads) {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+    if (m >= AMX_MIN_ROWS && amx_linear(x, wp, bias, y, m, n, k, threads)) return;
+#endif
     const int panels = n / 16, groups = (panels + BF_PT - 1) / BF_PT;
     const int64_t ps = (int64_t)k * 16;
     int mc = (262144 / (2 * k)) / BF_RT * BF_RT;
@@ -285,9 +295,12 @@ void ironlm_linear_bf16_f32out(const uint16_t *x, const uint16_t *wp, const uint
 }
 #endif
 
-/* the bf16 path this build runs: 1 AVX-512 BF16 dot products, 0 widening to float32 */
+/* the bf16 path this build runs: 2 AMX tiles (from AMX_MIN_ROWS rows) and AVX-512 BF16 dot
+   products, 1 AVX-512 BF16 dot products, 0 widening to float32 */
 int ironlm_linear_bf16_native(void) {
-#if defined(__AVX512BF16__)
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+    return 2;
+#elif defined(__AVX512BF16__)
     return 1;
 #else
     return 0;

@@ -23,7 +23,9 @@ bfloat16 weights are packed as (N/16, K/2, 16, 2): row kk of a panel holds each 
 weights of inputs 2kk and 2kk+1, the pairs an AVX-512 BF16 ``vdpbf16ps`` multiplies (8 rows x
 48 columns per tile; ``linear_bf16_src``); without AVX-512 BF16 the same 32-bit lanes are widened to float32 by a
 shift and a mask (4 x 16 tiles), so bf16 weights halve the bytes a decode step reads on any
-CPU. Sums are float32, the output rounded to bf16 to nearest even, as torch does.
+CPU. On AMX builds the same layout is the tile unit's B operand: from 2 rows ``tdpbf16ps``
+runs it (``linear_amx_src``). Sums are float32, the output rounded to bf16 to nearest even, as
+torch does.
 
 Scope: N a multiple of 16 (bf16: K even too); other weights stay row-major and use torch.
 Same numerics as a matmul up to summation order.
@@ -37,6 +39,7 @@ import torch
 
 from ironlm_cpu.cbuild import KernelLibrary
 from ironlm_cpu.isa import IsaTarget
+from ironlm_cpu.linear_amx_src import AMX_SOURCE
 from ironlm_cpu.linear_bf16_src import BF16_SOURCE
 
 PANEL = 16  # output columns per panel
@@ -251,7 +254,7 @@ class PackedLinearKernel(KernelLibrary):
     def __init__(self, target: IsaTarget | None = None) -> None:
         ptr, i32 = ctypes.c_void_p, ctypes.c_int
         super().__init__(
-            "cpu_linear", _SOURCE + BF16_SOURCE,
+            "cpu_linear", _SOURCE + BF16_SOURCE + AMX_SOURCE,
             {
                 "ironlm_linear_f32": ([ptr] * 4 + [i32] * 5, None),
                 "ironlm_linear_bf16": ([ptr] * 4 + [i32] * 4, None),
@@ -263,11 +266,13 @@ class PackedLinearKernel(KernelLibrary):
         lib = self.lib
         self._f32 = None if lib is None else lib.ironlm_linear_f32
         self._bf16 = None if lib is None else lib.ironlm_linear_bf16
-        # how this build multiplies bf16: AVX-512 BF16 dot products, or widening to float32
-        native = lib is not None and bool(lib.ironlm_linear_bf16_native())
-        self.bf16_path = (
-            "" if lib is None else "avx512_bf16 dot products" if native else "widened to float32"
-        )  # fmt: skip
+        # how this build multiplies bf16: AMX tiles, AVX-512 BF16 dot products, or widening
+        level = 0 if lib is None else int(lib.ironlm_linear_bf16_native())
+        native = level > 0
+        self.bf16_path = "" if lib is None else (
+            "widened to float32", "avx512_bf16 dot products",
+            "amx tiles from 2 rows, avx512_bf16 dot products",
+        )[level]  # fmt: skip
         # bf16 results stored widened to float32 (AVX-512 BF16 builds)
         self._bf16_f32out = None
         if native:

@@ -1,0 +1,143 @@
+"""C source of the AMX bfloat16 linear (``linear_kernel``'s library, AMX builds only): the same
+panel-packed weights as the AVX-512 BF16 tiles, multiplied by the tile unit.
+
+Why: on an Intel Xeon with AMX (2 cores) torch's bf16 matmul (oneDNN, AMX) ran a batch-64
+SmolLM2 decode step's linears at ~330 GFLOP/s, 5 GB/s of weights from DRAM against the ~20
+GB/s the VM reads; the AVX-512 BF16 dot-product tile (``linear_bf16_src``) ran 3x slower than
+oneDNN there. One ``tdpbf16ps`` multiplies a 16 x 32 bf16 block of x by a 32 x 16 block of
+the weight into a 16 x 16 float32 tile, so compute is cheap and the weight stream is the
+limit.
+
+Layout: the bf16 panel layout ``(N / 16, K / 2, 16, 2)`` is already AMX's VNNI B layout: 16
+consecutive panel rows (k pairs) are one B tile (16 rows x 64 bytes, stride 64). A tiles are
+16 rows of x (row-major bf16, stride 2K bytes) x 32 k values; rows past the end of x come
+from a zero-padded copy of the last block. Tiles: C0..C3 (2 row blocks x 2 panels), A0, A1,
+B0, B1. Each thread configures its tiles, takes whole panel pairs (decode: each weight byte
+read once) and, per pair, every row block; the C tiles go through a float32 scratch to the
+bf16 (or float32 LM-head) output with the rounding and bias of the AVX-512 path
+(``bf_store16``).
+
+Linux gives a process the AMX tile state only on request (``arch_prctl(ARCH_REQ_XCOMP_PERM,
+XFEATURE_XTILEDATA)``); where that fails, or K is not a multiple of 32, the AVX-512 BF16 path
+runs instead.
+"""
+
+AMX_SOURCE = r"""
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define AMX_ARCH_REQ_XCOMP_PERM 0x1023
+#define AMX_XFEATURE_XTILEDATA 18
+
+/* 1: this process may use the tile registers (asked once; the kernel grants it process-wide) */
+static int amx_permitted(void) {
+    static volatile int state = 0; /* 0 not asked, 1 granted, -1 refused */
+    if (state == 0)
+        state = syscall(SYS_arch_prctl, AMX_ARCH_REQ_XCOMP_PERM, AMX_XFEATURE_XTILEDATA) == 0
+                    ? 1 : -1;
+    return state == 1;
+}
+
+#ifndef AMX_AHEAD
+#define AMX_AHEAD 16
+#endif /* k steps (1 KiB each) ahead that the weight's lines are asked for */
+
+/* palette 1: tiles 0-3 C (16 rows x 64 bytes of float32), 4-5 A (16 rows x 32 bf16), 6-7 B
+   (16 k pairs x 16 columns x 2 bf16) */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_config;
+
+static void amx_configure(void) {
+    amx_config c;
+    __builtin_memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        c.colsb[t] = 64;
+        c.rows[t] = 16;
+    }
+    _tile_loadconfig(&c);
+}
+
+/* C tile -> y rows [r0, r0 + rows) x 16 columns at col (bias added, rounded to bf16) */
+#define AMX_FLUSH(T, R0, COL)                                                                  \
+    do {                                                                                       \
+        _tile_stored(T, scratch, 64);                                                          \
+        const int valid = m - (R0) < 16 ? m - (R0) : 16;                                       \
+        for (int r = 0; r < valid; r++)                                                        \
+            bf_store16(bf_at(y, (int64_t)((R0) + r) * n + (COL)), _mm512_loadu_ps(scratch + 16 * r), \
+                       bias ? bias + (COL) : 0);                                               \
+    } while (0)
+
+/* row block RB's A tiles, packed: step s's tile at + 512 s (16 rows x 32 bf16, stride 64) */
+#define AMX_A(RB) (xp + (int64_t)(RB) * steps * 512)
+/* one k step of up to 4 row blocks against B tile TB: A tiles alternate between 4 and 5 so
+   the next load need not wait for the product reading the other */
+#define AMX_STEP(TB)                                                                           \
+    do {                                                                                       \
+        _tile_loadd(TB, b + 512 * (int64_t)s, 64);                                             \
+        for (int l = 0; l < 16; l++) /* the B tile AMX_AHEAD steps on, a line each */        \
+            _mm_prefetch((const char *)(b + 512 * (int64_t)(s + AMX_AHEAD) + 32 * l),          \
+                         _MM_HINT_T1);                                                         \
+        _tile_loadd(4, a0 + 512 * s, 64);                                                      \
+        _tile_dpbf16ps(0, 4, TB);                                                              \
+        if (nb > 1) { _tile_loadd(5, a1 + 512 * s, 64); _tile_dpbf16ps(1, 5, TB); }            \
+        if (nb > 2) { _tile_loadd(4, a2 + 512 * s, 64); _tile_dpbf16ps(2, 4, TB); }            \
+        if (nb > 3) { _tile_loadd(5, a3 + 512 * s, 64); _tile_dpbf16ps(3, 5, TB); }            \
+    } while (0)
+
+/* y (m, n) = x (m, k) @ W^T (+ bias) on the tile unit; 0: not run (no permission, k % 32) */
+static int amx_linear(const uint16_t *x, const uint16_t *wp, const uint16_t *bias, bf_out y,
+                      int m, int n, int k, int threads) {
+    if (k % 32 != 0 || !amx_permitted()) return 0;
+    const int blocks = (m + 15) / 16, panels = n / 16, steps = k / 32;
+    const int64_t ps = (int64_t)k * 16;
+    /* x packed as A tiles (rows past m zero): each tile load reads 1 KiB in a row */
+    uint16_t *xp = aligned_alloc(64, sizeof(uint16_t) * (size_t)blocks * 16 * k);
+    if (!xp) return 0;
+    #pragma omp parallel num_threads(threads)
+    {
+        float scratch[256] __attribute__((aligned(64)));
+        #pragma omp for schedule(static)
+        for (int rb = 0; rb < blocks; rb++)
+            for (int r = 0; r < 16; r++) {
+                const int row = rb * 16 + r;
+                for (int st = 0; st < steps; st++) {
+                    uint16_t *dst = xp + ((int64_t)rb * steps + st) * 512 + 32 * r;
+                    if (row < m) __builtin_memcpy(dst, x + (int64_t)row * k + 32 * st, 64);
+                    else __builtin_memset(dst, 0, 64);
+                }
+            }
+        amx_configure();
+        #pragma omp for schedule(static)
+        for (int p = 0; p < panels; p++) {
+            const uint16_t *b = wp + p * ps;
+            for (int r0 = 0; r0 < blocks; r0 += 4) {
+                const int nb = blocks - r0 < 4 ? blocks - r0 : 4;
+                const uint16_t *a0 = AMX_A(r0), *a1 = AMX_A(r0 + 1), *a2 = AMX_A(r0 + 2),
+                               *a3 = AMX_A(r0 + 3);
+                _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+                int s = 0;
+                for (; s + 2 <= steps; s += 2) {
+                    AMX_STEP(6);
+                    s++;
+                    AMX_STEP(7);
+                    s--;
+                }
+                if (s < steps) AMX_STEP(6);
+                AMX_FLUSH(0, r0 * 16, p * 16);
+                if (nb > 1) AMX_FLUSH(1, r0 * 16 + 16, p * 16);
+                if (nb > 2) AMX_FLUSH(2, r0 * 16 + 32, p * 16);
+                if (nb > 3) AMX_FLUSH(3, r0 * 16 + 48, p * 16);
+            }
+        }
+        _tile_release();
+    }
+    free(xp);
+    return 1;
+}
+#endif
+"""
