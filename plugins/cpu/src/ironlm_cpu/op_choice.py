@@ -23,8 +23,9 @@ A packed layout that wins some buckets but loses another to torch (the Intel Xeo
 float32: the 12 x 32 tile 1.2-3x faster than MKL at 8-64 rows, 1.1-1.2x slower at 512) is kept
 beside the rows when the best of both, bucket by bucket, is at most ``DUAL_GAIN`` of the rows'
 time: layout ``panel+rows``, two copies of the weight, each bucket on the faster (panels only:
-oneDNN's opaque tensors have no address to find their copy by). The layer ops bound those copies' memory (``CpuLayerOps.dual_budget``); past it the
-weight keeps the rows alone, as before (``OpPlan.single``).
+oneDNN's opaque tensors have no address to find their copy by). The layer ops bound those
+copies' memory (``CpuLayerOps.dual_budget``); past it the weight keeps the rows alone, as
+before (``OpPlan.single``).
 
 Timed on random inputs of the real (N, K); for large batch buckets the weight is cut to fewer
 output rows (same K) so that one call stays under ``FLOP_CAP``: the rate per column is what is
