@@ -91,8 +91,9 @@ def test_bf16_kernel_matches_torch(kernel: PackedLinearKernel, m: int, n: int, k
     assert torch.equal(kernel.unpack(packed), w)
     assert kernel.bf16_path in ("amx tiles from 2 rows, avx512_bf16 dot products",
                                 "avx512_bf16 dot products", "widened to float32")
-    # AMX builds (K a multiple of 32, 2+ rows: row blocks of 16, the last zero-padded)
-    assert ("amx" in kernel.bf16_path) == (kernel.target.name == "amx")
+    # AMX builds (K a multiple of 32, 2+ rows: row blocks of 16, the last zero-padded) where
+    # the kernel gave this process the tile state
+    assert "amx" not in kernel.bf16_path or kernel.target.name == "amx"
 
 
 @pytest.mark.parametrize("k", [40, 64])

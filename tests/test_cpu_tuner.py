@@ -370,9 +370,12 @@ def test_both_layouts_run_each_bucket_on_its_own_copy(
         torch.testing.assert_close(ops.linear(x, stored, None), torch.nn.functional.linear(x, w),
                                    rtol=1e-4, atol=1e-4)  # fmt: skip
     assert calls == ["c_narrow", "c_narrow", "torch"]  # torch on the rows copy (not the panels)
-    # the tied weight keeps panels: embedding lookups still read rows of them
+    # the stored weight is the panels: embedding lookups (a tied LM head) read rows of them
     ids = torch.tensor([3, 17, 63])
     torch.testing.assert_close(ops.embedding(ids, stored), w[ids])
+    # a freed weight takes its rows copy along (the budget is given back)
+    del stored
+    assert ops.dual_bytes == 0 and not ops._rows
 
 
 def test_both_layouts_fall_back_to_the_rows_past_the_memory_budget(

@@ -16,6 +16,8 @@ whatever was chosen.
 from __future__ import annotations
 
 import os
+import weakref
+from pathlib import Path
 
 import torch
 from ironlm.interfaces.platform import Availability, LayerOps
@@ -182,8 +184,10 @@ class CpuLayerOps(LayerOps):
         else:
             stored = weight.contiguous()
         if plan.single is not None:
-            self._rows[stored.data_ptr()] = weight.contiguous()
+            key = stored.data_ptr()
+            self._rows[key] = weight.contiguous()
             self.dual_bytes += copy
+            weakref.finalize(stored, self._forget_rows, key, copy)  # freed: its copy goes too
         self._linear[(stored.shape, stored.dtype, stored.layout)] = plan
         return stored
 
@@ -224,6 +228,10 @@ class CpuLayerOps(LayerOps):
             return self.kernel.rows(weight, ids)  # (T, hidden) from the panels
         return super().embedding(ids, weight)
 
+    def _forget_rows(self, key: int, copy: int) -> None:
+        if self._rows.pop(key, None) is not None:
+            self.dual_bytes -= copy
+
     def describe(self) -> dict[str, object]:
         """The ISA target and the choices made in this process (for logs and profiles)."""
         return {"isa_target": self.kernel.target.describe(), "choices": self.tuner.decisions,
@@ -231,8 +239,17 @@ class CpuLayerOps(LayerOps):
 
 
 def _physical_memory() -> int:
-    """Bytes of physical memory (0 where the platform does not say)."""
+    """Bytes of memory this process may use: the machine's, or its cgroup's limit where lower
+    (a container on a larger host); 0 where the platform does not say."""
     try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         return 0
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(limit).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            total = min(total, int(text))
+    return total

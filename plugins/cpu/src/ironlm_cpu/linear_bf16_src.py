@@ -176,6 +176,7 @@ static void linear_bf16_rows(const uint16_t *x, const uint16_t *wp, const uint16
 #define AMX_MIN_ROWS 2
 static int amx_linear(const uint16_t *x, const uint16_t *wp, const uint16_t *bias, bf_out y,
                       int m, int n, int k, int threads);
+static int amx_permitted(void);
 #endif
 
 /* y (m, n) = x (m, k) @ W^T (+ bias) in bfloat16 (float32 sums); n % 16 == 0, k % 2 == 0.
@@ -295,11 +296,12 @@ void ironlm_linear_bf16_f32out(const uint16_t *x, const uint16_t *wp, const uint
 }
 #endif
 
-/* the bf16 path this build runs: 2 AMX tiles (from AMX_MIN_ROWS rows) and AVX-512 BF16 dot
-   products, 1 AVX-512 BF16 dot products, 0 widening to float32 */
+/* the bf16 path this build runs: 2 AMX tiles (from AMX_MIN_ROWS rows; the kernel granted this
+   process the tile state) and AVX-512 BF16 dot products, 1 AVX-512 BF16 dot products, 0
+   widening to float32 */
 int ironlm_linear_bf16_native(void) {
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
-    return 2;
+    return amx_permitted() ? 2 : 1;
 #elif defined(__AVX512BF16__)
     return 1;
 #else
