@@ -86,19 +86,19 @@ static void amx_configure(void) {
 
 /* row block RB's A tiles, packed: step s's tile at + 512 s (16 rows x 32 bf16, stride 64) */
 #define AMX_A(RB) (xp + (int64_t)(RB) * steps * 512)
-/* one k step of up to 4 row blocks against B tile TB: A tiles alternate between 4 and 5 so
+/* k step S of up to 4 row blocks against B tile TB: A tiles alternate between 4 and 5 so
    the next load need not wait for the product reading the other */
-#define AMX_STEP(TB)                                                                           \
+#define AMX_STEP(TB, S)                                                                        \
     do {                                                                                       \
-        _tile_loadd(TB, b + 512 * (int64_t)s, 64);                                             \
+        const int64_t st_ = (S);                                                               \
+        _tile_loadd(TB, b + 512 * st_, 64);                                                    \
         for (int l = 0; l < 16; l++) /* the B tile AMX_AHEAD steps on, a line each */        \
-            _mm_prefetch((const char *)(b + 512 * (int64_t)(s + AMX_AHEAD) + 32 * l),          \
-                         _MM_HINT_T1);                                                         \
-        _tile_loadd(4, a0 + 512 * s, 64);                                                      \
+            _mm_prefetch((const char *)(b + 512 * (st_ + AMX_AHEAD) + 32 * l), _MM_HINT_T1);   \
+        _tile_loadd(4, a0 + 512 * st_, 64);                                                    \
         _tile_dpbf16ps(0, 4, TB);                                                              \
-        if (nb > 1) { _tile_loadd(5, a1 + 512 * s, 64); _tile_dpbf16ps(1, 5, TB); }            \
-        if (nb > 2) { _tile_loadd(4, a2 + 512 * s, 64); _tile_dpbf16ps(2, 4, TB); }            \
-        if (nb > 3) { _tile_loadd(5, a3 + 512 * s, 64); _tile_dpbf16ps(3, 5, TB); }            \
+        if (nb > 1) { _tile_loadd(5, a1 + 512 * st_, 64); _tile_dpbf16ps(1, 5, TB); }          \
+        if (nb > 2) { _tile_loadd(4, a2 + 512 * st_, 64); _tile_dpbf16ps(2, 4, TB); }          \
+        if (nb > 3) { _tile_loadd(5, a3 + 512 * st_, 64); _tile_dpbf16ps(3, 5, TB); }          \
     } while (0)
 
 /* y (m, n) = x (m, k) @ W^T (+ bias) on the tile unit; 0: not run (no permission, k % 32) */
@@ -136,13 +136,11 @@ static int amx_linear(const uint16_t *x, const uint16_t *wp, const uint16_t *bia
                                *a3 = AMX_A(r0 + 3);
                 _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
                 int s = 0;
-                for (; s + 2 <= steps; s += 2) {
-                    AMX_STEP(6);
-                    s++;
-                    AMX_STEP(7);
-                    s--;
+                for (; s + 2 <= steps; s += 2) { /* B tiles 6 and 7 take turns */
+                    AMX_STEP(6, s);
+                    AMX_STEP(7, s + 1);
                 }
-                if (s < steps) AMX_STEP(6);
+                if (s < steps) AMX_STEP(6, s);
                 AMX_FLUSH(0, r0 * 16, p * 16);
                 if (nb > 1) AMX_FLUSH(1, r0 * 16 + 16, p * 16);
                 if (nb > 2) AMX_FLUSH(2, r0 * 16 + 32, p * 16);
