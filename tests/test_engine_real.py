@@ -144,15 +144,17 @@ def test_kv_cache_is_allocated_once_at_the_size_asked(smollm2_dir: Path) -> None
 
 
 def test_block_size_defaults_to_the_platforms(smollm2_dir: Path) -> None:
-    """No block_size given: the platform's default (cpu: 128, as vLLM's CPU backend), in the
-    block manager and in every layer's cache; a given one is kept."""
-    for asked, want in ((None, 128), (16, 16)):
+    """No block_size given: the platform's default (cpu: 16, handed out in runs of 8 blocks),
+    in the block manager and in every layer's cache; a given one is kept (runs of what fits in
+    128 tokens)."""
+    for asked, want, run in ((None, 16, 8), (128, 128, 1), (32, 32, 4)):
         kwargs = {} if asked is None else {"block_size": asked}
         llm = LLM(str(smollm2_dir), max_model_len=256, kv_cache_memory=16 << 20, **kwargs)
         assert llm.engine.config.block_size == llm.engine.block_manager.block_size == want
+        assert llm.engine.block_manager.run == run
         kv = llm.engine.executor.worker.kv_cache  # type: ignore[attr-defined]
         assert all(t.shape[2] == want for t in kv.tensors)  # (2, blocks, block_size, h, d)
-        params = SamplingParams(temperature=0.0, max_tokens=140, ignore_eos=True)  # 2 blocks
+        params = SamplingParams(temperature=0.0, max_tokens=140, ignore_eos=True)  # > 128
         out = llm.generate(PROMPTS[:2], params, use_tqdm=False)
         assert all(len(o.outputs[0].token_ids) == 140 for o in out)
         assert llm.engine.block_manager.num_used_blocks == 0

@@ -31,7 +31,7 @@ class EngineConfig:
     trust_remote_code: bool = False
     dtype: str = "auto"  # auto | float32 | float16 | bfloat16 (and vLLM's aliases)
     max_model_len: int | None = None  # None: the model's max_position_embeddings
-    block_size: int | None = None  # None: the platform's default_block_size (cpu 128, cuda 16)
+    block_size: int | None = None  # None: the platform's default_block_size (16; npu 128)
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     max_num_seqs: int = 256

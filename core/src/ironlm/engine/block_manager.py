@@ -13,9 +13,9 @@ cache: a swapped request owns its host blocks alone).
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 
+from ironlm.engine.block_pool import FreeBlockPool
 from ironlm.engine.request import Request
 
 
@@ -38,12 +38,13 @@ class PrefixCacheStats:
 
 class BlockManager:
     def __init__(self, num_kv_blocks: int, block_size: int, enable_prefix_caching: bool,
-                 num_swap_blocks: int = 0) -> None:
+                 num_swap_blocks: int = 0, run: int = 1) -> None:
+        """``run``: blocks a request takes next to each other where free (``FreeBlockPool``)."""
         self.block_size = block_size
+        self.run = run
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_kv_blocks)]
-        # Free blocks in eviction order (front is handed out first); value unused.
-        self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_kv_blocks))
+        self._free = FreeBlockPool(num_kv_blocks, run)
         self._cached: dict[int, int] = {}  # block hash -> block id
         self._req_blocks: dict[str, list[int]] = {}
         self._req_hashes: dict[str, list[int]] = {}  # hashes of the request's full blocks
@@ -132,7 +133,7 @@ class BlockManager:
             self._take(b)
             owned.append(b)
         for _ in range(max(need, 0)):
-            block_id, _ = self._free.popitem(last=False)
+            block_id = self._free.take(req.request_id)
             self._evict_hash(block_id)
             self.blocks[block_id].ref_count = 1
             owned.append(block_id)
@@ -142,7 +143,7 @@ class BlockManager:
     def _take(self, block_id: int) -> None:
         block = self.blocks[block_id]
         if block.ref_count == 0:
-            del self._free[block_id]
+            self._free.take_block(block_id)
         block.ref_count += 1
 
     def _evict_hash(self, block_id: int) -> None:
@@ -196,7 +197,7 @@ class BlockManager:
         host = self._swapped.pop(req.request_id)
         owned: list[int] = []
         for _ in host:
-            block_id, _ = self._free.popitem(last=False)
+            block_id = self._free.take(req.request_id)
             self._evict_hash(block_id)
             self.blocks[block_id].ref_count = 1
             owned.append(block_id)
@@ -217,7 +218,7 @@ class BlockManager:
             block.ref_count -= 1
             if block.ref_count == 0:
                 self._evict_hash(b)  # only real tokens' full blocks are hashed; none here
-                self._free[b] = None
+                self._free.put(b)
         del owned[keep:]
 
     def free(self, request_id: str) -> None:
@@ -226,11 +227,12 @@ class BlockManager:
         self._swap_free.extend(reversed(self._swapped.pop(request_id, [])))
         blocks = self._req_blocks.pop(request_id, [])
         self._req_hashes.pop(request_id, None)
+        self._free.release(request_id)
         for b in reversed(blocks):
             block = self.blocks[b]
             block.ref_count -= 1
             if block.ref_count == 0:
-                self._free[b] = None
+                self._free.put(b)
 
     def reset_prefix_cache(self) -> None:
         for h, b in list(self._cached.items()):

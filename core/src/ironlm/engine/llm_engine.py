@@ -86,7 +86,8 @@ class LLMEngine:
             )
         num_swap_blocks = self._init_swap_space()
         self.block_manager = BlockManager(
-            num_kv_blocks, config.block_size, config.enable_prefix_caching, num_swap_blocks
+            num_kv_blocks, config.block_size, config.enable_prefix_caching, num_swap_blocks,
+            run=max(1, platform.kv_run_tokens // config.block_size),
         )
         self.scheduler = Scheduler(
             self.block_manager, config.max_num_seqs, budget, config.enable_chunked_prefill,

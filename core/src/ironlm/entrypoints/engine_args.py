@@ -27,8 +27,8 @@ ENGINE_HELP: dict[str, str] = {
     "trust_remote_code": "trust remote code of the model's HF config",
     "dtype": "compute dtype: auto, float32, float16, bfloat16 (and half, float)",
     "max_model_len": "context length (default: the model's max_position_embeddings)",
-    "block_size": "tokens per KV-cache block (default: the platform's: 128 on cpu and npu, "
-                  "16 on cuda)",
+    "block_size": "tokens per KV-cache block (default: the platform's: 16 on cpu and cuda, "
+                  "128 on npu)",
     "enable_prefix_caching": "reuse KV blocks of shared prompt prefixes",
     "enable_chunked_prefill": "split long prefills across steps",
     "max_num_seqs": "most sequences in one batch",

@@ -190,8 +190,11 @@ class Platform(ABC):
       supported_dtypes: dtypes the platform computes in.
       default_attention_backend: name of the attention backend used when none is selected.
       supported_block_sizes: KV block sizes the platform's kernels accept (None: any).
-      default_block_size: the KV block size when the user names none (vLLM's per-platform
-        defaults: 16 on GPUs, 128 on the CPU and Ascend backends).
+      default_block_size: the KV block size when the user names none (16 on GPUs and the CPU,
+        128 on Ascend, the only size its kernels take; vLLM's CPU backend takes 128).
+      kv_run_tokens: how many of a sequence's cached tokens the platform's attention wants
+        side by side in memory: the block manager hands a request its blocks in runs of
+        ``kv_run_tokens // block_size`` neighbouring blocks where free (0: no runs).
       visible_devices_env: environment variable that masks devices (e.g. CUDA_VISIBLE_DEVICES).
       supports_graph_capture: whether ``graph_capture`` can return a capture (decode graphs:
         CUDA graphs, recorded kernel calls, ...).
@@ -205,6 +208,7 @@ class Platform(ABC):
     default_attention_backend: ClassVar[str]
     supported_block_sizes: ClassVar[tuple[int, ...] | None] = None
     default_block_size: ClassVar[int] = 16
+    kv_run_tokens: ClassVar[int] = 0
     visible_devices_env: ClassVar[str | None] = None
     supports_graph_capture: ClassVar[bool] = False
 

@@ -36,12 +36,18 @@ class CpuPlatform(Platform):
         torch.float16,
     )
     default_attention_backend: ClassVar[str] = "cpu_paged"
-    # vLLM's CPU backend default too. Decode attention reads each sequence's keys and values
-    # block by block; a 16-token block is 6 KiB of SmolLM2's bf16 keys, and the blocks a
-    # decode batch appends interleave the sequences, so the hardware prefetchers restart every
-    # block. 128-token blocks (48 KiB runs): batch-64 bf16 decode step 33-34.5 -> 29-32 ms on
-    # the Zen 5, the whole 64 x (64 + 128) workload 5.4-5.7 -> 4.8-5.5 s.
-    default_block_size: ClassVar[int] = 128
+    # Decode attention reads each sequence's keys and values block by block, bound by reading
+    # the cache; the hardware prefetchers restart wherever a sequence's next block is not the
+    # neighbour of its last, and a decode batch that takes blocks in step interleaves its
+    # sequences. 128-token blocks (vLLM's CPU default) made the runs long (batch-64 bf16 decode
+    # step 33-34.5 -> 29-32 ms on the Zen 5) but waste up to 127 tokens a sequence: the bench's
+    # 512 MiB float32 cache held 91 of the 128 blocks 64 sequences of 129-192 tokens need, and a
+    # third of them were preempted. 16-token blocks handed out in runs of 8 neighbours
+    # (``kv_run_tokens``, ``FreeBlockPool``) keep the runs and waste nothing: 30 layers' decode
+    # attention at 64 x 180 tokens on the Intel Xeon (AMX), medians of 14: float32 30.3 ms at
+    # 128, 32.1 at 16 in step, 30.4 at 16 in runs (bf16 19.8 / 21.3 / 20.2).
+    default_block_size: ClassVar[int] = 16
+    kv_run_tokens: ClassVar[int] = 128
     supports_graph_capture: ClassVar[bool] = True
 
     def is_available(self) -> Availability:
