@@ -5,13 +5,15 @@ assertions: timings only feed the choice, and the tests check the choice's invar
 
 from __future__ import annotations
 
+import gc
 import json
+import os
 from pathlib import Path
 
 import pytest
 import torch
 from ironlm_cpu.graphs import CpuGraphCapture
-from ironlm_cpu.layer_ops import CpuLayerOps
+from ironlm_cpu.layer_ops import CpuLayerOps, rows_copy
 from ironlm_cpu.linear_kernel import PackedLinearKernel
 from ironlm_cpu.op_choice import BUCKETS, decide_linear
 from ironlm_cpu.tuner import KernelTuner, parse_forced
@@ -373,9 +375,17 @@ def test_both_layouts_run_each_bucket_on_its_own_copy(
     # the stored weight is the panels: embedding lookups (a tied LM head) read rows of them
     ids = torch.tensor([3, 17, 63])
     torch.testing.assert_close(ops.embedding(ids, stored), w[ids])
-    # a freed weight takes its rows copy along (the budget is given back)
+    # the copy lives in the weight's own storage: a parameter wrapping it (a new tensor object,
+    # as the model holds it) still finds it once the returned object is gone
+    param = torch.nn.Parameter(stored, requires_grad=False)
     del stored
-    assert ops.dual_bytes == 0 and not ops._rows
+    gc.collect()
+    rows = rows_copy(param)
+    assert rows is not None and torch.equal(rows, w)
+    assert param.untyped_storage().nbytes() == 2 * w.numel() * 4  # freed with it, both copies
+    x = torch.randn(600, 48)  # torch on that copy: the very call F.linear makes, bit for bit
+    assert torch.equal(ops.linear(x, param, None), torch.nn.functional.linear(x, w))
+    assert rows_copy(kernel.pack(w)) is None  # panels packed alone: no copy to find
 
 
 def test_both_layouts_fall_back_to_the_rows_past_the_memory_budget(
@@ -388,3 +398,38 @@ def test_both_layouts_fall_back_to_the_rows_past_the_memory_budget(
     x = torch.randn(5, 48)
     torch.testing.assert_close(ops.linear(x, stored, None), torch.nn.functional.linear(x, w),
                                rtol=1e-4, atol=1e-4)  # fmt: skip
+
+
+def test_smollm2_keeps_both_copies_where_the_model_holds_its_weights(
+    kernel: PackedLinearKernel, tmp_path: Path, smollm2_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Cached decisions that keep both layouts for SmolLM2's float32 linears: every such weight
+    the model holds (wrapped in its own parameter object) still has its row-major copy, equal
+    to the checkpoint's, so prefill rows run torch on it (stop 36 lost the copies on the way
+    into the model, and prefill ran the panel tile at a third of MKL's rate)."""
+    from ironlm import LLM, SamplingParams
+    from ironlm_cpu.tuner import VERSION
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setenv("IRONLM_CACHE_DIR", str(tmp_path))
+    tuner = KernelTuner(kernel.target, tmp_path / "tuning")
+    us = {str(b): {"c_narrow": 1.0, "torch": 2.0 if b < 512 else 0.5} for b in BUCKETS}
+    decision = {**decide_linear(us, {}, ("c_narrow", "torch")), "source": "measured"}
+    shapes = ["960x576", "576x576", "3072x576", "576x1536"]
+    for threads in range(1, (os.cpu_count() or 1) + 1):
+        for shape in shapes:
+            tuner.record(f"linear|float32|{shape}|t{threads}|v{VERSION}", decision)
+    llm = LLM(str(smollm2_dir), device="cpu", dtype="float32", max_model_len=128,
+              kv_cache_memory=16 << 20)  # fmt: skip
+    model = llm.engine.executor.worker.runner.model
+    ref = AutoModelForCausalLM.from_pretrained(str(smollm2_dir), torch_dtype=torch.float32)
+    ours, theirs = model.model.layers[3], ref.model.layers[3]
+    pairs = [(ours.self_attn.o_proj.weight, theirs.self_attn.o_proj.weight),
+             (ours.mlp.down_proj.weight, theirs.mlp.down_proj.weight)]
+    for packed, original in pairs:
+        rows = rows_copy(packed)
+        assert packed.dim() == 3 and rows is not None and torch.equal(rows, original)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    out = llm.generate(["The capital of France is"], params, use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 8

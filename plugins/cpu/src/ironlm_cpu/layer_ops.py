@@ -16,7 +16,6 @@ whatever was chosen.
 from __future__ import annotations
 
 import os
-import weakref
 from pathlib import Path
 
 import torch
@@ -61,10 +60,8 @@ class CpuLayerOps(LayerOps):
                                  self.onednn)  # fmt: skip
         # (weight shape, dtype and layout as stored) -> plan, for every weight packed here
         self._linear: dict[tuple[torch.Size, torch.dtype, torch.layout], OpPlan] = {}
-        # stored (packed) weight's address -> its row-major copy, for plans that keep both
-        self._rows: dict[int, torch.Tensor] = {}
         self.dual_budget = dual_budget if dual_budget is not None else _physical_memory() // 8
-        self.dual_bytes = 0  # bytes of those copies
+        self.dual_bytes = 0  # bytes of the row-major copies made here (``with_rows``)
         # (hidden, residual, dtype) -> RMSNorm plan
         self._norm: dict[tuple[int, bool, torch.dtype], OpPlan | None] = {}
 
@@ -184,10 +181,8 @@ class CpuLayerOps(LayerOps):
         else:
             stored = weight.contiguous()
         if plan.single is not None:
-            key = stored.data_ptr()
-            self._rows[key] = weight.contiguous()
+            stored = with_rows(stored, weight)
             self.dual_bytes += copy
-            weakref.finalize(stored, self._forget_rows, key, copy)  # freed: its copy goes too
         self._linear[(stored.shape, stored.dtype, stored.layout)] = plan
         return stored
 
@@ -198,9 +193,9 @@ class CpuLayerOps(LayerOps):
         if plan is not None:
             impl = plan.impl_for(x.shape[0])
             if plan.single is not None and runs_on_rows(impl):
-                rows = self._rows.get(weight.data_ptr())
-                if rows is None:  # packed by another instance: no copy here, its packed kernel
-                    impl = next(i for i in plan.impls if not runs_on_rows(i))
+                rows = rows_copy(weight)
+                if rows is None:  # packed without a copy (by other layer ops): the panels'
+                    impl = next(i for i in reversed(plan.impls) if not runs_on_rows(i))
                 else:
                     weight = rows
             return self.chooser.run_linear(impl, x, weight, bias)
@@ -228,14 +223,33 @@ class CpuLayerOps(LayerOps):
             return self.kernel.rows(weight, ids)  # (T, hidden) from the panels
         return super().embedding(ids, weight)
 
-    def _forget_rows(self, key: int, copy: int) -> None:
-        if self._rows.pop(key, None) is not None:
-            self.dual_bytes -= copy
-
     def describe(self) -> dict[str, object]:
         """The ISA target and the choices made in this process (for logs and profiles)."""
         return {"isa_target": self.kernel.target.describe(), "choices": self.tuner.decisions,
                 "second_copy_bytes": self.dual_bytes}
+
+
+def with_rows(panels: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The panels in one allocation with the (N, K) row-major weight after them: the second
+    copy of a ``panel+rows`` plan lives and dies with the storage, whatever tensor object the
+    model ends up holding (a parameter wrapping the returned view is a new object; a copy kept
+    by the old object's address or lifetime was lost with it)."""
+    size = panels.numel()
+    buf = torch.empty(size + weight.numel(), dtype=weight.dtype)
+    buf[:size].copy_(panels.reshape(-1))
+    buf[size:].copy_(weight.reshape(-1))
+    return buf[:size].view(panels.shape)
+
+
+def rows_copy(panels: torch.Tensor) -> torch.Tensor | None:
+    """The row-major (N, K) copy ``with_rows`` put after these panels ((N / 16, K, 16) float32
+    or (N / 16, K / 2, 16, 2) bf16), or None where the storage ends with them."""
+    n = panels.shape[0] * panels.shape[2]
+    k = panels.numel() // n
+    end = panels.storage_offset() + panels.numel()
+    if panels.untyped_storage().nbytes() < (end + n * k) * panels.element_size():
+        return None
+    return panels.as_strided((n, k), (k, 1), end)
 
 
 def _physical_memory() -> int:
