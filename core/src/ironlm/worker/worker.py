@@ -149,16 +149,22 @@ class Worker(WorkerBase):
     def weight_bytes(self) -> int:
         """Bytes of the model's weights as this rank holds them: parameters, buffers and the
         tensors a quantization method keeps in module attributes (packed dicts, segments),
-        each storage counted once (an opaque library tensor, which has no storage, by its
-        elements)."""
-        seen: dict[object, int] = {}
+        each byte of a storage counted once however many tensors view it (an opaque library
+        tensor, which has no storage, by its elements). Storage no tensor views is not
+        counted: a second layout a kernel keeps after a weight (the cpu plugin's row-major copy)
+        is memory, not weight a forward pass reads."""
+        opaque: dict[int, int] = {}
+        spans: dict[int, list[tuple[int, int]]] = {}  # storage address -> (start, end) bytes
 
         def visit(obj: object) -> None:
             if isinstance(obj, torch.Tensor) and obj.layout != torch.strided:
-                seen[("opaque", id(obj))] = obj.numel() * obj.element_size()
+                opaque[id(obj)] = obj.numel() * obj.element_size()
             elif isinstance(obj, torch.Tensor):
-                storage = obj.untyped_storage()
-                seen[storage.data_ptr()] = storage.nbytes()
+                size = obj.element_size()
+                start = obj.storage_offset() * size
+                extent = 1 + sum((n - 1) * st for n, st in zip(obj.shape, obj.stride()))
+                end = start + (extent * size if obj.numel() else 0)
+                spans.setdefault(obj.untyped_storage().data_ptr(), []).append((start, end))
             elif isinstance(obj, (list, tuple)):
                 for item in obj:
                     visit(item)
@@ -169,7 +175,7 @@ class Worker(WorkerBase):
         for module in self.runner.model.modules():
             visit(list(module.parameters(recurse=False)) + list(module.buffers(recurse=False)))
             visit([v for k, v in vars(module).items() if not k.startswith("_")])
-        return sum(seen.values())
+        return sum(opaque.values()) + sum(_union_length(s) for s in spans.values())
 
     def kv_cache_bytes_per_block(self) -> int:
         """Bytes one KV block takes on this rank, over all its attention layers (and the
@@ -300,3 +306,14 @@ class Worker(WorkerBase):
                     f"{platform.name!r}: {status.reason}"
                 )
         return method
+
+
+def _union_length(spans: list[tuple[int, int]]) -> int:
+    """Bytes covered by (start, end) ranges that may overlap."""
+    total, reach = 0, 0
+    for start, end in sorted(spans):
+        start = max(start, reach)
+        if end > start:
+            total += end - start
+            reach = end
+    return total
