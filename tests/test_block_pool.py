@@ -73,6 +73,20 @@ def test_release_returns_claims_and_whole_groups_come_back() -> None:
     assert [pool.take("c") for _ in range(3)] == [1, 2, 3]  # ... claimed for c
 
 
+def test_trimmed_blocks_stay_the_requests_next() -> None:
+    """Blocks taken for speculative tokens that were rejected go back to their request's run."""
+    bm = BlockManager(num_kv_blocks=16, block_size=4, enable_prefix_caching=False, run=8)
+    r = Request("r", list(range(4)), SamplingParams(max_tokens=16), eos_token_id=None)
+    assert bm.allocate(r, 4 + 8)  # the prompt's block and two for 8 speculative tokens
+    assert bm.block_ids("r") == [0, 1, 2]
+    bm.trim("r", 5)  # one token accepted: the last block goes back
+    assert bm.block_ids("r") == [0, 1] and bm.num_free_blocks == 14
+    other = Request("o", list(range(40, 44)), SamplingParams(max_tokens=4), eos_token_id=None)
+    assert bm.allocate(other, 4) and bm.block_ids("o") == [8]  # the next whole group
+    r.num_computed_tokens = 5
+    assert bm.allocate(r, 8) and bm.block_ids("r") == [0, 1, 2, 3]  # the run goes on
+
+
 def test_random_use_never_hands_a_block_out_twice() -> None:
     rng = random.Random(7)
     num, run = 50, 4  # 12 groups and 2 loose blocks
@@ -85,6 +99,8 @@ def test_random_use_never_hands_a_block_out_twice() -> None:
             b = pool.take(name)
             assert all(b not in blocks for blocks in owned.values())
             owned.setdefault(name, []).append(b)
+        elif action < 0.65 and owned.get(name):
+            pool.give_back(name, owned[name].pop())
         elif action < 0.7 and len(pool):
             free = [b for b in range(num) if b in pool]
             b = rng.choice(free)

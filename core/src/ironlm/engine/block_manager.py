@@ -218,7 +218,7 @@ class BlockManager:
             block.ref_count -= 1
             if block.ref_count == 0:
                 self._evict_hash(b)  # only real tokens' full blocks are hashed; none here
-                self._free.put(b)
+                self._free.give_back(request_id, b)  # its next block again (in order)
         del owned[keep:]
 
     def free(self, request_id: str) -> None:

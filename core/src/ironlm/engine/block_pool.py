@@ -94,6 +94,12 @@ class FreeBlockPool:
                 if self._group_free[group] == self.run:
                     self._whole[group] = None
 
+    def give_back(self, claimant: str, block_id: int) -> None:
+        """``claimant`` returns a block it took but did not fill (speculative tokens rejected):
+        free again, and claimed by it as its next block, so that its run goes on there."""
+        self._claimed[block_id] = claimant
+        self._claims.setdefault(claimant, deque()).appendleft(block_id)
+
     def release(self, claimant: str) -> None:
         """``claimant`` takes no more blocks (finished or preempted): its claims end."""
         for b in self._claims.pop(claimant, ()):
