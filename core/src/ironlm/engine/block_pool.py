@@ -13,7 +13,8 @@ block and holds no claimed one takes the first block of a group that is wholly f
 the rest of the group for its next blocks. Claimed blocks stay free: they count in ``len()``, and
 when no unclaimed block is left they are taken from their claimant (the latest claims first), so
 the pool never refuses a block that ``len()`` promised. Without a whole group, the oldest free
-block goes (least recently freed first: the prefix cache keeps the blocks freed last).
+block goes (least recently freed first: the prefix cache keeps the blocks freed last). A block a
+request gives back unfilled (rejected speculative tokens) stays claimed by it, next in its run.
 
 ``run == 1`` is a plain queue of free blocks, least recently freed first.
 """
