@@ -73,6 +73,32 @@ def test_release_returns_claims_and_whole_groups_come_back() -> None:
     assert [pool.take("c") for _ in range(3)] == [1, 2, 3]  # ... claimed for c
 
 
+def test_groups_go_in_the_prefix_caches_order() -> None:
+    """A prompt cached by the request that finished last survives a new request while older free
+    blocks remain (the least recently freed go first, a whole group at a time)."""
+
+    def req(rid: str, tokens: list[int]) -> Request:
+        return Request(rid, tokens, SamplingParams(max_tokens=4), eos_token_id=None)
+
+    bm = BlockManager(num_kv_blocks=12, block_size=4, enable_prefix_caching=True, run=4)
+    first = req("F", list(range(100, 116)) + [0])  # 5 blocks: a group and one more
+    assert bm.allocate(first, 17)
+    first.num_computed_tokens = 17
+    sharer = req("G", list(range(100, 108)) + [1, 2, 3])  # shares F's first two blocks
+    cached = bm.find_cached_prefix(sharer)
+    sharer.num_computed_tokens = 8
+    assert bm.allocate(sharer, 3, cached)
+    bm.free("F")  # F's other blocks: free, but F's group is not whole (G holds two)
+    last = req("A", list(range(200, 216)) + [9])
+    assert bm.allocate(last, 17)
+    last.num_computed_tokens = 17
+    bm.free("A")  # A's prompt: the most recently freed
+    again = list(range(200, 216)) + [5]
+    assert len(bm.find_cached_prefix(req("A2", again))) == 4
+    assert bm.allocate(req("X", [7, 7, 7]), 3)  # an unrelated request takes an older block
+    assert len(bm.find_cached_prefix(req("A3", again))) == 4
+
+
 def test_trimmed_blocks_stay_the_requests_next() -> None:
     """Blocks taken for speculative tokens that were rejected go back to their request's run."""
     bm = BlockManager(num_kv_blocks=16, block_size=4, enable_prefix_caching=False, run=8)

@@ -386,6 +386,7 @@ def test_both_layouts_run_each_bucket_on_its_own_copy(
     x = torch.randn(600, 48)  # torch on that copy: the very call F.linear makes, bit for bit
     assert torch.equal(ops.linear(x, param, None), torch.nn.functional.linear(x, w))
     assert rows_copy(kernel.pack(w)) is None  # panels packed alone: no copy to find
+    assert rows_copy(param[:2]) is None  # nor from a slice of them
 
 
 def test_both_layouts_fall_back_to_the_rows_past_the_memory_budget(

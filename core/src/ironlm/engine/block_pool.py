@@ -9,12 +9,14 @@ sequences of 129-192 tokens need in 512 MiB of a float32 SmolLM2 cache: a third 
 Small blocks handed out in runs give both.
 
 ``run`` blocks form a group (ids ``g * run`` to ``g * run + run - 1``). A request that needs a
-block and holds no claimed one takes the first block of a group that is wholly free and claims
-the rest of the group for its next blocks. Claimed blocks stay free: they count in ``len()``, and
-when no unclaimed block is left they are taken from their claimant (the latest claims first), so
-the pool never refuses a block that ``len()`` promised. Without a whole group, the oldest free
-block goes (least recently freed first: the prefix cache keeps the blocks freed last). A block a
-request gives back unfilled (rejected speculative tokens) stays claimed by it, next in its run.
+block and holds no claimed one gets the least recently freed block (the prefix cache's eviction
+order: a cached prompt freed last stays longest) or, where that block's whole group is free, the
+group's first block, the rest of the group claimed for its next blocks: a group goes as one when
+its turn comes (a finished request's group was freed at once, so groups go in the order their
+requests finished). Claimed blocks stay free: they count in ``len()``, prefix-cache hits still
+take them, and when no unclaimed block is left they are taken from their claimant (the latest
+claims first), so the pool never refuses a block that ``len()`` promised. A block a request gives
+back unfilled (rejected speculative tokens) stays claimed by it, next in its run.
 
 ``run == 1`` is a plain queue of free blocks, least recently freed first.
 """
@@ -34,13 +36,8 @@ class FreeBlockPool:
         # free block -> its claimant, in claim order
         self._claimed: OrderedDict[int, str] = OrderedDict()
         self._claims: dict[str, deque[int]] = {}  # claimant -> its claimed blocks, in id order
-        # per group: how many of its blocks are in _free; groups whose all are, in the order they
-        # became whole (so the group freed longest ago goes first)
-        self._group_free = [0] * (num_blocks // run if run > 1 else 0)
-        self._whole: OrderedDict[int, None] = OrderedDict()
-        for g in range(len(self._group_free)):
-            self._group_free[g] = run
-            self._whole[g] = None
+        # per group: how many of its blocks are in _free (run == 1: no groups)
+        self._group_free = [run] * (num_blocks // run if run > 1 else 0)
 
     def __len__(self) -> int:
         return len(self._free) + len(self._claimed)
@@ -58,19 +55,20 @@ class FreeBlockPool:
             if not claims:
                 del self._claims[claimant]
             return block_id
-        if self._whole:
-            first = next(iter(self._whole)) * self.run
-            rest = range(first + 1, first + self.run)
-            self._unfree(first)
-            for b in rest:
-                self._unfree(b)
-                self._claimed[b] = claimant
-            self._claims[claimant] = deque(rest)
-            return first
         if self._free:
-            block_id = next(iter(self._free))
-            self._unfree(block_id)
-            return block_id
+            oldest = next(iter(self._free))
+            group = oldest // self.run
+            if group < len(self._group_free) and self._group_free[group] == self.run:
+                first = group * self.run  # the whole group: its first block, the rest claimed
+                rest = range(first + 1, first + self.run)
+                self._unfree(first)
+                for b in rest:
+                    self._unfree(b)
+                    self._claimed[b] = claimant
+                self._claims[claimant] = deque(rest)
+                return first
+            self._unfree(oldest)
+            return oldest
         if self._claimed:  # only claimed blocks left: the latest claim gives way
             block_id, owner = self._claimed.popitem(last=True)
             self._drop_claim(owner, block_id)
@@ -92,8 +90,6 @@ class FreeBlockPool:
             group = block_id // self.run
             if group < len(self._group_free):
                 self._group_free[group] += 1
-                if self._group_free[group] == self.run:
-                    self._whole[group] = None
 
     def give_back(self, claimant: str, block_id: int) -> None:
         """``claimant`` returns a block it took but did not fill (speculative tokens rejected):
@@ -113,8 +109,6 @@ class FreeBlockPool:
         if self._group_free:
             group = block_id // self.run
             if group < len(self._group_free):
-                if self._group_free[group] == self.run:
-                    del self._whole[group]
                 self._group_free[group] -= 1
 
     def _drop_claim(self, owner: str, block_id: int) -> None:

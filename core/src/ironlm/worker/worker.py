@@ -154,17 +154,16 @@ class Worker(WorkerBase):
         counted: a second layout a kernel keeps after a weight (the cpu plugin's row-major copy)
         is memory, not weight a forward pass reads."""
         opaque: dict[int, int] = {}
-        spans: dict[int, list[tuple[int, int]]] = {}  # storage address -> (start, end) bytes
+        spans: list[tuple[int, int]] = []  # (first, last + 1) address of each tensor's bytes
 
         def visit(obj: object) -> None:
             if isinstance(obj, torch.Tensor) and obj.layout != torch.strided:
                 opaque[id(obj)] = obj.numel() * obj.element_size()
             elif isinstance(obj, torch.Tensor):
-                size = obj.element_size()
-                start = obj.storage_offset() * size
+                # a strided view's span includes its gaps (an upper bound on its own bytes)
                 extent = 1 + sum((n - 1) * st for n, st in zip(obj.shape, obj.stride()))
-                end = start + (extent * size if obj.numel() else 0)
-                spans.setdefault(obj.untyped_storage().data_ptr(), []).append((start, end))
+                if obj.numel():
+                    spans.append((obj.data_ptr(), obj.data_ptr() + extent * obj.element_size()))
             elif isinstance(obj, (list, tuple)):
                 for item in obj:
                     visit(item)
@@ -175,7 +174,7 @@ class Worker(WorkerBase):
         for module in self.runner.model.modules():
             visit(list(module.parameters(recurse=False)) + list(module.buffers(recurse=False)))
             visit([v for k, v in vars(module).items() if not k.startswith("_")])
-        return sum(opaque.values()) + sum(_union_length(s) for s in spans.values())
+        return sum(opaque.values()) + _union_length(spans)
 
     def kv_cache_bytes_per_block(self) -> int:
         """Bytes one KV block takes on this rank, over all its attention layers (and the
@@ -309,7 +308,7 @@ class Worker(WorkerBase):
 
 
 def _union_length(spans: list[tuple[int, int]]) -> int:
-    """Bytes covered by (start, end) ranges that may overlap."""
+    """Bytes covered by (start, end) address ranges that may overlap (shared storages, views)."""
     total, reach = 0, 0
     for start, end in sorted(spans):
         start = max(start, reach)

@@ -243,13 +243,15 @@ def with_rows(panels: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 def rows_copy(panels: torch.Tensor) -> torch.Tensor | None:
     """The row-major (N, K) copy ``with_rows`` put after these panels ((N / 16, K, 16) float32
-    or (N / 16, K / 2, 16, 2) bf16), or None where the storage ends with them."""
-    n = panels.shape[0] * panels.shape[2]
-    k = panels.numel() // n
-    end = panels.storage_offset() + panels.numel()
-    if panels.untyped_storage().nbytes() < (end + n * k) * panels.element_size():
+    or (N / 16, K / 2, 16, 2) bf16), or None where their storage is not ``with_rows``'s: the
+    panels from its start and the copy, exactly (not panels alone, nor a slice of them)."""
+    size = panels.numel()
+    if panels.storage_offset() != 0 or panels.untyped_storage().nbytes() != (
+        2 * size * panels.element_size()
+    ):
         return None
-    return panels.as_strided((n, k), (k, 1), end)
+    n = panels.shape[0] * panels.shape[2]
+    return panels.as_strided((n, size // n), (size // n, 1), size)
 
 
 def _physical_memory() -> int:
