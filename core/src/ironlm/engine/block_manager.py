@@ -42,7 +42,6 @@ class BlockManager:
                  num_swap_blocks: int = 0, run: int = 1) -> None:
         """``run``: blocks a request takes next to each other where free (``FreeBlockPool``)."""
         self.block_size = block_size
-        self.run = run
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_kv_blocks)]
         self._free = FreeBlockPool(num_kv_blocks, run)
@@ -58,6 +57,11 @@ class BlockManager:
     @property
     def num_kv_blocks(self) -> int:
         return len(self.blocks)
+
+    @property
+    def run(self) -> int:
+        """Neighbouring blocks a request takes at a time where free (1: no runs)."""
+        return self._free.run
 
     @property
     def num_free_blocks(self) -> int:

@@ -86,10 +86,7 @@ class FreeBlockPool:
     def put(self, block_id: int) -> None:
         """``block_id`` is free again (the most recently freed)."""
         self._free[block_id] = None
-        if self._group_free:
-            group = block_id // self.run
-            if group < len(self._group_free):
-                self._group_free[group] += 1
+        self._count(block_id, 1)
 
     def give_back(self, claimant: str, block_id: int) -> None:
         """``claimant`` returns a block it took but did not fill (speculative tokens rejected):
@@ -106,10 +103,13 @@ class FreeBlockPool:
     # -- bookkeeping -------------------------------------------------------------------------
     def _unfree(self, block_id: int) -> None:
         del self._free[block_id]
-        if self._group_free:
-            group = block_id // self.run
-            if group < len(self._group_free):
-                self._group_free[group] -= 1
+        self._count(block_id, -1)
+
+    def _count(self, block_id: int, change: int) -> None:
+        """Keep its group's count of unclaimed free blocks (blocks past the last group: none)."""
+        group = block_id // self.run
+        if group < len(self._group_free):
+            self._group_free[group] += change
 
     def _drop_claim(self, owner: str, block_id: int) -> None:
         claims = self._claims[owner]

@@ -234,11 +234,8 @@ def with_rows(panels: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     copy of a ``panel+rows`` plan lives and dies with the storage, whatever tensor object the
     model ends up holding (a parameter wrapping the returned view is a new object; a copy kept
     by the old object's address or lifetime was lost with it)."""
-    size = panels.numel()
-    buf = torch.empty(size + weight.numel(), dtype=weight.dtype)
-    buf[:size].copy_(panels.reshape(-1))
-    buf[size:].copy_(weight.reshape(-1))
-    return buf[:size].view(panels.shape)
+    both = torch.cat([panels.reshape(-1), weight.reshape(-1)])
+    return both[: panels.numel()].view(panels.shape)
 
 
 def rows_copy(panels: torch.Tensor) -> torch.Tensor | None:
