@@ -9,6 +9,7 @@ import torch
 
 from ironlm.worker.sampler import Sampler, SamplingState
 from ironlm.sampling_params import SamplingParams
+from ironlm.worker import truncation
 
 V = 50
 
@@ -25,16 +26,17 @@ def _ref_final(logits: torch.Tensor, p: SamplingParams, prompt: list[int], outs:
                eos: int | None) -> torch.Tensor:
     """One row, each parameter exactly as its definition reads, in vLLM's order."""
     x = logits.clone().double()
+    n = x.shape[0]
     if len(outs) < p.min_tokens:
         for t in list(p.stop_token_ids or []) + ([eos] if eos is not None else []):
             x[t] = -math.inf
     for t, b in (p.logit_bias or {}).items():
         x[t] += b
     if p.allowed_token_ids is not None:
-        keep = torch.zeros(V, dtype=torch.bool)
+        keep = torch.zeros(n, dtype=torch.bool)
         keep[p.allowed_token_ids] = True
         x[~keep] = -math.inf
-    for t in range(V):
+    for t in range(n):
         if t in prompt or t in outs:
             if p.repetition_penalty != 1.0 and math.isfinite(x[t]):
                 x[t] = x[t] / p.repetition_penalty if x[t] > 0 else x[t] * p.repetition_penalty
@@ -114,6 +116,63 @@ def test_seeded_rows_do_not_depend_on_the_batch() -> None:
     assert alone == batched
     other = _state(SamplingParams(temperature=1.0, seed=43))
     assert [Sampler()(logits[:1], [other])[0].token_id for _ in range(20)] != alone
+
+
+def test_truncation_within_the_head_equals_the_definition_on_a_large_vocabulary() -> None:
+    # V = 8 x CANDIDATES: top-k / top-p rows are resolved within their largest logits; the
+    # flat rows' nuclei are wider than that and go through the full sort; top-k 3000 sorts all
+    big = 8 * truncation.CANDIDATES
+    g = torch.Generator().manual_seed(5)
+    peaked, flat = torch.randn(big, generator=g) * 6, torch.randn(big, generator=g) * 0.3
+    rows = [
+        (peaked, SamplingParams(temperature=1.0, top_p=0.9)),
+        (flat, SamplingParams(temperature=1.0, top_p=0.9)),
+        (peaked, SamplingParams(temperature=1.0, top_k=50)),
+        (flat, SamplingParams(temperature=0.8, top_k=40, top_p=0.5)),
+        (peaked, SamplingParams(temperature=1.0)),
+        (peaked, SamplingParams(temperature=1.0, min_p=0.01)),
+        (flat, SamplingParams(temperature=1.0, top_p=0.99, min_p=0.2)),
+    ]
+    for extra in ([], [(flat, SamplingParams(temperature=1.0, top_k=3000, top_p=0.7))]):
+        batch = rows + extra
+        logits = torch.stack([x for x, _ in batch])
+        states = [SamplingState.create(p, 0, [3], big, torch.device("cpu")) for _, p in batch]
+        got = Sampler().final_logits(logits, states, None)
+        for i, (x, p) in enumerate(batch):
+            ref = _ref_final(x, p, [3], [], 0)
+            assert torch.equal(torch.isinf(got[i]), torch.isinf(ref)), f"row {i}: {p}"
+            fin = torch.isfinite(ref)
+            torch.testing.assert_close(got[i][fin].double(), ref[fin], rtol=1e-5, atol=1e-5)
+    kept = torch.isfinite(Sampler().final_logits(logits, states, None)).sum(dim=1)
+    assert kept[1] > truncation.CANDIDATES and kept[0] < truncation.CANDIDATES  # both paths ran
+
+
+def test_draw_matches_the_probabilities_across_blocks() -> None:
+    # 700 tokens: two whole blocks and a short one; zero-mass tokens inside and at the end,
+    # a token of 1e-9 beside one of 0.3 in the same block, mass spread over all three blocks
+    n = 2 * truncation.BLOCK + 188
+    probs = torch.zeros(n)
+    probs[[3, 200, 255, 256, 400, 511, 512, 600, 690]] = torch.tensor(
+        [0.3, 1e-9, 0.1, 0.05, 0.15, 0.1, 0.1, 0.12, 0.08])
+    draws = 200_000
+    torch.manual_seed(0)
+    counts = torch.bincount(truncation.draw(probs.expand(draws, n).contiguous(),
+                                            [_state(SamplingParams()) for _ in range(draws)]),
+                            minlength=n).double()
+    assert counts[probs == 0].sum() == 0
+    p = probs.double() / probs.sum()
+    sigma = (draws * p * (1 - p)).sqrt()
+    big = p > 1e-3
+    assert ((counts[big] - draws * p[big]).abs() <= 5 * sigma[big]).all(), counts[big] / draws
+
+
+def test_draw_never_lands_on_a_zero_mass_token_when_u_rounds_up() -> None:
+    # the offset inside a block is a ratio of two float64 sums: it can reach 1
+    cdf = torch.tensor([[0.25, 0.5, 1.0, 1.0, 1.0]], dtype=torch.float64)
+    i, rest = truncation._pick(cdf, torch.tensor([[1.0]], dtype=torch.float64))
+    assert int(i) == 2 and float(rest) == 0.5
+    i, rest = truncation._pick(cdf, torch.tensor([[0.0]], dtype=torch.float64))
+    assert int(i) == 0 and float(rest) == 0.0
 
 
 def test_logprobs_are_raw_log_softmax_with_ranks() -> None:

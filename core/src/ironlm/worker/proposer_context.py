@@ -9,7 +9,8 @@ import torch
 from ironlm.config import EngineConfig
 from ironlm.interfaces.model import ModelArchitecture
 from ironlm.interfaces.spec_decode import DraftModel, ProposerContext
-from ironlm.worker.sampler import Sampler, SamplingState, draw
+from ironlm.worker.sampler import Sampler, SamplingState
+from ironlm.worker.truncation import draw
 
 
 class WorkerProposerContext(ProposerContext):

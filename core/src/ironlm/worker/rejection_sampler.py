@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import torch
 
 from ironlm.interfaces.step import SampledToken
-from ironlm.worker.sampler import Sampler, SamplingState, draw, top_logprobs
+from ironlm.worker.sampler import Sampler, SamplingState, top_logprobs
+from ironlm.worker.truncation import draw
 
 
 @dataclass

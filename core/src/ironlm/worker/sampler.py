@@ -2,7 +2,7 @@
 
 Order (vLLM's): raw logprobs are taken from the model's logits; then min_tokens, logit_bias,
 allowed ids / bad words / guided masks, repetition / frequency / presence penalties,
-temperature, top-k, top-p, min-p; then a draw. Seeded rows draw their noise from their own
+temperature, top-k, top-p, min-p; then a draw. Seeded rows draw their uniforms from their own
 generator, so a seeded request samples the same tokens alone or in any batch.
 """
 
@@ -15,6 +15,7 @@ import torch
 from ironlm.interfaces.platform import LayerOps
 from ironlm.interfaces.step import SampledToken
 from ironlm.sampling_params import SamplingParams
+from ironlm.worker.truncation import draw, truncate
 
 _NEG_INF = float("-inf")
 
@@ -102,12 +103,15 @@ class Sampler:
         if not want_top and (want_lp or x is logits):
             log_norm, raw_argmax = self.ops.logsumexp_argmax(
                 logits, argmax=x is logits, logsumexp=want_lp)
-        # greedy rows: the argmax of the processed logits (the raw ones' when nothing changed)
-        tokens = raw_argmax if x is logits and raw_argmax is not None else x.argmax(dim=-1)
-        if not all(s.params.sampling_type_greedy for s in states):
-            greedy = torch.tensor([s.params.sampling_type_greedy for s in states],
-                                  device=x.device)  # fmt: skip
-            tokens = torch.where(greedy, tokens, draw(torch.softmax(x, dim=-1), states))
+        greedy = [s.params.sampling_type_greedy for s in states]
+        tokens = None
+        if any(greedy):  # the argmax of the processed logits (the raw ones' when unchanged)
+            tokens = raw_argmax if x is logits and raw_argmax is not None else x.argmax(dim=-1)
+        if not all(greedy):
+            drawn = draw(torch.softmax(x, dim=-1), states)
+            tokens = drawn if tokens is None else torch.where(
+                torch.tensor(greedy, device=x.device), tokens, drawn)
+        assert tokens is not None
         chosen_lp = None
         if raw_logprobs is not None:
             chosen_lp = raw_logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)  # (B,)
@@ -139,7 +143,7 @@ class Sampler:
             [1.0 if g else s.params.temperature for g, s in zip(greedy, states)],
             device=x.device, dtype=x.dtype,
         ).unsqueeze(1)
-        return _top_k_top_p_min_p(x / temps, states)
+        return truncate(x / temps, states)
 
     def _process(
         self, x: torch.Tensor, states: list[SamplingState], allowed: torch.Tensor | None
@@ -194,16 +198,6 @@ class Sampler:
         return x
 
 
-def draw(probs: torch.Tensor, states: list[SamplingState]) -> torch.Tensor:
-    """(B,) one categorical draw per row of ``probs`` ((B, V), rows summing to 1), from the
-    row's request generator when seeded (an exponential race: argmax of p / Exp(1) noise)."""
-    noise = torch.empty_like(probs).exponential_()  # unseeded rows: the shared generator
-    for i, s in enumerate(states):
-        if s.generator is not None and not s.params.sampling_type_greedy:
-            noise[i].exponential_(generator=s.generator)
-    return (probs / noise).argmax(dim=-1)
-
-
 def _apply_penalties(x: torch.Tensor, states: list[SamplingState]) -> torch.Tensor:
     rows = [i for i, s in enumerate(states) if s.output_counts is not None]
     if not rows:
@@ -223,33 +217,6 @@ def _apply_penalties(x: torch.Tensor, states: list[SamplingState]) -> torch.Tens
         sub = torch.where(rep_seen, torch.where(sub > 0, sub / r, sub * r), sub)
     sub = sub - freq.unsqueeze(1) * counts - pres.unsqueeze(1) * seen.to(x.dtype)
     x[idx] = sub
-    return x
-
-
-def _top_k_top_p_min_p(x: torch.Tensor, states: list[SamplingState]) -> torch.Tensor:
-    """Mask logits outside each row's top-k / nucleus / min-p set. x: (B, V) scaled logits."""
-    top_k = [s.params.top_k for s in states]
-    top_p = [s.params.top_p for s in states]
-    min_p = [s.params.min_p for s in states]
-    V = x.shape[1]
-    if any(k != -1 for k in top_k) or any(p < 1.0 for p in top_p):
-        sorted_x, order = x.sort(dim=-1, descending=True)  # (B, V)
-        ks = torch.tensor([k if k != -1 else V for k in top_k], device=x.device)
-        pos = torch.arange(V, device=x.device).unsqueeze(0)
-        drop = pos >= ks.unsqueeze(1)
-        sorted_x = sorted_x.masked_fill(drop, _NEG_INF)
-        ps = torch.tensor(top_p, device=x.device, dtype=x.dtype).unsqueeze(1)
-        probs = torch.softmax(sorted_x, dim=-1)
-        before = probs.cumsum(dim=-1) - probs  # mass strictly above each token
-        # keep the smallest prefix whose mass reaches top_p; rows at top_p 1.0 keep all (a
-        # float32 cumsum can exceed 1.0 in its last places, by the summation order of the ISA)
-        drop = (before > ps) & (ps < 1.0)
-        sorted_x = sorted_x.masked_fill(drop, _NEG_INF)
-        x = torch.full_like(x, _NEG_INF).scatter(1, order, sorted_x)
-    if any(m > 0 for m in min_p):
-        probs = torch.softmax(x, dim=-1)
-        mp = torch.tensor(min_p, device=x.device, dtype=x.dtype).unsqueeze(1)
-        x = x.masked_fill(probs < mp * probs.max(dim=-1, keepdim=True).values, _NEG_INF)
     return x
 
 
