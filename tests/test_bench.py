@@ -133,9 +133,11 @@ def test_bench_throughput_dataset_file(tiny_llama_dir: Path, tmp_path: Path) -> 
         "--num-prompts", "3", "--output-len", "3", "--no-single-stream",
         "--skip-machine-limits", "--result-file", str(out), *ENGINE,
         "--lora-counts", "2", "--lora-rank", "8", "--lora-merged-baseline",
+        "--temperature", "0.8",  # every engine samples (HF + peft merged: do_sample)
     ])
     assert rc == 0
     data = json.loads(out.read_text())
+    assert data["args"]["temperature"] == 0.8
     fig = data["engines"]["ironlm"]
     assert fig["num_requests"] == 3 and fig["output_tokens"] == 9
     assert "single_decode_tok_s" not in fig
@@ -186,6 +188,14 @@ def test_bench_latency_unquantized_baseline_and_weight_bytes(
     saved = (base["weight_mib"] - ours["weight_mib"]) * 2**20
     assert saved == pytest.approx(73728 * 4 - 73728 - 1024 * 4)
     assert data["ratios"]["unquantized"]["decode_tok_s"] > 0
+
+
+def test_bench_throughput_refuses_a_negative_temperature(
+        tiny_llama_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = ironlm_main(["bench", "throughput", "--model", str(tiny_llama_dir), "--temperature",
+                      "-1", "--skip-machine-limits", "--result-dir", str(tmp_path), *ENGINE])
+    assert rc == 2 and "--temperature must be at least 0" in capsys.readouterr().err
+    assert not list(tmp_path.glob("*.json"))
 
 
 def test_bench_llama_cpp_baseline_missing_is_explained(

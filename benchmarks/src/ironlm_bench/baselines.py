@@ -80,9 +80,15 @@ class HfRunner:
                 "transformers": _version("transformers")}
 
     @torch.inference_mode()
-    def run(self, prompts: list[list[int]], output_len: int) -> BatchTiming:
+    def run(self, prompts: list[list[int]], output_len: int, temperature: float = 0.0) -> BatchTiming:
         from transformers import LogitsProcessorList
 
+        # sampling as IronLM's runner samples: the whole distribution at this temperature
+        # (top_k 0 turns off the top-50 filter generation configs default to)
+        sampling: dict[str, Any] = (
+            {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+            if temperature > 0 else {"do_sample": False}
+        )  # fmt: skip
         size = self.batch_size or len(prompts)
         ttft: list[float] = []
         e2e: list[float] = []
@@ -94,7 +100,7 @@ class HfRunner:
             clock = _StepClock()
             out = self.model.generate(
                 input_ids=ids, attention_mask=mask, max_new_tokens=output_len,
-                min_new_tokens=output_len, do_sample=False, pad_token_id=self.pad_id,
+                min_new_tokens=output_len, pad_token_id=self.pad_id, **sampling,
                 logits_processor=LogitsProcessorList([clock]),
             )
             done = time.perf_counter() - start
@@ -138,7 +144,9 @@ class LlamaCppRunner:
         return {"gguf": self.gguf_path, "n_ctx": self.n_ctx, "flash_attn": self.flash_attn,
                 "batching": "sequential", "llama_cpp_python": _version("llama_cpp_python")}
 
-    def run(self, prompts: list[list[int]], output_len: int) -> BatchTiming:
+    def run(self, prompts: list[list[int]], output_len: int, temperature: float = 0.0) -> BatchTiming:
+        if temperature > 0:
+            raise ValueError("the llama-cpp baseline runs greedy only (temperature 0)")
         ttft: list[float] = []
         e2e: list[float] = []
         produced: list[int] = []

@@ -64,7 +64,9 @@ class LlamaCppBatchedRunner:
             raise RuntimeError(f"llama.cpp could not create a context of {n_ctx} tokens")
         return ctx
 
-    def run(self, prompts: list[list[int]], output_len: int) -> BatchTiming:
+    def run(self, prompts: list[list[int]], output_len: int, temperature: float = 0.0) -> BatchTiming:
+        if temperature > 0:
+            raise ValueError("the llama-cpp baseline runs greedy only (temperature 0)")
         lc, n = self.lc, len(prompts)
         # every sequence gets its own share of the context (llama.cpp splits n_ctx by n_seq_max
         # and pads each share to 256 cells; a share already padded keeps it quiet about that)

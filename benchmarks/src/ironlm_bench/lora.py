@@ -154,7 +154,7 @@ class HfMergedRunner:
     def info(self) -> dict[str, Any]:
         return {**self.runner.info(), "adapters": len(self.adapters), "merged": True}
 
-    def run(self, prompts: list[list[int]], output_len: int) -> BatchTiming:
+    def run(self, prompts: list[list[int]], output_len: int, temperature: float = 0.0) -> BatchTiming:
         k = len(self.merged)
         ttft = [0.0] * len(prompts)
         e2e = [0.0] * len(prompts)
@@ -166,7 +166,7 @@ class HfMergedRunner:
                 continue
             self.runner.model = model
             offset = time.perf_counter() - start
-            t = self.runner.run([prompts[i] for i in rows], output_len)
+            t = self.runner.run([prompts[i] for i in rows], output_len, temperature)
             for i, first, last, n in zip(rows, t.ttft, t.e2e, t.output_tokens):
                 ttft[i], e2e[i], produced[i] = offset + first, offset + last, n
         return BatchTiming(ttft, e2e, [len(p) for p in prompts], produced)

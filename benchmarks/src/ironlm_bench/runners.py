@@ -1,6 +1,7 @@
 """Timed generation: the ``Runner`` protocol, the ``BatchTiming`` it returns, and IronLM's runner.
 
-Every runner generates exactly ``output_len`` greedy tokens per prompt (EOS ignored) and
+Every runner generates exactly ``output_len`` tokens per prompt (EOS ignored), greedy or, at a
+temperature above 0, sampled from the model's whole distribution (no top-k / top-p), and
 records, per request, when its first token and its last token came, relative to the moment
 the batch was handed over.
 """
@@ -46,8 +47,9 @@ class Runner(Protocol):
         """What was loaded: dtype, KV-cache size, batch policy... (goes into the result)."""
         ...
 
-    def run(self, prompts: list[list[int]], output_len: int) -> BatchTiming:
-        """Generate ``output_len`` tokens for every prompt; time each request."""
+    def run(self, prompts: list[list[int]], output_len: int, temperature: float = 0.0) -> BatchTiming:
+        """Generate ``output_len`` tokens for every prompt (greedy at temperature 0); time each
+        request. A runner that cannot sample raises ValueError for a temperature above 0."""
         ...
 
 
@@ -92,13 +94,13 @@ class IronlmRunner:
             "lora_adapters": len(self.loras),
         }
 
-    def run(self, prompts: list[list[int]], output_len: int) -> BatchTiming:
+    def run(self, prompts: list[list[int]], output_len: int, temperature: float = 0.0) -> BatchTiming:
         from ironlm.sampling_params import RequestOutputKind, SamplingParams
 
         # final outputs only, as LLM.generate asks for them; each request's first token time
         # comes with its final output (RequestOutput.metrics, time.monotonic)
         params = SamplingParams(
-            temperature=0.0, max_tokens=output_len, ignore_eos=True, detokenize=self.detokenize,
+            temperature=temperature, max_tokens=output_len, ignore_eos=True, detokenize=self.detokenize,
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
         n = len(prompts)

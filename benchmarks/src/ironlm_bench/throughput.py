@@ -4,7 +4,7 @@
         --max-model-len 512 --kv-cache-memory 512MiB --baseline hf
 
 Every engine runs in its own process (peak RSS per engine), on the same seeded prompts,
-greedy, EOS ignored: each request makes exactly ``--output-len`` tokens. Per engine: a short
+greedy (``--temperature T``: sampled from the whole distribution), EOS ignored: each request makes exactly ``--output-len`` tokens. Per engine: a short
 warm-up request, the batch (all prompts handed over at once), then one single-stream request
 for the decode rate. The machine's bandwidth and matmul limits are measured in the same run.
 """
@@ -12,6 +12,7 @@ for the decode rate. The machine's bandwidth and matmul limits are measured in t
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from ironlm_bench.common import (
@@ -46,6 +47,10 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                    help="tokens generated per request (default: %(default)s)")
     w.add_argument("--dataset", default=None,
                    help="text file, one prompt per line (instead of random token ids)")
+    w.add_argument("--temperature", type=float, default=0.0,
+                   help="sampling temperature of every engine's requests (default: 0, greedy); "
+                        "above 0 they sample from the whole distribution (no top-k / top-p); "
+                        "IronLM and the hf baselines only")
     w.add_argument("--no-single-stream", dest="single_stream", action="store_false",
                    help="skip the single-request decode measurement after the batch")
     add_lora_args(parser)
@@ -97,19 +102,30 @@ def main(args: argparse.Namespace) -> int:
     ctx = offline_context(args, "throughput")
     if ctx is None:
         return 2
+    if args.temperature < 0:
+        print("ironlm bench throughput: --temperature must be at least 0", file=sys.stderr)
+        return 2
+    if args.temperature > 0 and "llama-cpp" in args.baseline:
+        print("ironlm bench throughput: the llama-cpp baseline runs greedy only: drop "
+              "--temperature or that baseline", file=sys.stderr)
+        return 2
     prompts = make_prompts(args)
     n_ctx = max(len(p) for p in prompts) + args.output_len + 8
     jobs = [
         {"label": "warmup", "output_len": min(WARMUP_TOKENS, args.output_len),
-         "batches": [[prompts[0]]]},
-        {"label": "batch", "output_len": args.output_len, "batches": [prompts]},
+         "batches": [[prompts[0]]], "temperature": args.temperature},
+        {"label": "batch", "output_len": args.output_len, "batches": [prompts],
+         "temperature": args.temperature},
     ]
     if args.single_stream:
-        jobs.append({"label": "single", "output_len": args.output_len, "batches": [[prompts[0]]]})
+        jobs.append({"label": "single", "output_len": args.output_len, "batches": [[prompts[0]]],
+                     "temperature": args.temperature})
     report = OfflineReport(
         "throughput", METRICS, running=f"{len(prompts)} prompts x {args.output_len} tokens",
         workload=f"{len(prompts)} prompts, {sum(len(p) for p in prompts)} prompt tokens, "
-                 f"{args.output_len} output tokens each",
+                 f"{args.output_len} output tokens each, "
+                 + (f"sampled at temperature {args.temperature:g}" if args.temperature > 0
+                    else "greedy"),
         # LoRA runs (--lora-counts): the batch job again with the prompts over N adapters
         extra=lora_section(args, engine_kwargs(args), jobs[:2]))
     return run_offline(args, ctx, report, jobs, n_ctx, lambda result: engine_figures(result, ctx))

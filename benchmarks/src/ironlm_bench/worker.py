@@ -8,7 +8,8 @@ order and writes timings, load time and peak RSS (VmHWM) as JSON.
 spec = {"runner": {"kind": "ironlm" | "hf" | "llama-cpp", "model": ..., "label": name in the
                    results (default: the runner's), ...runner options},
         "threads": 2,
-        "jobs": [{"label": "warmup", "output_len": 4, "batches": [[[1, 2, 3]]]}, ...]}
+        "jobs": [{"label": "warmup", "output_len": 4, "batches": [[[1, 2, 3]]],
+                  "temperature": 0.0 (optional; above 0 the runner samples)}, ...]}
 """
 
 from __future__ import annotations
@@ -116,7 +117,8 @@ def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
     for job in spec["jobs"]:
         timings = results.setdefault(job["label"], [])
         for batch in job["batches"]:
-            timings.append(runner.run(batch, int(job["output_len"])).to_dict())
+            timings.append(runner.run(batch, int(job["output_len"]),
+                                      float(job.get("temperature", 0.0))).to_dict())
     return {
         "runner": spec["runner"].get("label") or runner.name,
         "info": runner.info(),
