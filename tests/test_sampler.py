@@ -119,13 +119,16 @@ def test_seeded_rows_do_not_depend_on_the_batch() -> None:
 
 
 def test_truncation_within_the_head_equals_the_definition_on_a_large_vocabulary() -> None:
-    # V = 8 x CANDIDATES: top-k / top-p rows are resolved within their largest logits; the
-    # flat rows' nuclei are wider than that and go through the full sort; top-k 3000 sorts all
-    big = 8 * truncation.CANDIDATES
+    # V = 64 x CANDIDATES: top-k / top-p rows are resolved within their largest logits, the
+    # medium row's nucleus (~400 tokens) within the wider head, the flat rows' (~7000) through
+    # the full sort; top-k 3000 sorts all
+    big = 64 * truncation.CANDIDATES
     g = torch.Generator().manual_seed(5)
     peaked, flat = torch.randn(big, generator=g) * 6, torch.randn(big, generator=g) * 0.3
+    medium = torch.randn(big, generator=g) * 3
     rows = [
         (peaked, SamplingParams(temperature=1.0, top_p=0.9)),
+        (medium, SamplingParams(temperature=1.0, top_p=0.9)),
         (flat, SamplingParams(temperature=1.0, top_p=0.9)),
         (peaked, SamplingParams(temperature=1.0, top_k=50)),
         (flat, SamplingParams(temperature=0.8, top_k=40, top_p=0.5)),
@@ -143,8 +146,9 @@ def test_truncation_within_the_head_equals_the_definition_on_a_large_vocabulary(
             assert torch.equal(torch.isinf(got[i]), torch.isinf(ref)), f"row {i}: {p}"
             fin = torch.isfinite(ref)
             torch.testing.assert_close(got[i][fin].double(), ref[fin], rtol=1e-5, atol=1e-5)
-    kept = torch.isfinite(Sampler().final_logits(logits, states, None)).sum(dim=1)
-    assert kept[1] > truncation.CANDIDATES and kept[0] < truncation.CANDIDATES  # both paths ran
+    kept = torch.isfinite(Sampler().final_logits(logits, states, None)).sum(dim=1).tolist()
+    wide = truncation.CANDIDATES * truncation.WIDEN
+    assert kept[0] < truncation.CANDIDATES < kept[1] < wide < kept[2]  # every path ran
 
 
 def test_draw_matches_the_probabilities_across_blocks() -> None:

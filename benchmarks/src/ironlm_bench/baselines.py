@@ -80,7 +80,8 @@ class HfRunner:
                 "transformers": _version("transformers")}
 
     @torch.inference_mode()
-    def run(self, prompts: list[list[int]], output_len: int, temperature: float = 0.0) -> BatchTiming:
+    def run(self, prompts: list[list[int]], output_len: int,
+            temperature: float = 0.0) -> BatchTiming:
         from transformers import LogitsProcessorList
 
         # sampling as IronLM's runner samples: the whole distribution at this temperature
@@ -144,7 +145,8 @@ class LlamaCppRunner:
         return {"gguf": self.gguf_path, "n_ctx": self.n_ctx, "flash_attn": self.flash_attn,
                 "batching": "sequential", "llama_cpp_python": _version("llama_cpp_python")}
 
-    def run(self, prompts: list[list[int]], output_len: int, temperature: float = 0.0) -> BatchTiming:
+    def run(self, prompts: list[list[int]], output_len: int,
+            temperature: float = 0.0) -> BatchTiming:
         if temperature > 0:
             raise ValueError("the llama-cpp baseline runs greedy only (temperature 0)")
         ttft: list[float] = []

@@ -64,7 +64,8 @@ class LlamaCppBatchedRunner:
             raise RuntimeError(f"llama.cpp could not create a context of {n_ctx} tokens")
         return ctx
 
-    def run(self, prompts: list[list[int]], output_len: int, temperature: float = 0.0) -> BatchTiming:
+    def run(self, prompts: list[list[int]], output_len: int,
+            temperature: float = 0.0) -> BatchTiming:
         if temperature > 0:
             raise ValueError("the llama-cpp baseline runs greedy only (temperature 0)")
         lc, n = self.lc, len(prompts)

@@ -154,7 +154,8 @@ class HfMergedRunner:
     def info(self) -> dict[str, Any]:
         return {**self.runner.info(), "adapters": len(self.adapters), "merged": True}
 
-    def run(self, prompts: list[list[int]], output_len: int, temperature: float = 0.0) -> BatchTiming:
+    def run(self, prompts: list[list[int]], output_len: int,
+            temperature: float = 0.0) -> BatchTiming:
         k = len(self.merged)
         ttft = [0.0] * len(prompts)
         e2e = [0.0] * len(prompts)

@@ -47,7 +47,8 @@ class Runner(Protocol):
         """What was loaded: dtype, KV-cache size, batch policy... (goes into the result)."""
         ...
 
-    def run(self, prompts: list[list[int]], output_len: int, temperature: float = 0.0) -> BatchTiming:
+    def run(self, prompts: list[list[int]], output_len: int,
+            temperature: float = 0.0) -> BatchTiming:
         """Generate ``output_len`` tokens for every prompt (greedy at temperature 0); time each
         request. A runner that cannot sample raises ValueError for a temperature above 0."""
         ...
@@ -94,7 +95,8 @@ class IronlmRunner:
             "lora_adapters": len(self.loras),
         }
 
-    def run(self, prompts: list[list[int]], output_len: int, temperature: float = 0.0) -> BatchTiming:
+    def run(self, prompts: list[list[int]], output_len: int,
+            temperature: float = 0.0) -> BatchTiming:
         from ironlm.sampling_params import RequestOutputKind, SamplingParams
 
         # final outputs only, as LLM.generate asks for them; each request's first token time

@@ -7,12 +7,13 @@ tokens whose probability is at least min_p times the row's largest. Dropped toke
 
 Why not sort every row: a (64, 49152) float32 sort costs ~130 ms on a 2-core x86 host, more
 than a decode step of a 135M model at batch 64. Both filters need only a row's head: top-k its
-k largest, top-p (with real models' peaked rows) far fewer than the vocabulary. So a row is
-first resolved within its ``CANDIDATES`` largest logits (``torch.topk``, sorted): a top-p row
-is resolved there when a candidate is already dropped (every token below it is dropped too);
-the rows that are not (flat rows whose nucleus is wider) go through the full sort, so the
-result is exactly the full sort's (ties at the cut: the threshold keeps every tied token, the
-sort kept a prefix of them in an arbitrary order).
+k largest, top-p far fewer than the vocabulary (SmolLM2 answering chat prompts at temperature
+0.7, top-p 0.9: 2 tokens kept at the median, 63 at the 99th percentile, 154 at most; random
+token prompts: 44 / 747 / 1214). So a row is first resolved within its ``CANDIDATES`` largest
+logits (``torch.topk``, sorted): a top-p row is resolved there when a candidate is already
+dropped (every token below it is dropped too); the rows that are not try ``WIDEN`` times as
+many, then the full sort, so the result is exactly the full sort's (ties at the cut: the
+threshold keeps every tied token, the sort kept a prefix of them in an arbitrary order).
 """
 
 from __future__ import annotations
@@ -25,19 +26,21 @@ if TYPE_CHECKING:
     from ironlm.worker.sampler import SamplingState
 
 _NEG_INF = float("-inf")
-CANDIDATES = 1024  # tokens a top-p row is first resolved within (see the module docstring)
+CANDIDATES = 128  # tokens a top-p row is first resolved within (see the module docstring)
+WIDEN = 8  # how many times more the rows it does not settle try next
 BLOCK = 256  # tokens per block of the draw's two-level running total (see ``draw``)
 
 
-def truncate(x: torch.Tensor, states: list[SamplingState], candidates: int = CANDIDATES) -> torch.Tensor:
+def truncate(x: torch.Tensor, states: list[SamplingState]) -> torch.Tensor:
     """(B, V) scaled logits -> the same with every token outside each row's top-k / top-p /
     min-p set at -inf (``x`` itself when no row truncates)."""
     V = x.shape[1]
     ks = [s.params.top_k if 0 < s.params.top_k < V else V for s in states]
     ps = [s.params.top_p for s in states]
     if any(k < V for k in ks) or any(p < 1.0 for p in ps):
-        # a row of top-k only needs its k largest; a top-p row first tries `candidates`
-        need = max([k for k in ks if k < V] + [min(k, candidates) for k, p in zip(ks, ps) if p < 1.0])
+        # a row of top-k only needs its k largest; a top-p row first tries CANDIDATES
+        need = max([k for k in ks if k < V]
+                   + [min(k, CANDIDATES) for k, p in zip(ks, ps) if p < 1.0])
         x = _head(x, ks, ps, need) if 4 * need <= V else _sorted(x, ks, ps)
     min_p = [s.params.min_p for s in states]
     if any(m > 0 for m in min_p):
@@ -48,7 +51,9 @@ def truncate(x: torch.Tensor, states: list[SamplingState], candidates: int = CAN
 
 
 def _head(x: torch.Tensor, ks: list[int], ps: list[float], n: int) -> torch.Tensor:
-    """Top-k / top-p within each row's n largest logits; rows it cannot settle: ``_sorted``."""
+    """Top-k / top-p within each row's n largest logits; rows it cannot settle: a wider head,
+    then ``_sorted``."""
+    V = x.shape[1]
     vals, ids = x.topk(n, dim=-1)  # (B, n), descending
     k = torch.tensor(ks, device=x.device).unsqueeze(1)  # (B, 1); V where a row has no top-k
     p = torch.tensor(ps, device=x.device, dtype=x.dtype).unsqueeze(1)
@@ -73,7 +78,10 @@ def _head(x: torch.Tensor, ks: list[int], ps: list[float], n: int) -> torch.Tens
         out[keep] = x[keep]
     rest = unsettled.squeeze(1).nonzero().squeeze(1).tolist()
     if rest:
-        out[rest] = _sorted(x[rest], [ks[i] for i in rest], [ps[i] for i in rest])
+        sub, sub_k, sub_p = x[rest], [ks[i] for i in rest], [ps[i] for i in rest]
+        wider = n * WIDEN
+        out[rest] = (_head(sub, sub_k, sub_p, wider) if 4 * wider <= V
+                     else _sorted(sub, sub_k, sub_p))
     return out
 
 
