@@ -102,8 +102,8 @@ class IronlmRunner:
         # final outputs only, as LLM.generate asks for them; each request's first token time
         # comes with its final output (RequestOutput.metrics, time.monotonic)
         params = SamplingParams(
-            temperature=temperature, max_tokens=output_len, ignore_eos=True, detokenize=self.detokenize,
-            output_kind=RequestOutputKind.FINAL_ONLY,
+            temperature=temperature, max_tokens=output_len, ignore_eos=True,
+            detokenize=self.detokenize, output_kind=RequestOutputKind.FINAL_ONLY,
         )
         n = len(prompts)
         index: dict[str, int] = {}

@@ -6,7 +6,8 @@
 Every engine runs in its own process (peak RSS per engine), on the same seeded prompts,
 greedy (``--temperature T``: sampled from the whole distribution), EOS ignored: each request
 makes exactly ``--output-len`` tokens. Per engine: a short warm-up request, the batch (all
-prompts handed over at once), then one single-stream request for the decode rate. The machine's bandwidth and matmul limits are measured in the same run.
+prompts handed over at once), then one single-stream request for the decode rate. The
+machine's bandwidth and matmul limits are measured in the same run.
 """
 
 from __future__ import annotations
