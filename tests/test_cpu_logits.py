@@ -1,6 +1,7 @@
 """The cpu plugin's C logits reductions (logsumexp and argmax per row, ``logits_kernel``)
 against torch's, on every build this CPU runs, and the sampler reading them through the
-platform's ``LayerOps.logsumexp_argmax``."""
+platform's ``LayerOps.logsumexp_argmax``; its categorical draw against the reference's
+(``LayerOps.categorical``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import mmap
 
 import pytest
 import torch
+from ironlm.interfaces.categorical import reference_categorical
 from ironlm.interfaces.platform import LayerOps
 from ironlm.sampling_params import SamplingParams
 from ironlm.worker.sampler import Sampler, SamplingState
@@ -112,6 +114,51 @@ def test_rows_are_not_read_past_their_end(kernel: LogitsKernel, logsumexp: bool)
         libc.mprotect(base + page, page, mmap.PROT_READ | mmap.PROT_WRITE)
         del row
         buf.close()
+
+
+@pytest.mark.parametrize("vocab", [5, 1003, 49152])
+def test_draws_take_the_reference_token_for_the_same_uniform(kernel: LogitsKernel,
+                                                             vocab: int) -> None:
+    # sums in another order: a u within rounding of a boundary may pick the neighbour
+    gen = torch.Generator().manual_seed(vocab)
+    rows = 512
+    x = torch.randn(rows, vocab, generator=gen) * 4
+    x[::3, vocab // 2:] = -INF  # ruled-out tokens (top-k / top-p / masks)
+    scale = torch.rand(rows, 1, generator=gen) * 2 + 0.2  # temperatures 0.45-5
+    u = torch.rand(rows, 1, dtype=torch.float64, generator=gen)
+    got = kernel.categorical(x, scale, u)
+    assert got is not None
+    want = reference_categorical(x, scale, u)
+    assert (got == want).float().mean() >= 0.99, (got != want).nonzero()
+    assert torch.isfinite(x.gather(1, got.unsqueeze(1))).all()
+
+
+def test_draws_follow_the_distribution_and_never_take_ruled_out_tokens(
+        kernel: LogitsKernel) -> None:
+    vocab = 700  # two whole blocks of 256 and a short one
+    x = torch.full((vocab,), -INF)
+    ids = torch.tensor([3, 200, 255, 256, 400, 511, 512, 600, 690])
+    x[ids] = torch.tensor([2.0, -25.0, 1.0, 0.3, 1.5, 1.0, 1.0, 1.2, 0.8])
+    draws = 100_000
+    u = torch.rand(draws, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    u[:100] = 1.0 - 2.0**-53  # the top of [0, 1): still a token of nonzero weight
+    got = kernel.categorical(x.expand(draws, vocab), torch.full((draws, 1), 1.25), u)
+    assert got is not None
+    counts = torch.bincount(got, minlength=vocab).double()
+    assert counts[torch.isinf(x)].sum() == 0
+    p = torch.softmax(x.double() * 1.25, 0)
+    sigma = (draws * p * (1 - p)).sqrt()
+    big = p > 1e-3
+    assert ((counts[big] - draws * p[big]).abs() <= 5 * sigma[big]).all(), counts[big] / draws
+
+
+def test_nan_rows_draw_through_the_reference() -> None:
+    ops = CpuLayerOps()
+    x = torch.randn(3, 300)
+    x[1, 5] = float("nan")
+    u = torch.rand(3, 1, dtype=torch.float64)
+    assert ops.logits.categorical(x, torch.ones(3, 1), u) is None
+    assert ops.categorical(x, torch.ones(3, 1), u).shape == (3,)
 
 
 def test_layer_ops_fall_back_for_other_inputs() -> None:

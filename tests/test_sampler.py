@@ -9,6 +9,7 @@ import torch
 
 from ironlm.worker.sampler import Sampler, SamplingState
 from ironlm.sampling_params import SamplingParams
+from ironlm.interfaces import categorical
 from ironlm.worker import truncation
 
 V = 50
@@ -154,15 +155,14 @@ def test_truncation_within_the_head_equals_the_definition_on_a_large_vocabulary(
 def test_draw_matches_the_probabilities_across_blocks() -> None:
     # 700 tokens: two whole blocks and a short one; zero-mass tokens inside and at the end,
     # a token of 1e-9 beside one of 0.3 in the same block, mass spread over all three blocks
-    n = 2 * truncation.BLOCK + 188
+    n = 2 * categorical.BLOCK + 188
     probs = torch.zeros(n)
     probs[[3, 200, 255, 256, 400, 511, 512, 600, 690]] = torch.tensor(
         [0.3, 1e-9, 0.1, 0.05, 0.15, 0.1, 0.1, 0.12, 0.08])
     draws = 200_000
     torch.manual_seed(0)
-    counts = torch.bincount(truncation.draw(probs.expand(draws, n).contiguous(),
-                                            [_state(SamplingParams()) for _ in range(draws)]),
-                            minlength=n).double()
+    u = torch.rand(draws, 1, dtype=torch.float64)
+    counts = torch.bincount(categorical.pick(probs.expand(draws, n), u), minlength=n).double()
     assert counts[probs == 0].sum() == 0
     p = probs.double() / probs.sum()
     sigma = (draws * p * (1 - p)).sqrt()
@@ -173,9 +173,9 @@ def test_draw_matches_the_probabilities_across_blocks() -> None:
 def test_draw_never_lands_on_a_zero_mass_token_when_u_rounds_up() -> None:
     # the offset inside a block is a ratio of two float64 sums: it can reach 1
     cdf = torch.tensor([[0.25, 0.5, 1.0, 1.0, 1.0]], dtype=torch.float64)
-    i, rest = truncation._pick(cdf, torch.tensor([[1.0]], dtype=torch.float64))
+    i, rest = categorical._first_past(cdf, torch.tensor([[1.0]], dtype=torch.float64))
     assert int(i) == 2 and float(rest) == 0.5
-    i, rest = truncation._pick(cdf, torch.tensor([[0.0]], dtype=torch.float64))
+    i, rest = categorical._first_past(cdf, torch.tensor([[0.0]], dtype=torch.float64))
     assert int(i) == 0 and float(rest) == 0.0
 
 

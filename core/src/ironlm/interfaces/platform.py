@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from ironlm.interfaces.categorical import reference_categorical
 from ironlm.interfaces.lora import reference_lora_linear
 from ironlm.interfaces.quant import QuantLayout, reference_embedding, reference_linear
 
@@ -151,6 +152,17 @@ class LayerOps:
         as the maximum. A kernel that gets one for free may return it anyway."""
         lse = torch.logsumexp(logits, dim=-1) if logsumexp else None
         return lse, logits.argmax(dim=-1) if argmax else None
+
+    def categorical(
+        self,
+        logits: torch.Tensor,  # (B, V) float32, -inf where a token is ruled out
+        scale: torch.Tensor,  # (B, 1) float32, each row's inverse temperature
+        u: torch.Tensor,  # (B, 1) float64 uniforms on [0, 1)
+    ) -> torch.Tensor:  # (B,) int64
+        """One draw per row from softmax(logits * scale): the first token whose running total
+        of probability passes u times the row's total (never a token of probability 0). The
+        sampler's draw at a temperature; same u, same token up to the rounding of the sums."""
+        return reference_categorical(logits, scale, u)
 
     def rotary(
         self,

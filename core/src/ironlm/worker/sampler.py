@@ -15,7 +15,7 @@ import torch
 from ironlm.interfaces.platform import LayerOps
 from ironlm.interfaces.step import SampledToken
 from ironlm.sampling_params import SamplingParams
-from ironlm.worker.truncation import draw, truncate
+from ironlm.worker.truncation import truncate, truncates, uniforms
 
 _NEG_INF = float("-inf")
 
@@ -79,8 +79,9 @@ class SamplingState:
 
 
 class Sampler:
-    """Draws each row's next token; the per-row reductions over the whole vocabulary (the
-    log-normaliser, the argmax) run through the platform's ``LayerOps.logsumexp_argmax``."""
+    """Draws each row's next token; the per-row passes over the whole vocabulary run through
+    the platform's ops: the log-normaliser and the argmax (``LayerOps.logsumexp_argmax``), the
+    draw at a temperature (``LayerOps.categorical``)."""
 
     def __init__(self, ops: LayerOps | None = None) -> None:
         self.ops = ops if ops is not None else LayerOps()
@@ -97,18 +98,20 @@ class Sampler:
         want_top = any(s.params.logprobs is not None for s in states)
         want_lp = any(s.params.reports_logprobs for s in states)
         raw_logprobs = torch.log_softmax(logits, dim=-1) if want_top else None  # (B, V)
-        # every rule and processor copies before it writes: x is logits when none applied
-        x = self.final_logits(logits, states, allowed_mask)
-        log_norm, raw_argmax = None, None
-        if not want_top and (want_lp or x is logits):
-            log_norm, raw_argmax = self.ops.logsumexp_argmax(
-                logits, argmax=x is logits, logsumexp=want_lp)
+        # every rule and processor copies before it writes: x is logits when none applied;
+        # temperature and truncation come with the draw (greedy rows take the argmax of x)
+        x = self._process(logits, states, allowed_mask)
         greedy = [s.params.sampling_type_greedy for s in states]
+        raw_greedy = x is logits and any(greedy)  # the argmax of the raw logits is wanted
+        log_norm, raw_argmax = None, None
+        if not want_top and (want_lp or raw_greedy):
+            log_norm, raw_argmax = self.ops.logsumexp_argmax(
+                logits, argmax=raw_greedy, logsumexp=want_lp)
         tokens = None
         if any(greedy):  # the argmax of the processed logits (the raw ones' when unchanged)
             tokens = raw_argmax if x is logits and raw_argmax is not None else x.argmax(dim=-1)
         if not all(greedy):
-            drawn = draw(torch.softmax(x, dim=-1), states)
+            drawn = self._draw(x, states, greedy)
             tokens = drawn if tokens is None else torch.where(
                 torch.tensor(greedy, device=x.device), tokens, drawn)
         assert tokens is not None
@@ -130,6 +133,28 @@ class Sampler:
             s.record(tok_list[i])
         return out
 
+    def _draw(
+        self, x: torch.Tensor, states: list[SamplingState], greedy: list[bool]
+    ) -> torch.Tensor:
+        """(B,) a draw per row from the processed logits (greedy rows' draws are discarded):
+        through the platform's ``LayerOps.categorical``, at each row's temperature, after
+        top-k / top-p / min-p where a row has them."""
+        u = uniforms(states, x.device)
+        if truncates(states):
+            x = truncate(x / self._temperatures(x, states, greedy), states)
+            return self.ops.categorical(x, torch.ones_like(u, dtype=x.dtype), u)
+        return self.ops.categorical(x, 1.0 / self._temperatures(x, states, greedy), u)
+
+    @staticmethod
+    def _temperatures(
+        x: torch.Tensor, states: list[SamplingState], greedy: list[bool]
+    ) -> torch.Tensor:
+        """(B, 1) each row's temperature in x's dtype (1 for greedy rows)."""
+        return torch.tensor(
+            [1.0 if g else s.params.temperature for g, s in zip(greedy, states)],
+            device=x.device, dtype=x.dtype,
+        ).unsqueeze(1)
+
     def final_logits(
         self, logits: torch.Tensor, states: list[SamplingState], allowed: torch.Tensor | None
     ) -> torch.Tensor:
@@ -139,11 +164,7 @@ class Sampler:
         greedy = [s.params.sampling_type_greedy for s in states]
         if all(greedy):
             return x
-        temps = torch.tensor(
-            [1.0 if g else s.params.temperature for g, s in zip(greedy, states)],
-            device=x.device, dtype=x.dtype,
-        ).unsqueeze(1)
-        return truncate(x / temps, states)
+        return truncate(x / self._temperatures(x, states, greedy), states)
 
     def _process(
         self, x: torch.Tensor, states: list[SamplingState], allowed: torch.Tensor | None

@@ -1,4 +1,5 @@
-"""Top-k, top-p and min-p: the sampler's truncation of (B, V) scaled logits, and the draw.
+"""Top-k, top-p and min-p: the sampler's truncation of (B, V) scaled logits; the draw's
+uniforms.
 
 Definitions (vLLM's order, top-k before top-p): top-k keeps a row's k largest logits; top-p
 then keeps each token whose mass strictly above it, under the softmax of what top-k kept, is at
@@ -22,13 +23,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ironlm.interfaces.categorical import pick
+
 if TYPE_CHECKING:
     from ironlm.worker.sampler import SamplingState
 
 _NEG_INF = float("-inf")
 CANDIDATES = 128  # tokens a top-p row is first resolved within (see the module docstring)
 WIDEN = 8  # how many times more the rows it does not settle try next
-BLOCK = 256  # tokens per block of the draw's two-level running total (see ``draw``)
 
 
 def truncate(x: torch.Tensor, states: list[SamplingState]) -> torch.Tensor:
@@ -99,45 +101,22 @@ def _sorted(x: torch.Tensor, ks: list[int], ps: list[float]) -> torch.Tensor:
     return torch.full_like(x, _NEG_INF).scatter(1, order, sorted_x)
 
 
-def draw(probs: torch.Tensor, states: list[SamplingState]) -> torch.Tensor:
-    """(B,) one categorical draw per row of ``probs`` ((B, V) contiguous, non-negative, rows
-    not all 0): the first token whose cumulative probability passes u times the row's total,
-    u uniform on [0, 1) from the row's request generator when seeded (else the shared one).
-
-    One uniform per row: an exponential race (argmax p / Exp(1), torch.multinomial's way)
-    needs V of them, ~90 ms at (64, 49152) on a 2-core x86 host. The cumulative sum is taken in
-    two levels, so no (B, V) float64 tensor is made: the sums of ``BLOCK``-token blocks (one
-    float32 pass over the rows), their running total in float64 to find the block, then the
-    block's own running total in float64 to find the token; every token of nonzero
-    probability keeps a nonzero width."""
-    B, V = probs.shape
-    u = torch.rand(B, 1, dtype=torch.float64, device=probs.device)
+def uniforms(states: list[SamplingState], device: torch.device) -> torch.Tensor:
+    """(B, 1) float64 uniforms on [0, 1), one per row: a seeded row's from its request's
+    generator (so it samples alike alone or in any batch), the others' from the shared one."""
+    u = torch.rand(len(states), 1, dtype=torch.float64, device=device)
     for i, s in enumerate(states):
         if s.generator is not None and not s.params.sampling_type_greedy:
-            u[i] = torch.rand(1, generator=s.generator, dtype=torch.float64, device=probs.device)
-    nb = V // BLOCK
-    sums = probs.as_strided((B, nb, BLOCK), (V, BLOCK, 1)).sum(dim=-1)  # (B, nb)
-    if V % BLOCK:
-        sums = torch.cat([sums, probs[:, nb * BLOCK:].sum(dim=-1, keepdim=True)], dim=1)
-    sums = sums.double()
-    b, rest = _pick(sums.cumsum(dim=-1), u)  # (B, 1) block, the target's offset in it
-    cols = b * BLOCK + torch.arange(BLOCK, device=probs.device)  # (B, BLOCK)
-    inside = cols < V  # the last block may be short
-    vals = probs.gather(1, cols.clamp(max=V - 1)).double().masked_fill(~inside, 0.0)
-    inner = vals.cumsum(dim=-1)
-    # the offset as a fraction of the block's float32 sum, applied to its float64 total
-    j, _ = _pick(inner, rest / sums.gather(1, b))
-    return (b * BLOCK + j).squeeze(1)
+            u[i] = torch.rand(1, generator=s.generator, dtype=torch.float64, device=device)
+    return u
 
 
-def _pick(cdf: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, n) running totals, (B, 1) u in [0, 1] -> (B, 1) the first index whose total passes
-    u times the row's total, never past the last index of nonzero width (the offset inside a
-    block is a ratio of two float64 sums and can reach 1), and how far past the previous
-    index's total the target lies."""
-    total = cdf[:, -1:].contiguous()
-    target = u * total
-    last = torch.searchsorted(cdf, total, right=False)
-    i = torch.minimum(torch.searchsorted(cdf, target, right=True), last)
-    before = torch.where(i > 0, cdf.gather(1, (i - 1).clamp(min=0)), torch.zeros_like(target))
-    return i, (target - before).clamp(min=0.0)
+def truncates(states: list[SamplingState]) -> bool:
+    """Whether any row has a top-k, top-p or min-p to apply."""
+    return any(s.params.top_k > 0 or s.params.top_p < 1.0 or s.params.min_p > 0 for s in states)
+
+
+def draw(probs: torch.Tensor, states: list[SamplingState]) -> torch.Tensor:
+    """(B,) one categorical draw per row of ``probs`` ((B, V), non-negative, rows not all 0),
+    by inverse CDF with ``uniforms`` (``ironlm.interfaces.categorical.pick``)."""
+    return pick(probs, uniforms(states, probs.device))

@@ -147,6 +147,15 @@ class CpuLayerOps(LayerOps):
                 return done
         return super().logsumexp_argmax(logits, argmax, logsumexp)
 
+    def categorical(
+        self, logits: torch.Tensor, scale: torch.Tensor, u: torch.Tensor
+    ) -> torch.Tensor:
+        if self.logits.fits(logits) and bool((scale > 0).all()):
+            drawn = self.logits.categorical(logits, scale, u)
+            if drawn is not None:  # else a row holds NaN: the reference decides it
+                return drawn
+        return super().categorical(logits, scale, u)
+
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         if self.fused.gated_act_fits(gate_up):
             return self.fused.gated_act(gate_up, gelu=False)
