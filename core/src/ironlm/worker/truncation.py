@@ -46,9 +46,10 @@ def truncate(x: torch.Tensor, states: list[SamplingState]) -> torch.Tensor:
         x = _head(x, ks, ps, need) if 4 * need <= V else _sorted(x, ks, ps)
     min_p = [s.params.min_p for s in states]
     if any(m > 0 for m in min_p):
-        probs = torch.softmax(x, dim=-1)
-        mp = torch.tensor(min_p, device=x.device, dtype=x.dtype).unsqueeze(1)
-        x = x.masked_fill(probs < mp * probs.max(dim=-1, keepdim=True).values, _NEG_INF)
+        # p_i < min_p * p_max  <=>  x_i < x_max + log(min_p): no softmax needed (rows
+        # without min-p: log(0) = -inf drops nothing)
+        floor = torch.tensor(min_p, device=x.device, dtype=torch.float64).log().to(x.dtype)
+        x = x.masked_fill(x < x.amax(dim=-1, keepdim=True) + floor.unsqueeze(1), _NEG_INF)
     return x
 
 
