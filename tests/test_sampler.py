@@ -147,9 +147,12 @@ def test_truncation_within_the_head_equals_the_definition_on_a_large_vocabulary(
             assert torch.equal(torch.isinf(got[i]), torch.isinf(ref)), f"row {i}: {p}"
             fin = torch.isfinite(ref)
             torch.testing.assert_close(got[i][fin].double(), ref[fin], rtol=1e-5, atol=1e-5)
-    kept = torch.isfinite(Sampler().final_logits(logits, states, None)).sum(dim=1).tolist()
-    wide = truncation.CANDIDATES * truncation.WIDEN
-    assert kept[0] < truncation.CANDIDATES < kept[1] < wide < kept[2]  # every path ran
+        if not extra:  # the batch starts at the 128-head (4 x 128 <= V): the three top-p rows
+            # are settled there, in the 1024-head and by the sort
+            kept = torch.isfinite(got).sum(dim=1).tolist()
+            wide = truncation.CANDIDATES * truncation.WIDEN
+            assert 4 * wide <= big < 4 * wide * truncation.WIDEN
+            assert kept[0] < truncation.CANDIDATES < kept[1] < wide < kept[2]
 
 
 def test_draw_matches_the_probabilities_across_blocks() -> None:
@@ -160,8 +163,7 @@ def test_draw_matches_the_probabilities_across_blocks() -> None:
     probs[[3, 200, 255, 256, 400, 511, 512, 600, 690]] = torch.tensor(
         [0.3, 1e-9, 0.1, 0.05, 0.15, 0.1, 0.1, 0.12, 0.08])
     draws = 200_000
-    torch.manual_seed(0)
-    u = torch.rand(draws, 1, dtype=torch.float64)
+    u = torch.rand(draws, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     counts = torch.bincount(categorical.pick(probs.expand(draws, n), u), minlength=n).double()
     assert counts[probs == 0].sum() == 0
     p = probs.double() / probs.sum()

@@ -20,8 +20,15 @@ def reference_categorical(
     logits: torch.Tensor, scale: torch.Tensor, u: torch.Tensor
 ) -> torch.Tensor:
     """(B, V) float32 logits, (B, 1) scale (the inverse temperature), (B, 1) float64 u in
-    [0, 1) -> (B,) int64: one draw per row from softmax(logits * scale)."""
-    return pick(torch.softmax(logits * scale, dim=-1), u)
+    [0, 1) -> (B,) int64: one draw per row from softmax(logits * scale). A row without a
+    finite distribution (a NaN or +inf logit, or every logit -inf) takes its logits' argmax
+    (torch's: NaN counts as the maximum, the first of equal ones wins)."""
+    probs = torch.softmax(logits * scale, dim=-1)  # such rows are NaN throughout
+    tokens = pick(probs, u)
+    broken = probs[:, 0].isnan()
+    if bool(broken.any()):
+        tokens = torch.where(broken, logits.argmax(dim=-1), tokens)
+    return tokens
 
 
 def pick(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

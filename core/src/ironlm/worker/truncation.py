@@ -13,8 +13,11 @@ k largest, top-p far fewer than the vocabulary (SmolLM2 answering chat prompts a
 token prompts: 44 / 747 / 1214). So a row is first resolved within its ``CANDIDATES`` largest
 logits (``torch.topk``, sorted): a top-p row is resolved there when a candidate is already
 dropped (every token below it is dropped too); the rows that are not try ``WIDEN`` times as
-many, then the full sort, so the result is exactly the full sort's (ties at the cut: the
-threshold keeps every tied token, the sort kept a prefix of them in an arbitrary order).
+many, then the full sort, so the result is the full sort's up to rounding (a cut within an ulp
+of a top-p boundary can fall on the other side, and which path a row takes depends on the
+batch's other rows); ties at a top-k or top-p cut keep as many tokens as the sort did, not
+necessarily the same ones (a prefix of an unspecified order among equal values, as before;
+vLLM's top-k keeps every token equal to the k-th).
 """
 
 from __future__ import annotations

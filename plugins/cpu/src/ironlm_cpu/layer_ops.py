@@ -150,11 +150,13 @@ class CpuLayerOps(LayerOps):
     def categorical(
         self, logits: torch.Tensor, scale: torch.Tensor, u: torch.Tensor
     ) -> torch.Tensor:
-        if self.logits.fits(logits) and bool((scale > 0).all()):
-            drawn = self.logits.categorical(logits, scale, u)
-            if drawn is not None:  # else a row holds NaN: the reference decides it
-                return drawn
-        return super().categorical(logits, scale, u)
+        if not (self.logits.fits(logits) and bool((scale > 0).all())):
+            return super().categorical(logits, scale, u)
+        drawn = self.logits.categorical(logits, scale, u)
+        bad = drawn < 0  # rows holding NaN: the reference decides them, row by row
+        if bool(bad.any()):
+            drawn[bad] = super().categorical(logits[bad], scale[bad], u[bad])
+        return drawn
 
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         if self.fused.gated_act_fits(gate_up):

@@ -26,14 +26,15 @@ import ctypes
 
 import torch
 
+from ironlm.interfaces.categorical import BLOCK
+
 from ironlm_cpu.cbuild import KernelLibrary
 from ironlm_cpu.isa import IsaTarget
 from ironlm_cpu.vexp_src import VEXP_SOURCE
 
 PARALLEL_ROWS = 8  # fewer rows run on the calling thread (a 49K row takes ~15 us)
-DRAW_BLOCK = 256  # tokens per block of the draw's two-level running total (as the C source)
 
-_SOURCE = VEXP_SOURCE + r"""
+_SOURCE = VEXP_SOURCE + f"#define DRAW_BLOCK {BLOCK}\n" + r"""
 #include <math.h>
 #include <stdint.h>
 
@@ -185,9 +186,10 @@ static int row_lse_argmax(const float *x, int64_t v, float *lse, int64_t *arg, i
    [0, 1): weights exp(s (x - max)) (vexp_w), summed per DRAW_BLOCK block into sums[] (float32
    lanes, a double per block); the block whose running double total passes u * total, then
    that block's weights again, summed in double up to the target. Returns the token, or -1 for a
-   row holding a NaN. A row of -inf only gives 0. Never a token of weight 0: a target past the
-   last sum (rounding) takes the last token of nonzero weight. */
-#define DRAW_BLOCK 256
+   row holding a NaN. A row of -inf only gives 0, a row holding +inf its first +inf (the
+   reference's rule for rows without a finite distribution: the logits' argmax). Never a token
+   of weight 0: a target past the last sum (rounding) takes the last token of nonzero weight.
+   DRAW_BLOCK comes from ironlm.interfaces.categorical.BLOCK (defined ahead of this source). */
 /* exp(s (x - mx)) of VW logits; exactly 0 for -inf (vexp_w clamps its input, so a ruled-out
    token would weigh ~1e-38 otherwise) */
 static inline vf draw_weight(vf a, float mx, float s) {
@@ -213,7 +215,11 @@ static int64_t row_draw(const float *x, int64_t v, float s, double u, double *su
         if (x[i] != x[i]) return -1;
         if (x[i] > mx) mx = x[i];
     }
-    if (mx == -INFINITY) return 0;
+    if (mx == -INFINITY) return 0; /* no token allowed: index 0, as the reference's argmax */
+    if (mx == INFINITY) { /* a point mass: the first +inf, as the reference's argmax */
+        for (i = 0; x[i] != INFINITY; i++) {}
+        return i;
+    }
     const int64_t nb = (v + DRAW_BLOCK - 1) / DRAW_BLOCK;
     double total = 0.0;
     for (int64_t b = 0; b < nb; b++) {
@@ -237,6 +243,7 @@ static int64_t row_draw(const float *x, int64_t v, float s, double u, double *su
         }
         before += sums[b];
     }
+    if (last < 0) return -1; /* no weight summed (cannot happen for finite s > 0): the reference */
     if (b == nb) { b = last; before = total - sums[b]; } /* rounding: the last nonzero block */
     const int64_t lo = b * DRAW_BLOCK, hi = lo + DRAW_BLOCK < v ? lo + DRAW_BLOCK : v;
     float w[DRAW_BLOCK];
@@ -325,17 +332,17 @@ class LogitsKernel(KernelLibrary):
 
     def categorical(
         self, logits: torch.Tensor, scale: torch.Tensor, u: torch.Tensor
-    ) -> torch.Tensor | None:
+    ) -> torch.Tensor:
         """``LayerOps.categorical`` on rows ``fits`` takes: (B, V) float32 logits, (B, 1)
-        positive scale, (B, 1) float64 u -> (B,) int64; None when a row holds a NaN."""
+        positive scale, (B, 1) float64 u -> (B,) int64, -1 for each row holding a NaN (the
+        caller's reference draws those)."""
         assert self._draw is not None, self.reason
         rows, v = logits.shape
         scale = scale.reshape(rows).to(torch.float32).contiguous()
         u = u.reshape(rows).to(torch.float64).contiguous()
-        sums = torch.empty(rows, -(-v // DRAW_BLOCK), dtype=torch.float64)
+        sums = torch.empty(rows, -(-v // BLOCK), dtype=torch.float64)
         out = torch.empty(rows, dtype=torch.int64)
         threads = torch.get_num_threads() if rows >= PARALLEL_ROWS else 1
-        bad = self.call(self._draw, logits.data_ptr(), rows, v, logits.stride(0),
-                        scale.data_ptr(), u.data_ptr(), sums.data_ptr(), out.data_ptr(),
-                        threads)  # fmt: skip
-        return None if bad else out
+        self.call(self._draw, logits.data_ptr(), rows, v, logits.stride(0), scale.data_ptr(),
+                  u.data_ptr(), sums.data_ptr(), out.data_ptr(), threads)  # fmt: skip
+        return out
