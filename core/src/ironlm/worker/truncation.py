@@ -46,7 +46,7 @@ def truncate(x: torch.Tensor, states: list[SamplingState]) -> torch.Tensor:
         # a row of top-k only needs its k largest; a top-p row first tries CANDIDATES
         need = max([k for k in ks if k < V]
                    + [min(k, CANDIDATES) for k, p in zip(ks, ps) if p < 1.0])
-        x = _head(x, ks, ps, need) if 4 * need <= V else _sorted(x, ks, ps)
+        x = _head(x, ks, ps, need if 4 * need <= V else V)  # V: the full sort
     min_p = [s.params.min_p for s in states]
     if any(m > 0 for m in min_p):
         # p_i < min_p * p_max  <=>  x_i < x_max + log(min_p): no softmax needed (rows
@@ -57,8 +57,8 @@ def truncate(x: torch.Tensor, states: list[SamplingState]) -> torch.Tensor:
 
 
 def _head(x: torch.Tensor, ks: list[int], ps: list[float], n: int) -> torch.Tensor:
-    """Top-k / top-p within each row's n largest logits; rows it cannot settle: a wider head,
-    then ``_sorted``."""
+    """Top-k / top-p within each row's n largest logits (n = V: every row sorted whole);
+    rows it cannot settle: a wider head, then the whole row."""
     V = x.shape[1]
     vals, ids = x.topk(n, dim=-1)  # (B, n), descending
     k = torch.tensor(ks, device=x.device).unsqueeze(1)  # (B, 1); V where a row has no top-k
@@ -86,23 +86,8 @@ def _head(x: torch.Tensor, ks: list[int], ps: list[float], n: int) -> torch.Tens
     if rest:
         sub, sub_k, sub_p = x[rest], [ks[i] for i in rest], [ps[i] for i in rest]
         wider = n * WIDEN
-        out[rest] = (_head(sub, sub_k, sub_p, wider) if 4 * wider <= V
-                     else _sorted(sub, sub_k, sub_p))
+        out[rest] = _head(sub, sub_k, sub_p, wider if 4 * wider <= V else V)
     return out
-
-
-def _sorted(x: torch.Tensor, ks: list[int], ps: list[float]) -> torch.Tensor:
-    """Top-k / top-p over fully sorted rows (any k, any nucleus width)."""
-    V = x.shape[1]
-    sorted_x, order = x.sort(dim=-1, descending=True)  # (B, V)
-    k = torch.tensor(ks, device=x.device).unsqueeze(1)
-    pos = torch.arange(V, device=x.device).unsqueeze(0)
-    sorted_x = sorted_x.masked_fill(pos >= k, _NEG_INF)
-    p = torch.tensor(ps, device=x.device, dtype=x.dtype).unsqueeze(1)
-    probs = torch.softmax(sorted_x, dim=-1)
-    before = probs.cumsum(dim=-1) - probs
-    sorted_x = sorted_x.masked_fill((before > p) & (p < 1.0), _NEG_INF)
-    return torch.full_like(x, _NEG_INF).scatter(1, order, sorted_x)
 
 
 def uniforms(states: list[SamplingState], device: torch.device) -> torch.Tensor:
