@@ -57,6 +57,11 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     max_logprobs: int = 20
+    # Default sampling parameters (engine/sampling_defaults.py): "auto" (the model's
+    # generation_config.json), "vllm" (none) or a folder holding one; the override's fields
+    # are laid over it
+    generation_config: str = "auto"
+    override_generation_config: dict[str, Any] = field(default_factory=dict)
     enforce_eager: bool = False
     kv_cache_dtype: str = "auto"
     disable_log_stats: bool = True

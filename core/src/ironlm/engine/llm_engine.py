@@ -20,6 +20,7 @@ from ironlm.engine.guided_manager import GuidedManager
 from ironlm.engine.input_processor import InputProcessor, PromptType
 from ironlm.engine.output_processor import OutputProcessor
 from ironlm.engine.request import Request, RequestStatus
+from ironlm.engine.sampling_defaults import default_sampling
 from ironlm.engine.scheduler import Scheduler, SchedulerOutput
 from ironlm.engine.speculation import SpeculationPolicy
 from ironlm.engine.tokenizer_extension import extend_tokenizer
@@ -55,6 +56,10 @@ class LLMEngine:
         gen_eos = getattr(gen, "eos_token_id", None) if gen is not None else None
         gen_eos = [gen_eos] if isinstance(gen_eos, int) else list(gen_eos or [])
         self.extra_eos_ids = [t for t in gen_eos if t != self.tokenizer.eos_token_id]
+        # SamplingParams fields the generation config sets (vLLM's --generation-config): the
+        # offline API's default params, the server's values for unset request fields
+        self.default_sampling = default_sampling(config.generation_config, gen,
+                                                 config.override_generation_config)
         # a model that cannot be split this way fails here, before any worker starts
         check_model_fits(source.hf_config, config.tensor_parallel_size,
                          config.pipeline_parallel_size)

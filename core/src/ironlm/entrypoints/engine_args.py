@@ -50,6 +50,12 @@ ENGINE_HELP: dict[str, str] = {
     "tensor_parallel_size": "number of tensor-parallel ranks (each layer split over them)",
     "pipeline_parallel_size": "number of pipeline stages (the layers split over them)",
     "max_logprobs": "most logprobs a request may ask for",
+    "generation_config": "default sampling parameters: auto (from the model's "
+                         "generation_config.json: a request's unset temperature, top_p, top_k, "
+                         "min_p, repetition_penalty take its values, and max_new_tokens caps "
+                         "max_tokens), vllm (none), or a folder holding a generation_config.json",
+    "override_generation_config": "JSON object laid over the generation config's sampling "
+                                  "fields, e.g. '{\"temperature\": 0.5}'",
     "enforce_eager": "never capture device graphs",
     "kv_cache_dtype": "KV-cache dtype (auto: the model dtype)",
     "speculative_model": "draft model (HF folder or GGUF sharing the tokenizer), or \"[ngram]\" "

@@ -42,6 +42,12 @@ class LLM:
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What ``generate`` and ``chat`` use when given no SamplingParams: SamplingParams'
+        defaults with the generation config's sampling fields (``generation_config``,
+        ``override_generation_config``; its max_new_tokens as max_tokens)."""
+        return SamplingParams(**self.engine.default_sampling)
+
     # -- generation ------------------------------------------------------------------------
     def generate(
         self,
@@ -54,7 +60,7 @@ class LLM:
         """Run all prompts to completion; outputs come back in input order. ``lora_request``:
         one adapter for every prompt, or one (or None) per prompt."""
         batch = _as_prompt_list(prompts)
-        params = _per_prompt(sampling_params or SamplingParams(), len(batch))
+        params = _per_prompt(sampling_params or self.get_default_sampling_params(), len(batch))
         loras = _per_prompt_lora(lora_request, len(batch))
         if any(p.use_beam_search for p in params):
             return self._generate_beams(batch, params, loras)

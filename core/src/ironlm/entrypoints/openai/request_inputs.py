@@ -90,9 +90,17 @@ def split_prompts(prompt: Any, field: str = "prompt") -> list[str | list[int]]:
     )
 
 
-def check_context_length(num_prompt: int, max_tokens: int | None, max_model_len: int) -> int:
-    """The effective max_tokens (None: what is left of the context); 400 with vLLM's message
-    when prompt + completion do not fit."""
+def check_context_length(
+    num_prompt: int, max_tokens: int | None, max_model_len: int, cap: int | None = None
+) -> int:
+    """The effective max_tokens (None: what is left of the context), at most ``cap`` (the
+    generation config's max_new_tokens, a server-wide limit); 400 with vLLM's message when
+    prompt + completion do not fit."""
+    limit = _output_limit(num_prompt, max_tokens, max_model_len)
+    return limit if cap is None else min(limit, cap)
+
+
+def _output_limit(num_prompt: int, max_tokens: int | None, max_model_len: int) -> int:
     if max_tokens is None:
         if num_prompt >= max_model_len:
             raise APIError(
@@ -176,12 +184,19 @@ def sampling_params(
     logprobs: int | None,
     prompt_logprobs: int | None = None,
     guided: GuidedSpec | None = None,
+    defaults: dict[str, Any] | None = None,
 ) -> SamplingParams:
-    """SamplingParams from the request; a ValueError becomes a 400 naming the field."""
+    """SamplingParams from the request; a field it leaves unset takes ``defaults``' value
+    (the generation config's, ``LLMEngine.default_sampling``; its max_tokens is applied by
+    ``check_context_length``), else SamplingParams' default. A ValueError becomes a 400
+    naming the field."""
     given: dict[str, Any] = {
+        k: v for k, v in (defaults or {}).items() if k != "max_tokens"
+    }
+    given.update({
         name: getattr(req, name) for name in _COPIED_FIELDS
         if getattr(req, name) is not None and name not in ("use_beam_search", "length_penalty")
-    }
+    })
     try:
         return SamplingParams(
             max_tokens=max_tokens,

@@ -97,13 +97,14 @@ async def create_chat_completion(
     assert state.tokenizers is not None
     text, prompt = await state.tokenizers.run(_render, state, req)  # off the event loop
     num_top = (req.top_logprobs or 0) if req.logprobs else None
-    limit = check_context_length(len(prompt.token_ids), max_tokens, state.max_model_len)
+    limit = check_context_length(len(prompt.token_ids), max_tokens, state.max_model_len,
+                                 state.default_sampling.get("max_tokens"))
     beams = beam_search_params(req, limit, num_top is not None) if req.use_beam_search else None
     if beams is not None and tool_guided is not None:
         raise APIError(f'tool_choice "{plan.mode}" is not supported with use_beam_search', 400,
                        param="tool_choice")
     params = sampling_params(req, max_tokens=limit, logprobs=num_top,
-                             guided=guided or tool_guided)
+                             guided=guided or tool_guided, defaults=state.default_sampling)
     await compile_guided(state, guided or tool_guided, req.guided_decoding_backend,
                          "tools" if tool_guided is not None else guided_field(req))
     role = state.options.response_role if req.add_generation_prompt \

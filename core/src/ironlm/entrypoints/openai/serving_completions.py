@@ -81,13 +81,14 @@ async def create_completion(
                                          req.truncate_prompt_tokens)
     guided = guided_spec(req)
     prompt_lps = req.prompt_logprobs or (req.logprobs if req.echo else None)
-    limits = [check_context_length(len(p.token_ids), req.max_tokens, state.max_model_len)
+    limits = [check_context_length(len(p.token_ids), req.max_tokens, state.max_model_len,
+                                   state.default_sampling.get("max_tokens"))
               for p in prompts]
     beams = [beam_search_params(req, m, req.logprobs is not None) for m in limits] \
         if req.use_beam_search else None
     params: list[SamplingParams] = [
         sampling_params(req, max_tokens=m, logprobs=req.logprobs, prompt_logprobs=prompt_lps,
-                        guided=guided)
+                        guided=guided, defaults=state.default_sampling)
         for m in limits
     ]
     await compile_guided(state, guided, req.guided_decoding_backend, guided_field(req))

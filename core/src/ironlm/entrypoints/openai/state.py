@@ -52,6 +52,9 @@ class ServerState:
     # Tokenization and chat templating of request prompts, on worker threads.
     tokenizers: TokenizerPool | None = None
     max_model_len: int = 0
+    # SamplingParams fields from the generation config (LLMEngine.default_sampling): values
+    # of unset request fields; its max_tokens caps every request
+    default_sampling: dict[str, Any] = field(default_factory=dict)
     vocab_size: int = 0
     model_path: str = ""
     created: int = 0  # start time, reported as the model cards' "created"
@@ -75,6 +78,7 @@ class ServerState:
             tokenizer=copy.deepcopy(llm.tokenizer),
             tokenizers=TokenizerPool(llm.tokenizer),
             max_model_len=llm.max_model_len,
+            default_sampling=dict(llm.default_sampling),
             vocab_size=llm.vocab_size,
             model_path=str(llm.config.model),
             created=int(time.time()),
