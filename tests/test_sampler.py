@@ -10,7 +10,7 @@ import torch
 from ironlm.worker.sampler import Sampler, SamplingState
 from ironlm.sampling_params import SamplingParams
 from ironlm.interfaces import categorical
-from ironlm.worker import truncation
+from ironlm.interfaces import truncation
 
 V = 50
 

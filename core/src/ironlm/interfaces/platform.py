@@ -12,6 +12,7 @@ import torch
 from ironlm.interfaces.categorical import reference_categorical
 from ironlm.interfaces.lora import reference_lora_linear
 from ironlm.interfaces.quant import QuantLayout, reference_embedding, reference_linear
+from ironlm.interfaces.truncation import reference_truncated_categorical
 
 if TYPE_CHECKING:  # the model context names this module's LayerOps
     from ironlm.interfaces.graphs import GraphCapture
@@ -163,6 +164,22 @@ class LayerOps:
         of probability passes u times the row's total (never a token of probability 0). The
         sampler's draw at a temperature; same u, same token up to the rounding of the sums."""
         return reference_categorical(logits, scale, u)
+
+    def truncated_categorical(
+        self,
+        logits: torch.Tensor,  # (B, V) float32, -inf where a token is ruled out
+        scale: torch.Tensor,  # (B, 1) float32, each row's inverse temperature
+        top_k: torch.Tensor,  # (B, 1) int64, V where a row has no top-k
+        top_p: torch.Tensor,  # (B, 1) float32, 1 where a row has no top-p
+        min_p: torch.Tensor,  # (B, 1) float32, 0 where a row has no min-p
+        u: torch.Tensor,  # (B, 1) float64 uniforms on [0, 1)
+    ) -> torch.Tensor:  # (B,) int64
+        """``categorical`` from softmax(logits * scale) cut, in vLLM's order, to each row's
+        top_k largest, then the top-p nucleus under the softmax of what top-k kept, then the
+        tokens whose probability is at least min_p times the largest
+        (``ironlm.interfaces.truncation``): same u, same token up to the rounding of the sums
+        and of a cut that lands within rounding of a boundary."""
+        return reference_truncated_categorical(logits, scale, top_k, top_p, min_p, u)
 
     def rotary(
         self,

@@ -10,7 +10,7 @@ from ironlm.config import EngineConfig
 from ironlm.interfaces.model import ModelArchitecture
 from ironlm.interfaces.spec_decode import DraftModel, ProposerContext
 from ironlm.worker.sampler import Sampler, SamplingState
-from ironlm.worker.truncation import draw
+from ironlm.worker.draw_inputs import draw
 
 
 class WorkerProposerContext(ProposerContext):

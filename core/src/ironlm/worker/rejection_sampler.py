@@ -26,7 +26,7 @@ import torch
 
 from ironlm.interfaces.step import SampledToken
 from ironlm.worker.sampler import Sampler, SamplingState, top_logprobs
-from ironlm.worker.truncation import draw
+from ironlm.worker.draw_inputs import draw
 
 
 @dataclass

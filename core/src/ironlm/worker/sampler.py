@@ -15,7 +15,8 @@ import torch
 from ironlm.interfaces.platform import LayerOps
 from ironlm.interfaces.step import SampledToken
 from ironlm.sampling_params import SamplingParams
-from ironlm.worker.truncation import truncate, truncates, uniforms
+from ironlm.interfaces.truncation import truncate
+from ironlm.worker.draw_inputs import limit_tensors, limits, truncates, uniforms
 
 _NEG_INF = float("-inf")
 
@@ -81,7 +82,8 @@ class SamplingState:
 class Sampler:
     """Draws each row's next token; the per-row passes over the whole vocabulary run through
     the platform's ops: the log-normaliser and the argmax (``LayerOps.logsumexp_argmax``), the
-    draw at a temperature (``LayerOps.categorical``)."""
+    draw at a temperature (``LayerOps.categorical``), with top-k / top-p / min-p
+    (``LayerOps.truncated_categorical``)."""
 
     def __init__(self, ops: LayerOps | None = None) -> None:
         self.ops = ops if ops is not None else LayerOps()
@@ -137,13 +139,14 @@ class Sampler:
         self, x: torch.Tensor, states: list[SamplingState], greedy: list[bool]
     ) -> torch.Tensor:
         """(B,) a draw per row from the processed logits (greedy rows' draws are discarded):
-        through the platform's ``LayerOps.categorical``, at each row's temperature, after
-        top-k / top-p / min-p where a row has them."""
+        through the platform's ``LayerOps.categorical`` at each row's temperature, or its
+        ``LayerOps.truncated_categorical`` when a row has a top-k, top-p or min-p."""
         u = uniforms(states, x.device)
+        scale = 1.0 / self._temperatures(x, states, greedy)
         if truncates(states):
-            x = truncate(x / self._temperatures(x, states, greedy), states)
-            return self.ops.categorical(x, torch.ones_like(u, dtype=x.dtype), u)
-        return self.ops.categorical(x, 1.0 / self._temperatures(x, states, greedy), u)
+            top_k, top_p, min_p = limit_tensors(states, x.shape[1], x.device)
+            return self.ops.truncated_categorical(x, scale, top_k, top_p, min_p, u)
+        return self.ops.categorical(x, scale, u)
 
     @staticmethod
     def _temperatures(
@@ -164,7 +167,7 @@ class Sampler:
         greedy = [s.params.sampling_type_greedy for s in states]
         if all(greedy):
             return x
-        return truncate(x / self._temperatures(x, states, greedy), states)
+        return truncate(x / self._temperatures(x, states, greedy), *limits(states))
 
     def _process(
         self, x: torch.Tensor, states: list[SamplingState], allowed: torch.Tensor | None

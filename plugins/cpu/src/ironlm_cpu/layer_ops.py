@@ -158,6 +158,19 @@ class CpuLayerOps(LayerOps):
             drawn[bad] = super().categorical(logits[bad], scale[bad], u[bad])
         return drawn
 
+    def truncated_categorical(
+        self, logits: torch.Tensor, scale: torch.Tensor, top_k: torch.Tensor,
+        top_p: torch.Tensor, min_p: torch.Tensor, u: torch.Tensor,
+    ) -> torch.Tensor:
+        if not (self.logits.fits(logits) and bool((scale > 0).all())):
+            return super().truncated_categorical(logits, scale, top_k, top_p, min_p, u)
+        drawn = self.logits.truncated_categorical(logits, scale, top_k, top_p, min_p, u)
+        left = drawn < 0  # NaN rows, rows with too wide a set: the reference, row by row
+        if bool(left.any()):
+            drawn[left] = super().truncated_categorical(
+                logits[left], scale[left], top_k[left], top_p[left], min_p[left], u[left])
+        return drawn
+
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         if self.fused.gated_act_fits(gate_up):
             return self.fused.gated_act(gate_up, gelu=False)

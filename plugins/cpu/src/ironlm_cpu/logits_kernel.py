@@ -30,6 +30,7 @@ from ironlm.interfaces.categorical import BLOCK
 
 from ironlm_cpu.cbuild import KernelLibrary
 from ironlm_cpu.isa import IsaTarget
+from ironlm_cpu.truncated_draw import TRUNCATED_DRAW_SOURCE
 from ironlm_cpu.vexp_src import VEXP_SOURCE
 
 PARALLEL_ROWS = 8  # fewer rows run on the calling thread (a 49K row takes ~15 us)
@@ -182,21 +183,19 @@ static int row_lse_argmax(const float *x, int64_t v, float *lse, int64_t *arg, i
 }
 #endif
 
-/* One draw from softmax(s * x) over a row of v logits (s > 0), by inverse CDF with u in
-   [0, 1): weights exp(s (x - max)) (vexp_w), summed per DRAW_BLOCK block into sums[] (float32
-   lanes, a double per block); the block whose running double total passes u * total, then
-   that block's weights again, summed in double up to the target. Returns the token, or -1 for a
-   row holding a NaN. A row of -inf only gives 0, a row holding +inf its first +inf (the
-   reference's rule for rows without a finite distribution: the logits' argmax). Never a token
-   of weight 0: a target past the last sum (rounding) takes the last token of nonzero weight.
-   DRAW_BLOCK comes from ironlm.interfaces.categorical.BLOCK (defined ahead of this source). */
 /* exp(s (x - mx)) of VW logits; exactly 0 for -inf (vexp_w clamps its input, so a ruled-out
-   token would weigh ~1e-38 otherwise) */
-static inline vf draw_weight(vf a, float mx, float s) {
-    const vi allowed = a > (vf){0} - INFINITY;
-    return (vf)((vi)vexp_w((a - mx) * s) & allowed);
+   token would weigh ~1e-38 otherwise) and below `floor` (min-p; 0: none) */
+static inline vf draw_weight(vf a, float mx, float s, float floor) {
+    const vf w = vexp_w((a - mx) * s);
+    const vi allowed = (a > (vf){0} - INFINITY) & (w >= floor);
+    return (vf)((vi)w & allowed);
 }
-static int64_t row_draw(const float *x, int64_t v, float s, double u, double *sums) {
+static inline float draw_weight1(float a, float mx, float s, float floor) {
+    const float w = expf((a - mx) * s);
+    return w >= floor ? w : 0.0f;
+}
+/* The row's maximum into *mx; 1 when the row holds a NaN. */
+static int row_max(const float *x, int64_t v, float *mx) {
     vf best = (vf){0} - INFINITY;
     vi nan = (vi){0};
     int64_t i = 0;
@@ -206,30 +205,55 @@ static int64_t row_draw(const float *x, int64_t v, float s, double u, double *su
         const vi gt = a > best;
         best = (vf)((gt & (vi)a) | (~gt & (vi)best));
     }
-    float mx = -INFINITY;
+    float m = -INFINITY;
     for (int l = 0; l < VW; l++) {
-        if (nan[l]) return -1;
-        if (best[l] > mx) mx = best[l];
+        if (nan[l]) return 1;
+        if (best[l] > m) m = best[l];
     }
     for (; i < v; i++) {
-        if (x[i] != x[i]) return -1;
-        if (x[i] > mx) mx = x[i];
+        if (x[i] != x[i]) return 1;
+        if (x[i] > m) m = x[i];
     }
-    if (mx == -INFINITY) return 0; /* no token allowed: index 0, as the reference's argmax */
-    if (mx == INFINITY) { /* a point mass: the first +inf, as the reference's argmax */
-        for (i = 0; x[i] != INFINITY; i++) {}
+    *mx = m;
+    return 0;
+}
+/* Rows without a finite distribution, as the reference's argmax: -1 for a NaN, 0 for a row of
+   -inf only, the first +inf of a row holding one (a point mass); -2 for any other row, with
+   its maximum in *mx. */
+static int64_t row_degenerate(const float *x, int64_t v, float *mx) {
+    if (row_max(x, v, mx)) return -1;
+    if (*mx == -INFINITY) return 0;
+    if (*mx == INFINITY) {
+        int64_t i = 0;
+        while (x[i] != INFINITY) i++;
         return i;
     }
+    return -2;
+}
+/* One draw from softmax(s * x) over a row of v logits (s > 0), by inverse CDF with u in
+   [0, 1): weights exp(s (x - max)) (vexp_w), summed per DRAW_BLOCK block into sums[] (float32
+   lanes, a double per block); the block whose running double total passes u * total, then
+   that block's weights again, summed in double up to the target. Returns the token, or -1 for a
+   row holding a NaN. A row of -inf only gives 0, a row holding +inf its first +inf (the
+   reference's rule for rows without a finite distribution: the logits' argmax). Never a token
+   of weight 0: a target past the last sum (rounding) takes the last token of nonzero weight.
+   Weights below `floor` count as 0 (min-p alone). DRAW_BLOCK comes from
+   ironlm.interfaces.categorical.BLOCK (defined ahead of this source). */
+static int64_t row_draw(const float *x, int64_t v, float s, double u, double *sums,
+                        float floor) {
+    float mx;
+    const int64_t degenerate = row_degenerate(x, v, &mx);
+    if (degenerate != -2) return degenerate;
     const int64_t nb = (v + DRAW_BLOCK - 1) / DRAW_BLOCK;
     double total = 0.0;
     for (int64_t b = 0; b < nb; b++) {
         const int64_t lo = b * DRAW_BLOCK, hi = lo + DRAW_BLOCK < v ? lo + DRAW_BLOCK : v;
         vf acc = (vf){0};
         int64_t j = lo;
-        for (; j + VW <= hi; j += VW) acc += draw_weight(*(const vf *)(x + j), mx, s);
+        for (; j + VW <= hi; j += VW) acc += draw_weight(*(const vf *)(x + j), mx, s, floor);
         double t = 0.0;
         for (int l = 0; l < VW; l++) t += acc[l];
-        for (; j < hi; j++) t += expf((x[j] - mx) * s);
+        for (; j < hi; j++) t += draw_weight1(x[j], mx, s, floor);
         sums[b] = t;
         total += t;
     }
@@ -248,8 +272,9 @@ static int64_t row_draw(const float *x, int64_t v, float s, double u, double *su
     const int64_t lo = b * DRAW_BLOCK, hi = lo + DRAW_BLOCK < v ? lo + DRAW_BLOCK : v;
     float w[DRAW_BLOCK];
     int64_t j = lo;
-    for (; j + VW <= hi; j += VW) *(vf *)(w + (j - lo)) = draw_weight(*(const vf *)(x + j), mx, s);
-    for (; j < hi; j++) w[j - lo] = expf((x[j] - mx) * s);
+    for (; j + VW <= hi; j += VW)
+        *(vf *)(w + (j - lo)) = draw_weight(*(const vf *)(x + j), mx, s, floor);
+    for (; j < hi; j++) w[j - lo] = draw_weight1(x[j], mx, s, floor);
     const double rest = target - before;
     double run = 0.0;
     int64_t pick = -1;
@@ -272,7 +297,7 @@ int ironlm_draw_f32(const float *x, int64_t rows, int64_t v, int64_t stride, con
     #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1) \
         reduction(+: bad)
     for (int64_t r = 0; r < rows; r++) {
-        out[r] = row_draw(x + r * stride, v, s[r], u[r], sums + r * nb);
+        out[r] = row_draw(x + r * stride, v, s[r], u[r], sums + r * nb, 0.0f);
         bad += out[r] < 0;
     }
     return bad;
@@ -292,7 +317,7 @@ int ironlm_lse_argmax_f32(const float *x, int64_t rows, int64_t v, int64_t strid
     }
     return bad;
 }
-"""
+""" + TRUNCATED_DRAW_SOURCE
 
 
 class LogitsKernel(KernelLibrary):
@@ -304,11 +329,13 @@ class LogitsKernel(KernelLibrary):
         super().__init__(
             "cpu_logits", _SOURCE,
             {"ironlm_lse_argmax_f32": ([ptr, i64, i64, i64, ptr, ptr, i32, i32], i32),
-             "ironlm_draw_f32": ([ptr, i64, i64, i64, ptr, ptr, ptr, ptr, i32], i32)},
+             "ironlm_draw_f32": ([ptr, i64, i64, i64, ptr, ptr, ptr, ptr, i32], i32),
+             "ironlm_truncated_draw_f32": ([ptr, i64, i64, i64] + [ptr] * 7 + [i32], i32)},
             "C logits reductions", target=target,
         )  # fmt: skip
         self._fn = None if self.lib is None else self.lib.ironlm_lse_argmax_f32
         self._draw = None if self.lib is None else self.lib.ironlm_draw_f32
+        self._truncated = None if self.lib is None else self.lib.ironlm_truncated_draw_f32
 
     def fits(self, logits: torch.Tensor) -> bool:
         return (
@@ -344,5 +371,27 @@ class LogitsKernel(KernelLibrary):
         out = torch.empty(rows, dtype=torch.int64)
         threads = torch.get_num_threads() if rows >= PARALLEL_ROWS else 1
         self.call(self._draw, logits.data_ptr(), rows, v, logits.stride(0), scale.data_ptr(),
+                  u.data_ptr(), sums.data_ptr(), out.data_ptr(), threads)  # fmt: skip
+        return out
+
+    def truncated_categorical(
+        self, logits: torch.Tensor, scale: torch.Tensor, top_k: torch.Tensor,
+        top_p: torch.Tensor, min_p: torch.Tensor, u: torch.Tensor,
+    ) -> torch.Tensor:
+        """``LayerOps.truncated_categorical`` on rows ``fits`` takes (positive scale) -> (B,)
+        int64: -1 for a row holding a NaN, -2 for a row whose set needs more candidates than
+        the kernel holds (``truncated_draw.CAND_CAP``); the caller's reference draws those."""
+        assert self._truncated is not None, self.reason
+        rows, v = logits.shape
+        col = {"dtype": torch.float32}
+        scale, top_p, min_p = (t.reshape(rows).to(**col).contiguous()
+                               for t in (scale, top_p, min_p))
+        top_k = top_k.reshape(rows).to(torch.int64).contiguous()
+        u = u.reshape(rows).to(torch.float64).contiguous()
+        sums = torch.empty(rows, -(-v // BLOCK), dtype=torch.float64)
+        out = torch.empty(rows, dtype=torch.int64)
+        threads = torch.get_num_threads() if rows >= PARALLEL_ROWS else 1
+        self.call(self._truncated, logits.data_ptr(), rows, v, logits.stride(0),
+                  scale.data_ptr(), top_k.data_ptr(), top_p.data_ptr(), min_p.data_ptr(),
                   u.data_ptr(), sums.data_ptr(), out.data_ptr(), threads)  # fmt: skip
         return out

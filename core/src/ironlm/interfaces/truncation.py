@@ -1,5 +1,5 @@
-"""Top-k, top-p and min-p: the sampler's truncation of (B, V) scaled logits; the draw's
-uniforms.
+"""Top-k, top-p and min-p: the reference truncation of (B, V) scaled logits, and the
+reference of ``LayerOps.truncated_categorical`` (truncate, then the categorical draw).
 
 Definitions (vLLM's order, top-k before top-p): top-k keeps a row's k largest logits; top-p
 then keeps each token whose mass strictly above it, under the softmax of what top-k kept, is at
@@ -22,32 +22,40 @@ vLLM's top-k keeps every token equal to the k-th).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
-from ironlm.interfaces.categorical import pick
-
-if TYPE_CHECKING:
-    from ironlm.worker.sampler import SamplingState
+from ironlm.interfaces.categorical import reference_categorical
 
 _NEG_INF = float("-inf")
 CANDIDATES = 128  # tokens a top-p row is first resolved within (see the module docstring)
 WIDEN = 8  # how many times more the rows it does not settle try next
 
 
-def truncate(x: torch.Tensor, states: list[SamplingState]) -> torch.Tensor:
-    """(B, V) scaled logits -> the same with every token outside each row's top-k / top-p /
+def reference_truncated_categorical(
+    logits: torch.Tensor, scale: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+    min_p: torch.Tensor, u: torch.Tensor,
+) -> torch.Tensor:
+    """(B, V) float32 logits, (B, 1) scale, top_k (B, 1) int64 (V or more: none), top_p and
+    min_p (B, 1) float32 (1 and 0: none), (B, 1) float64 u -> (B,) int64: the categorical
+    draw (``reference_categorical``) from ``truncate(logits * scale, ...)``."""
+    x = truncate(logits * scale, top_k.reshape(-1).tolist(), top_p.reshape(-1).tolist(),
+                 min_p.reshape(-1).tolist())
+    return reference_categorical(x, torch.ones_like(scale), u)
+
+
+def truncate(
+    x: torch.Tensor, top_k: list[int], top_p: list[float], min_p: list[float]
+) -> torch.Tensor:
+    """(B, V) scaled logits and each row's limits (top_k V or more, or below 1: none; top_p 1:
+    none; min_p 0: none) -> the same with every token outside each row's top-k / top-p /
     min-p set at -inf (``x`` itself when no row truncates)."""
     V = x.shape[1]
-    ks = [s.params.top_k if 0 < s.params.top_k < V else V for s in states]
-    ps = [s.params.top_p for s in states]
-    if any(k < V for k in ks) or any(p < 1.0 for p in ps):
+    ks = [k if 0 < k < V else V for k in top_k]
+    if any(k < V for k in ks) or any(p < 1.0 for p in top_p):
         # a row of top-k only needs its k largest; a top-p row first tries CANDIDATES
         need = max([k for k in ks if k < V]
-                   + [min(k, CANDIDATES) for k, p in zip(ks, ps) if p < 1.0])
-        x = _head(x, ks, ps, need if 4 * need <= V else V)  # V: the full sort
-    min_p = [s.params.min_p for s in states]
+                   + [min(k, CANDIDATES) for k, p in zip(ks, top_p) if p < 1.0])
+        x = _head(x, ks, top_p, need if 4 * need <= V else V)  # V: the full sort
     if any(m > 0 for m in min_p):
         # p_i < min_p * p_max  <=>  x_i < x_max + log(min_p): no softmax needed (rows
         # without min-p: log(0) = -inf drops nothing)
@@ -88,24 +96,3 @@ def _head(x: torch.Tensor, ks: list[int], ps: list[float], n: int) -> torch.Tens
         wider = n * WIDEN
         out[rest] = _head(sub, sub_k, sub_p, wider if 4 * wider <= V else V)
     return out
-
-
-def uniforms(states: list[SamplingState], device: torch.device) -> torch.Tensor:
-    """(B, 1) float64 uniforms on [0, 1), one per row: a seeded row's from its request's
-    generator (so it samples alike alone or in any batch), the others' from the shared one."""
-    u = torch.rand(len(states), 1, dtype=torch.float64, device=device)
-    for i, s in enumerate(states):
-        if s.generator is not None and not s.params.sampling_type_greedy:
-            u[i] = torch.rand(1, generator=s.generator, dtype=torch.float64, device=device)
-    return u
-
-
-def truncates(states: list[SamplingState]) -> bool:
-    """Whether any row has a top-k, top-p or min-p to apply."""
-    return any(s.params.top_k > 0 or s.params.top_p < 1.0 or s.params.min_p > 0 for s in states)
-
-
-def draw(probs: torch.Tensor, states: list[SamplingState]) -> torch.Tensor:
-    """(B,) one categorical draw per row of ``probs`` ((B, V), non-negative, rows not all 0),
-    by inverse CDF with ``uniforms`` (``ironlm.interfaces.categorical.pick``)."""
-    return pick(probs, uniforms(states, probs.device))
