@@ -73,6 +73,25 @@ def test_draws_take_the_reference_token_for_the_same_uniform(kernel: LogitsKerne
         assert torch.equal(full[left], want[left])
 
 
+def test_rows_whose_tail_holds_weight_are_settled_in_the_kernel(kernel: LogitsKernel) -> None:
+    # real rows (SmolLM2 on random-token prompts, top-p 0.95: nuclei up to ~1900 tokens) are
+    # not settled by the tokens of weight >= 2^-10: their many small tokens hold more than
+    # 1 - p, or more than CAND_CAP tokens pass 2^-10; the kernel then bins the weights
+    vocab, rows = 49152, 32
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(rows, vocab, generator=gen)  # the tail
+    heads = torch.randperm(vocab, generator=gen)[:600]
+    x[:16, heads[:30]] = 10 + 0.1 * torch.randn(16, 30, generator=gen)  # tail holds > 1 - p
+    x[16:, heads] = 5 + 0.1 * torch.randn(16, 600, generator=gen)  # most tokens pass 2^-10
+    top_p = torch.tensor([0.9] * 16 + [0.5] * 16).unsqueeze(1)
+    top_k, min_p = torch.full((rows, 1), vocab), torch.zeros(rows, 1)
+    u = torch.rand(rows, 1, dtype=torch.float64, generator=gen)
+    got = kernel.truncated_categorical(x, torch.ones(rows, 1), top_k, top_p, min_p, u)
+    assert (got >= 0).all(), got
+    want = reference_truncated_categorical(x, torch.ones(rows, 1), top_k, top_p, min_p, u)
+    assert int((got != want).sum()) <= 1
+
+
 def test_draws_follow_the_truncated_distribution(kernel: LogitsKernel) -> None:
     vocab = 700
     x = torch.full((vocab,), -INF)

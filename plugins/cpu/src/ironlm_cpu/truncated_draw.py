@@ -1,21 +1,27 @@
 """C source of ``LayerOps.truncated_categorical``: the draw within each row's top-k / top-p /
-min-p set, one pass over the row where the reference makes several (B, V) tensors.
+min-p set, in a few passes over the row where the reference makes several (B, V) tensors.
 
 Why: at batch 64 x 49,152 logits the reference (``ironlm.interfaces.truncation``: scale, a
-128-wide ``topk``, the whole row's logsumexp for top-p, a (B, V) scatter of what was kept, the
-draw) costs ~10-15 ms a decode step on a 2-core x86 host, each (B, V) pass ~2 ms. A row's set is
-found here among its candidates, the tokens of weight w = exp(s (x - max)) >= tau (tau = 2^-10
-first; 2^-30, 2^-60, then every token of nonzero weight where those do not settle the row):
-collected in the same vectorised pass that sums the row's total weight Z. The candidates settle
-the row when they hold its top-k (k of them) or, without top-k, more than p Z of weight (the
-first token past the nucleus then lies among them). They are sorted by weight (ties: the lower
-index first), cut to k, then to the nucleus (a token is kept while the weight above it is at
-most p times the weight top-k kept, Z without top-k), then to min-p (w >= min_p: the largest
-weighs 1), and the draw walks what is left in vocabulary order, as the reference's inverse CDF
-does (same u, same token up to the rounding of the sums and of a cut within rounding of a
-boundary). Rows with min-p alone draw over the whole row with min_p as a weight floor
-(``row_draw``). A row needing more than CAND_CAP candidates (a flat row's wide nucleus) returns
--2: the caller's reference decides it.
+128-wide ``topk``, the whole row's logsumexp for top-p, a (B, V) scatter of what was kept, then
+the draw) cost 21-31 ms a sampler call on SmolLM2's chat logits on a 2-core x86 host; this
+takes 1.3-3.5 ms. Weights are w = exp(s (x - max)) (``vexp``; the largest weighs 1).
+
+- Top-k (k <= CAND_CAP): the k heaviest tokens in one pass, a min-heap of k whose lightest
+  sets the bar a vector compare skips the rest by (tokens come in index order, so one of equal
+  weight never displaces the root: ties keep the lower indices).
+- Top-p without top-k: the tokens of weight >= 2^-10, collected in the pass that sums the
+  row's weight Z. They settle the row when they hold more than p Z (the first token past the
+  nucleus is then among them). Where they do not (the many small tokens of a flat tail hold
+  more than 1 - p) or are more than CAND_CAP, the weights' counts and sums in eighth-octave
+  bins down to 2^-40 give the highest threshold that holds p Z within CAND_CAP tokens, and
+  the row is collected again at it; with none the row returns -2 (a nucleus wider than the
+  kernel holds: random logits) and the caller's reference decides it.
+- The candidates are sorted by weight (then index), cut to k, to the nucleus (a token is kept
+  while the weight above it is at most p times what top-k kept, or Z), and to min-p
+  (w >= min_p); the draw walks what is left in vocabulary order with the row's uniform, as
+  the reference's inverse CDF does: the same token up to the rounding of the sums and of a
+  cut within rounding of a boundary. Rows with min-p alone draw over the whole row with
+  min_p as a weight floor (``row_draw``).
 
 Appended to ``logits_kernel``'s source: it uses its vector types, ``draw_weight`` and the
 row helpers.
@@ -27,6 +33,7 @@ CAND_CAP = 4096  # most candidates a row may need (on each thread's stack: 32 Ki
 
 TRUNCATED_DRAW_SOURCE = f"#define CAND_CAP {CAND_CAP}\n" + r"""
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct { float w; int32_t i; } cand_t;
 
@@ -40,13 +47,14 @@ static int by_index(const void *a, const void *b) {
     return (x->i > y->i) - (x->i < y->i);
 }
 
-/* The tokens of weight >= tau (and > 0) into c (at most CAND_CAP: returns -1 past that), their
-   count otherwise; their weight into *held and, when z is not NULL, the row's into *z. Blocks
-   of 32 vectors: weights summed and compared, and only a block with a candidate read again to
-   pick them out. */
+/* The tokens of weight >= tau (and > 0) into c, their count, their weight into *held and,
+   when z is not NULL, the row's into *z; -1 when there are more than CAND_CAP (*z is still
+   the row's). Blocks of 32 vectors: weights summed and compared, and only a block with a
+   candidate read again to pick them out. */
 static int64_t collect(const float *x, int64_t v, float mx, float s, float tau, cand_t *c,
                        double *held, double *z) {
     int64_t n = 0, i = 0;
+    int over = 0;
     double h = 0.0, t = 0.0;
     while (i + VW <= v) {
         const int64_t start = i;
@@ -62,12 +70,15 @@ static int64_t collect(const float *x, int64_t v, float mx, float s, float tau, 
             t += acc[l];
             any |= seen[l];
         }
-        if (!any) continue;
-        for (int64_t j = start; j < i; j += VW) {
+        if (!any || over) continue;
+        for (int64_t j = start; j < i && !over; j += VW) {
             const vf w = draw_weight(*(const vf *)(x + j), mx, s, 0.0f);
             for (int l = 0; l < VW; l++) {
                 if (!(w[l] >= tau && w[l] > 0.0f)) continue;
-                if (n == CAND_CAP) return -1;
+                if (n == CAND_CAP) {
+                    over = 1;
+                    break;
+                }
                 c[n].w = w[l];
                 c[n].i = (int32_t)(j + l);
                 h += w[l];
@@ -78,8 +89,11 @@ static int64_t collect(const float *x, int64_t v, float mx, float s, float tau, 
     for (; i < v; i++) {
         const float w = draw_weight1(x[i], mx, s, 0.0f);
         t += w;
-        if (w >= tau && w > 0.0f) {
-            if (n == CAND_CAP) return -1;
+        if (w >= tau && w > 0.0f && !over) {
+            if (n == CAND_CAP) {
+                over = 1;
+                continue;
+            }
             c[n].w = w;
             c[n].i = (int32_t)i;
             h += w;
@@ -88,7 +102,53 @@ static int64_t collect(const float *x, int64_t v, float mx, float s, float tau, 
     }
     *held = h;
     if (z != NULL) *z = t;
-    return n;
+    return over ? -1 : n;
+}
+
+/* For a top-p row that 2^-10 does not settle within CAND_CAP tokens: the highest threshold
+   whose tokens hold more than `need` of weight, from their counts and weights in bins of an
+   eighth of an octave (a float's exponent and three leading mantissa bits) from 1 down to
+   2^-40. Returns the threshold (a bin's lower edge), or 0 when more than CAND_CAP tokens come
+   before the weight is held (the nucleus is too wide for the kernel). */
+static float settle_tau(const float *x, int64_t v, float mx, float s, double need) {
+    enum { SHIFT = 20, TOP = 127 << 3, BINS = 8 * 40 + 1 }; /* 1.0f >> SHIFT is TOP */
+    int64_t count[BINS] = {0};
+    double mass[BINS] = {0};
+    int64_t i = 0;
+    for (; i + VW <= v; i += VW) {
+        const vf w = draw_weight(*(const vf *)(x + i), mx, s, 0.0f);
+        const vi b = TOP - ((vi)w >> SHIFT);
+        for (int l = 0; l < VW; l++) {
+            if (b[l] < BINS && w[l] > 0.0f) {
+                count[b[l]]++;
+                mass[b[l]] += w[l];
+            }
+        }
+    }
+    for (; i < v; i++) {
+        const float w = draw_weight1(x[i], mx, s, 0.0f);
+        int32_t bits;
+        memcpy(&bits, &w, sizeof bits);
+        const int32_t b = TOP - (bits >> SHIFT);
+        if (b < BINS && w > 0.0f) {
+            count[b]++;
+            mass[b] += w;
+        }
+    }
+    int64_t held_n = 0;
+    double held = 0.0;
+    for (int b = 0; b < BINS; b++) {
+        held_n += count[b];
+        held += mass[b];
+        if (held_n > CAND_CAP) return 0.0f;
+        if (held > need) {
+            const int32_t edge = (TOP - b) << SHIFT;
+            float tau;
+            memcpy(&tau, &edge, sizeof tau);
+            return tau;
+        }
+    }
+    return 0.0f;
 }
 
 /* a ranks below b: a lower weight, or the same weight at a higher index */
@@ -167,17 +227,19 @@ static int64_t row_truncated_draw(const float *x, int64_t v, float s, int64_t k,
     float mx;
     const int64_t degenerate = row_degenerate(x, v, &mx);
     if (degenerate != -2) return degenerate;
-    static const float taus[4] = {0x1p-10f, 0x1p-30f, 0x1p-60f, 0.0f};
     double z = 0.0, held = 0.0;
     int64_t n = 0;
     if (k < v) { /* top-k: its set, then top-p within it */
         if (k > CAND_CAP) return -2;
         n = heaviest(x, v, mx, s, k, c);
     } else { /* top-p: candidates that hold more than p of the row's weight */
-        for (int t = 0; t < 4; t++) {
-            n = collect(x, v, mx, s, taus[t], c, &held, t == 0 ? &z : NULL);
-            if (n < 0) return -2;
-            if (held > (double)p * z) break; /* settled */
+        n = collect(x, v, mx, s, 0x1p-10f, c, &held, &z);
+        if (n < 0 || held <= (double)p * z) { /* too many, or too little: the threshold that
+                                                 holds p (the tail may hold more than 1 - p) */
+            const float tau = settle_tau(x, v, mx, s, (double)p * z);
+            if (tau == 0.0f) return -2;
+            n = collect(x, v, mx, s, tau, c, &held, NULL);
+            if (n < 0 || held <= (double)p * z) return -2; /* (rounding of the bins' sums) */
         }
     }
     qsort(c, (size_t)n, sizeof *c, by_weight);
