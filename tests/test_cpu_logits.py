@@ -5,9 +5,6 @@ platform's ``LayerOps.logsumexp_argmax``; its categorical draw against the refer
 
 from __future__ import annotations
 
-import ctypes
-import mmap
-
 import pytest
 import torch
 from ironlm.interfaces.categorical import reference_categorical
@@ -16,6 +13,7 @@ from ironlm.sampling_params import SamplingParams
 from ironlm.worker.sampler import Sampler, SamplingState
 from ironlm_cpu.layer_ops import CpuLayerOps
 from ironlm_cpu.logits_kernel import PARALLEL_ROWS, LogitsKernel
+from guard_pages import row_beside_unreadable_pages
 from test_cpu_fused import _runnable_targets
 
 INF = float("inf")
@@ -96,24 +94,13 @@ def test_nan_rows_with_the_argmax_alone(kernel: LogitsKernel) -> None:
 def test_rows_are_not_read_past_their_end(kernel: LogitsKernel, logsumexp: bool) -> None:
     """A row of 17 logits that ends where an unreadable page begins: the partial last vector
     is read masked (a plain 16-lane load there would fault)."""
-    page = mmap.PAGESIZE
-    buf = mmap.mmap(-1, 2 * page)
-    base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    assert libc.mprotect(base + page, page, 0) == 0  # PROT_NONE
-    try:
-        row = torch.frombuffer(buf, dtype=torch.float32, count=17, offset=page - 17 * 4)
+    with row_beside_unreadable_pages(17, "end") as row:
         row.copy_(torch.arange(17, dtype=torch.float32))
         done = kernel(row.view(1, 17), logsumexp=logsumexp)
         assert done is not None and done[1].tolist() == [16]
         if logsumexp:
             assert done[0] is not None
             torch.testing.assert_close(done[0], torch.logsumexp(row.view(1, 17), dim=-1))
-    finally:
-        libc.mprotect(base + page, page, mmap.PROT_READ | mmap.PROT_WRITE)
-        del row
-        buf.close()
 
 
 @pytest.mark.parametrize("vocab", [5, 1003, 49152])
@@ -169,15 +156,7 @@ def test_rows_without_a_finite_distribution_take_the_argmax(kernel: LogitsKernel
 def test_draw_reads_nothing_outside_its_row(kernel: LogitsKernel, at: str) -> None:
     """A 17-token row next to an unreadable page, before or after it: the vector loops stay
     within the row and the +inf scan stops at the row's own +inf."""
-    page = mmap.PAGESIZE
-    buf = mmap.mmap(-1, 3 * page)
-    base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    assert libc.mprotect(base, page, 0) == 0 and libc.mprotect(base + 2 * page, page, 0) == 0
-    try:
-        offset = page if at == "start" else 2 * page - 17 * 4
-        row = torch.frombuffer(buf, dtype=torch.float32, count=17, offset=offset)
+    with row_beside_unreadable_pages(17, at) as row:
         for values, want in ((torch.arange(17.0), None), (torch.full((17,), -INF), [0])):
             row.copy_(values)
             got = kernel.categorical(row.view(1, 17), torch.ones(1, 1),
@@ -190,10 +169,6 @@ def test_draw_reads_nothing_outside_its_row(kernel: LogitsKernel, at: str) -> No
         got = kernel.categorical(row.view(1, 17), torch.ones(1, 1),
                                  torch.zeros(1, 1, dtype=torch.float64))
         assert got.tolist() == [16 if at == "start" else 0]
-    finally:
-        libc.mprotect(base, 3 * page, mmap.PROT_READ | mmap.PROT_WRITE)
-        del row
-        buf.close()
 
 
 def test_layer_ops_fall_back_for_other_inputs() -> None:

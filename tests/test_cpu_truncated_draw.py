@@ -4,9 +4,6 @@ reaching it through ``LayerOps.truncated_categorical``."""
 
 from __future__ import annotations
 
-import ctypes
-import mmap
-
 import pytest
 import torch
 from ironlm.interfaces.platform import LayerOps
@@ -16,17 +13,10 @@ from ironlm.worker.sampler import Sampler, SamplingState
 from ironlm_cpu.layer_ops import CpuLayerOps
 from ironlm_cpu.logits_kernel import LogitsKernel
 from ironlm_cpu.truncated_draw import CAND_CAP
-from test_cpu_fused import _runnable_targets
+from guard_pages import row_beside_unreadable_pages
+from test_cpu_logits import kernel  # noqa: F401 (the fixture: every ISA build this CPU runs)
 
 INF = float("inf")
-
-
-@pytest.fixture(scope="module", params=_runnable_targets(), ids=lambda t: t.name)
-def kernel(request: pytest.FixtureRequest) -> LogitsKernel:
-    k = LogitsKernel(target=request.param)
-    if not k.available:
-        pytest.skip(k.reason)
-    return k
 
 
 def _limits(rows: int, vocab: int, k: int | None = None, p: float = 1.0, m: float = 0.0
@@ -137,25 +127,13 @@ def test_rows_without_a_finite_distribution_and_wide_top_k(kernel: LogitsKernel)
 
 @pytest.mark.parametrize("at", ["start", "end"])
 def test_truncated_draw_reads_nothing_outside_its_row(kernel: LogitsKernel, at: str) -> None:
-    page = mmap.PAGESIZE
-    buf = mmap.mmap(-1, 3 * page)
-    base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    assert libc.mprotect(base, page, 0) == 0 and libc.mprotect(base + 2 * page, page, 0) == 0
-    try:
-        offset = page if at == "start" else 2 * page - 17 * 4
-        row = torch.frombuffer(buf, dtype=torch.float32, count=17, offset=offset)
+    with row_beside_unreadable_pages(17, at) as row:
         row.copy_(torch.arange(17.0) * 3)
         u = torch.full((1, 1), 0.999, dtype=torch.float64)
-        for k, p, m in ((3, 1.0, 0.0), (17, 0.5, 0.0), (17, 1.0, 0.01)):
+        for k, p, m in ((3, 1.0, 0.0), (17, 0.5, 0.0), (17, 1.0, 0.01)):  # heap, top-p, floor
             got = kernel.truncated_categorical(row.view(1, 17), torch.ones(1, 1),
                                                *_limits(1, 17, k, p, m), u)
             assert got.tolist() == [16], (k, p, m)  # 0.999 of the mass: the heaviest
-    finally:
-        libc.mprotect(base, 3 * page, mmap.PROT_READ | mmap.PROT_WRITE)
-        del row
-        buf.close()
 
 
 class _Recording(LayerOps):
