@@ -60,6 +60,20 @@ def test_the_override_is_laid_over_and_names_what_it_may_set() -> None:
         default_sampling("vllm", None, {"temperature": -1.0})
 
 
+def test_values_are_numbers_of_the_field_s_kind() -> None:
+    # JSON has no int / float distinction worth trusting: 20.0 is top-k 20, 2.5 is refused
+    assert default_sampling("vllm", None, {"top_k": 20.0, "max_new_tokens": 8.0,
+                                           "temperature": 1}) == {
+        "top_k": 20, "max_tokens": 8, "temperature": 1.0}
+    assert isinstance(default_sampling("vllm", None, {"top_k": 20.0})["top_k"], int)
+    for bad in ({"top_k": 2.5}, {"temperature": "0.5"}, {"top_p": True}):
+        with pytest.raises(ValueError, match=f"{next(iter(bad))} must be"):
+            default_sampling("vllm", None, bad)
+    # a value the model's own file holds that SamplingParams refuses names the way out
+    with pytest.raises(ValueError, match="--generation-config vllm"):
+        default_sampling("auto", GenerationConfig(repetition_penalty=2.5), {})
+
+
 def test_flags_parse_into_the_engine_config() -> None:
     args = make_parser().parse_args(
         ["m", "--generation-config", "vllm", "--override-generation-config", '{"top_k": 5}'])

@@ -64,16 +64,30 @@ def default_sampling(
             )
         config = GenerationConfig.from_pretrained(str(folder)).to_diff_dict()
     config.update(override)
-    out = {SAMPLING_FIELDS[k]: v for k, v in config.items() if k in SAMPLING_FIELDS
-           and v is not None}
+    where = (f"generation config {source!r}" + (" with override_generation_config"
+                                                if override else ""))
+    out = {SAMPLING_FIELDS[k]: _number(k, v, where) for k, v in config.items()
+           if k in SAMPLING_FIELDS and v is not None}
     if out.get("top_k") == 0:  # transformers' "no top-k"; SamplingParams spells it -1
         out["top_k"] = -1
     try:
         SamplingParams(**out)
     except ValueError as exc:
-        raise ValueError(f"generation config {source!r} sampling defaults: {exc}") from None
+        raise ValueError(f"{where}: {exc} (--generation-config vllm ignores the model's "
+                         "values; --override-generation-config replaces one)") from None
     if out:
         log.warning(
             "Default sampling parameters come from the model's generation config: %s. If this "
             "is not intended, start with --generation-config vllm.", out)
     return out
+
+
+def _number(name: str, value: Any, where: str) -> int | float:
+    """A sampling field's value as SamplingParams takes it: an int for top_k and
+    max_new_tokens (2.0 is 2), a float for the others; ValueError naming it otherwise."""
+    integral = name in ("top_k", "max_new_tokens")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            integral and value != int(value)):
+        kind = "an integer" if integral else "a number"
+        raise ValueError(f"{where}: {name} must be {kind}, got {value!r}")
+    return int(value) if integral else float(value)

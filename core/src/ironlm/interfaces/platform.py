@@ -12,7 +12,7 @@ import torch
 from ironlm.interfaces.categorical import reference_categorical
 from ironlm.interfaces.lora import reference_lora_linear
 from ironlm.interfaces.quant import QuantLayout, reference_embedding, reference_linear
-from ironlm.interfaces.truncation import reference_truncated_categorical
+from ironlm.interfaces.truncation import truncate
 
 if TYPE_CHECKING:  # the model context names this module's LayerOps
     from ironlm.interfaces.graphs import GraphCapture
@@ -178,8 +178,11 @@ class LayerOps:
         top_k largest, then the top-p nucleus under the softmax of what top-k kept, then the
         tokens whose probability is at least min_p times the largest
         (``ironlm.interfaces.truncation``): same u, same token up to the rounding of the sums
-        and of a cut that lands within rounding of a boundary."""
-        return reference_truncated_categorical(logits, scale, top_k, top_p, min_p, u)
+        and of a cut that lands within rounding of a boundary. By default: the reference
+        truncation, then this platform's ``categorical``."""
+        x = truncate(logits * scale, top_k.reshape(-1).tolist(), top_p.reshape(-1).tolist(),
+                     min_p.reshape(-1).tolist())
+        return self.categorical(x, torch.ones_like(scale), u)
 
     def rotary(
         self,

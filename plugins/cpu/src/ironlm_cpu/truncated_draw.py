@@ -219,10 +219,11 @@ static int64_t heaviest(const float *x, int64_t v, float mx, float s, int64_t k,
     return n;
 }
 
-/* One row (see the module docstring): k >= v, p >= 1, mp <= 0 mean none. Returns the token,
+/* One row (see the module docstring): k >= v or k < 1, p >= 1, mp <= 0 mean none. Returns the token,
    -1 for a row holding a NaN, -2 for a row needing more than CAND_CAP candidates. */
 static int64_t row_truncated_draw(const float *x, int64_t v, float s, int64_t k, float p,
                                   float mp, double u, double *sums, cand_t *c) {
+    if (k < 1 || k > v) k = v; /* no top-k (SamplingParams' -1; the reference's rule) */
     if (k >= v && p >= 1.0f) return row_draw(x, v, s, u, sums, mp > 0.0f ? mp : 0.0f);
     float mx;
     const int64_t degenerate = row_degenerate(x, v, &mx);
