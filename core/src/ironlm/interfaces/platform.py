@@ -12,7 +12,7 @@ import torch
 from ironlm.interfaces.categorical import reference_categorical
 from ironlm.interfaces.lora import reference_lora_linear
 from ironlm.interfaces.quant import QuantLayout, reference_embedding, reference_linear
-from ironlm.interfaces.truncation import truncate
+from ironlm.interfaces.truncation import truncated_logits
 
 if TYPE_CHECKING:  # the model context names this module's LayerOps
     from ironlm.interfaces.graphs import GraphCapture
@@ -180,8 +180,7 @@ class LayerOps:
         (``ironlm.interfaces.truncation``): same u, same token up to the rounding of the sums
         and of a cut that lands within rounding of a boundary. By default: the reference
         truncation, then this platform's ``categorical``."""
-        x = truncate(logits * scale, top_k.reshape(-1).tolist(), top_p.reshape(-1).tolist(),
-                     min_p.reshape(-1).tolist())
+        x = truncated_logits(logits, scale, top_k, top_p, min_p)
         return self.categorical(x, torch.ones_like(scale), u)
 
     def rotary(

@@ -37,10 +37,19 @@ def reference_truncated_categorical(
 ) -> torch.Tensor:
     """(B, V) float32 logits, (B, 1) scale, top_k (B, 1) int64 (V or more: none), top_p and
     min_p (B, 1) float32 (1 and 0: none), (B, 1) float64 u -> (B,) int64: the categorical
-    draw (``reference_categorical``) from ``truncate(logits * scale, ...)``."""
-    x = truncate(logits * scale, top_k.reshape(-1).tolist(), top_p.reshape(-1).tolist(),
-                 min_p.reshape(-1).tolist())
+    draw (``reference_categorical``) from ``truncated_logits``."""
+    x = truncated_logits(logits, scale, top_k, top_p, min_p)
     return reference_categorical(x, torch.ones_like(scale), u)
+
+
+def truncated_logits(
+    logits: torch.Tensor, scale: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+    min_p: torch.Tensor,
+) -> torch.Tensor:
+    """``truncate(logits * scale, ...)`` with the limits as ``LayerOps.truncated_categorical``
+    takes them ((B, 1) tensors)."""
+    return truncate(logits * scale, top_k.reshape(-1).tolist(), top_p.reshape(-1).tolist(),
+                    min_p.reshape(-1).tolist())
 
 
 def truncate(
