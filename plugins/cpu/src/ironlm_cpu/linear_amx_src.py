@@ -129,8 +129,8 @@ static int amx_linear(const uint16_t *x, const uint16_t *wp, const uint16_t *bia
         for (int c = 0; c < chunks; c++)
         for (int p = 0; p < panels; p++) {
             const uint16_t *b = wp + p * ps;
-            const int c1 = (c + 1) * AMX_CHUNK < blocks ? (c + 1) * AMX_CHUNK : blocks;
-            for (int r0 = c * AMX_CHUNK; r0 < c1; r0 += 4) {
+            const int c1 = CHUNK_ROW(c + 1, blocks, chunks); /* equal chunks of blocks */
+            for (int r0 = CHUNK_ROW(c, blocks, chunks); r0 < c1; r0 += 4) {
                 const int nb = c1 - r0 < 4 ? c1 - r0 : 4;
                 const uint16_t *a0 = AMX_A(r0), *a1 = AMX_A(r0 + 1), *a2 = AMX_A(r0 + 2),
                                *a3 = AMX_A(r0 + 3);

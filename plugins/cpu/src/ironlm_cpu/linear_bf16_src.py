@@ -272,7 +272,7 @@ void ironlm_linear_bf16(const uint16_t *x, const uint16_t *wp, const uint16_t *b
     #pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
     for (int c = 0; c < chunks; c++) {
         for (int g = 0; g < groups; g++) {
-            const int m0 = c * mc, m1 = m0 + mc < m ? m0 + mc : m;
+            const int m0 = CHUNK_ROW(c, m, chunks), m1 = CHUNK_ROW(c + 1, m, chunks);
             const int p1 = (g + 1) * group < panels ? (g + 1) * group : panels;
             for (int pi = g * group; pi < p1; pi++)
                 for (int i = m0; i < m1; i += BF_MR)

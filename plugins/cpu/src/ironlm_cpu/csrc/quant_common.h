@@ -26,6 +26,9 @@
 #define QK 32   /* elements per activation block (and per Q4_0 / Q4_1 / Q8_0 block) */
 #define QKK 256 /* elements per K-quant super-block (Q4_K, Q6_K) */
 #define MR 4    /* activation rows one pass of a row kernel computes */
+/* First row of chunk c when m rows go in `chunks` chunks of equal size (+-1 row): with a
+   fixed chunk size the short last chunk left one thread the full ones (static split). */
+#define CHUNK_ROW(c, m, chunks) ((int)((int64_t)(c) * (m) / (chunks)))
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define HAVE_VNNI 1

@@ -125,7 +125,7 @@ static void drive(const qweight *w, const qact *a, int m, const float *bias, flo
     #pragma omp parallel for collapse(2) schedule(static) num_threads(threads) if (threads > 1)
     for (int c = 0; c < chunks; c++) {
         for (int g = 0; g < runs; g++) {
-            const int m0 = c * mc, m1 = m0 + mc < m ? m0 + mc : m;
+            const int m0 = CHUNK_ROW(c, m, chunks), m1 = CHUNK_ROW(c + 1, m, chunks);
             const int n0 = g * run, n1 = n0 + run < n ? n0 + run : n;
             float out[MR];
             if (m <= 2 * MR) { /* decode: each weight row once, from memory */

@@ -370,7 +370,7 @@ static int drive_panels(const qweight *w, const float *x, int64_t ldx, int m, co
         #pragma omp for collapse(2) schedule(static)
         for (int c = 0; c < chunks; c++) {
             for (int g = 0; g < runs; g++) {
-                const int m0 = c * mc, m1 = m0 + mc < m ? m0 + mc : m;
+                const int m0 = CHUNK_ROW(c, m, chunks), m1 = CHUNK_ROW(c + 1, m, chunks);
                 const int p0 = g * run, p1 = (g + 1) * run < panels ? (g + 1) * run : panels;
                 if (decode) { /* each panel streamed once, converted in registers */
                     for (int p = p0; p < p1; p++)

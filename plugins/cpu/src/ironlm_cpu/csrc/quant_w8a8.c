@@ -204,7 +204,7 @@ static void drive_w8a8(const qweight *w, const qact *a, int m, const float *bias
     #pragma omp parallel for collapse(2) schedule(static) num_threads(threads) if (threads > 1)
     for (int c = 0; c < chunks; c++) {
         for (int g = 0; g < runs; g++) {
-            const int m0 = c * mc, m1 = m0 + mc < m ? m0 + mc : m;
+            const int m0 = CHUNK_ROW(c, m, chunks), m1 = CHUNK_ROW(c + 1, m, chunks);
             const int p1 = (g + 1) * run < panels ? (g + 1) * run : panels;
             const int p0 = g * run;
             if (m <= 2 * MRP) { /* decode: each panel streamed once, for all activation rows */
