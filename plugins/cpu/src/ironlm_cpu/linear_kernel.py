@@ -101,14 +101,22 @@ typedef uint16_t v8h __attribute__((vector_size(16), aligned(2)));
     }
 #define TILE(NAME, V, MR, KICKS)                                                               \
 static void NAME##_##MR(const float *x, int64_t ldx, const float *p, int64_t off1, int k,     \
-                        float *y, int64_t ldy, const float *next) {                            \
+                        float *y, int64_t ldy, const float *next, int lines) {                 \
     const int rows = MR;                                                                       \
+    int due = 0;                                                                               \
     DECL(V, 0) DECL(V, 1) DECL(V, 2) DECL(V, 3) DECL(V, 4) DECL(V, 5)                          \
     DECL(V, 6) DECL(V, 7) DECL(V, 8) DECL(V, 9) DECL(V, 10) DECL(V, 11)                        \
     for (int kk = 0; kk < k; kk++) {                                                           \
         const V w0 = *(const V *)(p + 16 * (int64_t)kk);                                       \
         const V w1 = *(const V *)(p + 16 * (int64_t)kk + off1);                                \
-        if (next) __builtin_prefetch(next + 16 * (int64_t)kk, 0, 2); /* a line of a panel */   \
+        if (next) { /* `lines` lines of the next unit's panels, spread evenly over k */        \
+            due += lines;                                                                      \
+            if (due >= k) {                                                                    \
+                __builtin_prefetch(next, 0, 2);                                                \
+                next += 16;                                                                    \
+                due -= k;                                                                      \
+            }                                                                                  \
+        }                                                                                      \
         else if (KICKS && (kk & 63) == 0) KICK(p + 16 * (int64_t)kk);                          \
         ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5) ROW(6) ROW(7) ROW(8) ROW(9) ROW(10) ROW(11)   \
     }                                                                                          \
@@ -125,20 +133,31 @@ TILE(wide, v16, 5, 0) TILE(wide, v16, 6, 0) TILE(wide, v16, 7, 0) TILE(wide, v16
 TILE(wide, v16, 9, 0) TILE(wide, v16, 10, 0) TILE(wide, v16, 11, 0) TILE(wide, v16, 12, 0)
 
 typedef void (*tile_fn)(const float *, int64_t, const float *, int64_t, int, float *, int64_t,
-                        const float *);
+                        const float *, int);
 static const tile_fn NARROW[7] = {0, narrow_1, narrow_2, narrow_3, narrow_4, narrow_5, narrow_6};
 static const tile_fn WIDE[13] = {0, wide_1, wide_2, wide_3, wide_4, wide_5, wide_6, wide_7,
                                  wide_8, wide_9, wide_10, wide_11, wide_12};
 
-/* Panel `t` of the unit after this one, for the unit's row tile t to pull into L2 while it
-   computes (NULL: none). In a decode batch the weights come from DRAM (a model's weights do
-   not fit in L3); without this, each unit's first row tile waits on them: 3072 x 576 at 64
-   rows on the Zen 5 (2 threads), weights from DRAM: wide tile 545 -> 475 us, the AVX2
-   build's narrow tile 1029 -> 899 (in cache: 455 and 891, unchanged). */
+/* Row tile t's share of the unit after this one, to pull into L2 while it computes: the
+   first of its `*lines` panel rows (64 bytes each), which the tile asks for evenly over its k
+   steps (NULL: none). In a decode batch the weights come from DRAM (a model's weights do not
+   fit in L3); without this, each unit's first row tile waits on them: 3072 x 576 at 64 rows
+   on the Zen 5 (2 threads), weights from DRAM: wide tile 545 -> 475 us, the AVX2 build's
+   narrow tile 1029 -> 899 (in cache: 455 and 891, unchanged). The share was a whole panel
+   for each of the first one or two tiles, a line per k step: on the Xeon (model 207, 2
+   threads) that pace outran the misses a core keeps in flight from DRAM while later tiles
+   asked for nothing. SmolLM2's four layer linears x 30 layers from DRAM, wide tile, median of
+   10 alternating runs: 64 rows 79 -> 76 ms (9 of 10 pairs faster), 128 rows 148 -> 135; with
+   the LM head, 64 rows 98 -> 89; the AVX2 build's narrow tile 64 rows 140 -> 131, 32 rows
+   77 -> 72; 8-16 rows unchanged (one or two tiles: the same pace as before). */
 static inline const float *next_panel(const float *wp, int n, int k, int pi, int np, int t,
-                                      int tiles) {
-    const int q = pi + np + t;
-    return tiles > 1 && t < np && q < n / 16 ? wp + (int64_t)q * k * 16 : NULL;
+                                      int tiles, int *lines) {
+    const int q0 = pi + np, left = n / 16 - q0, nnp = np < left ? np : left;
+    const int64_t all = (int64_t)nnp * k, per = (all + tiles - 1) / tiles, t0 = t * per;
+    if (tiles < 2 || nnp <= 0 || t0 >= all) return NULL;
+    const int64_t mine = all - t0 < per ? all - t0 : per;
+    *lines = mine < k ? (int)mine : k; /* at most a line per k step */
+    return wp + ((int64_t)q0 * k + t0) * 16;
 }
 
 /* One row of x times 2 vectors' worth of columns, as the tiles take them (b0 at p, b1 at
@@ -190,7 +209,7 @@ static void unit(const float *x, const float *wp, const float *bias, float *y, i
     if (np == 2 && wide && rows == 1) {
         wide_row(xr, p, 16 * (int64_t)k, k, yr);
     } else if (np == 2 && wide && rows <= 12) {
-        WIDE[rows](xr, k, p, 16 * (int64_t)k, k, yr, n, NULL);
+        WIDE[rows](xr, k, p, 16 * (int64_t)k, k, yr, n, NULL, 0);
     } else if (np == 2 && wide) {
         /* rows split evenly over the tiles: a short last tile (13 rows as 12 + 1) runs on too
            few accumulator chains for its share of the weight (SmolLM2's layer shapes from
@@ -199,22 +218,25 @@ static void unit(const float *x, const float *wp, const float *bias, float *y, i
         const int tiles = (rows + 11) / 12;
         for (int i = m0, t = 0, mr; i < m1; i += mr, t++) {
             mr = rows / tiles + (t < rows % tiles);
+            int lines = 0;
+            const float *next = next_panel(wp, n, k, pi, np, t, tiles, &lines);
             WIDE[mr](x + (int64_t)i * k, k, p, 16 * (int64_t)k, k, y + (int64_t)i * n + pi * 16, n,
-                     next_panel(wp, n, k, pi, np, t, tiles));
+                     next, lines);
         }
     } else if (rows == 1) {
         for (int q = 0; q < np; q++) narrow_row(xr, p + (int64_t)q * k * 16, 8, k, yr + q * 16);
     } else if (rows <= 6) {
         for (int q = 0; q < np; q++)
-            NARROW[rows](xr, k, p + (int64_t)q * k * 16, 8, k, yr + q * 16, n, NULL);
+            NARROW[rows](xr, k, p + (int64_t)q * k * 16, 8, k, yr + q * 16, n, NULL, 0);
     } else {
         const int tiles = np * ((rows + 5) / 6);
         for (int q = 0, t = 0; q < np; q++)
             for (int i = m0; i < m1; i += 6, t++) {
                 const int mr = m1 - i < 6 ? m1 - i : 6;
+                int lines = 0;
+                const float *next = next_panel(wp, n, k, pi, np, t, tiles, &lines);
                 NARROW[mr](x + (int64_t)i * k, k, p + (int64_t)q * k * 16, 8, k,
-                           y + (int64_t)i * n + (pi + q) * 16, n,
-                           next_panel(wp, n, k, pi, np, t, tiles));
+                           y + (int64_t)i * n + (pi + q) * 16, n, next, lines);
             }
     }
     if (bias != NULL)
