@@ -201,7 +201,6 @@ def test_logprobs_are_raw_log_softmax_with_ranks() -> None:
         ({"temperature": -0.1}, "temperature"),
         ({"top_p": 0.0}, "top_p"),
         ({"top_p": 1.5}, "top_p"),
-        ({"top_k": 0}, "top_k"),
         ({"top_k": -2}, "top_k"),
         ({"n": 0}, "n"),
         ({"n": 3, "best_of": 2}, "best_of"),
@@ -219,6 +218,13 @@ def test_invalid_values_name_the_field(kwargs: dict, field: str) -> None:  # typ
     with pytest.raises(ValueError) as err:
         SamplingParams(**kwargs)
     assert str(err.value).startswith(field)
+
+
+def test_top_k_zero_disables_as_later_vllm_spells_it() -> None:
+    """vLLM 0.6 refused top_k=0; later versions take it (their default) as "no top-k", and
+    clients written for them send it: stored as -1, which the sampler reads as no top-k."""
+    assert SamplingParams(temperature=0.8, top_k=0).top_k == -1
+    assert SamplingParams(temperature=0.8, top_k=0) == SamplingParams(temperature=0.8)
 
 
 def test_verify_checks_vocabulary_and_logprob_limits() -> None:

@@ -104,6 +104,15 @@ def test_completion_n2_logprobs(client: openai.OpenAI) -> None:
     assert out.usage.completion_tokens == 8
 
 
+def test_top_k_zero_is_no_top_k(client: openai.OpenAI) -> None:
+    """Clients written for later vLLM send top_k 0 (its "disabled"): the same sampled text as
+    top_k -1 for the same seed."""
+    kwargs = dict(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=1.0, seed=11)
+    texts = [client.completions.create(**kwargs, extra_body={"top_k": k}).choices[0].text
+             for k in (0, -1)]
+    assert texts[0] == texts[1]
+
+
 def test_prompt_list_and_tokens_as_ids(client: openai.OpenAI) -> None:
     out = client.completions.create(model=MODEL, prompt=["Hello", "Goodbye"], max_tokens=2,
                                     temperature=0, logprobs=0,
@@ -340,7 +349,7 @@ OUT_OF_RANGE = [
     ("temperature", -1.0, {}),
     ("top_p", 0.0, {}),
     ("top_p", 1.5, {}),
-    ("top_k", 0, {}),
+    ("top_k", -2, {}),
     ("min_p", 1.5, {}),
     ("presence_penalty", 2.5, {}),
     ("frequency_penalty", -2.5, {}),

@@ -34,7 +34,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = -1  # -1 (or 0 in newer vLLM) disables; we follow the 0.6 rule: 0 is invalid
+    top_k: int = -1  # -1 or 0 disables (vLLM 0.6 spelt it -1, later versions 0); 0 is stored as -1
     min_p: float = 0.0
     seed: int | None = None
     use_beam_search: bool = False
@@ -82,6 +82,8 @@ class SamplingParams:
         if self.seed is not None and not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         self._validate()
+        if self.top_k == 0:  # later vLLM's spelling of "no top-k"; the sampler reads -1
+            self.top_k = -1
         if self.temperature < _SAMPLING_EPS and not self.use_beam_search:
             # Greedy: the other sampling knobs have no effect (vLLM resets them too).
             self.top_p, self.top_k, self.min_p = 1.0, -1, 0.0
@@ -119,8 +121,8 @@ class SamplingParams:
             raise bad("temperature", f"must be non-negative, got {self.temperature}.")
         if not 0.0 < self.top_p <= 1.0:
             raise bad("top_p", f"must be in (0, 1], got {self.top_p}.")
-        if self.top_k < -1 or self.top_k == 0:
-            raise bad("top_k", f"must be -1 (disable), or at least 1, got {self.top_k}.")
+        if self.top_k < -1:
+            raise bad("top_k", f"must be 0 or -1 (disable), or at least 1, got {self.top_k}.")
         if not 0.0 <= self.min_p <= 1.0:
             raise bad("min_p", f"must be in [0, 1], got {self.min_p}.")
         if self.seed is not None and not _INT64_MIN <= self.seed <= _INT64_MAX:
