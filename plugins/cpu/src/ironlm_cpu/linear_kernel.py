@@ -138,9 +138,9 @@ static const tile_fn NARROW[7] = {0, narrow_1, narrow_2, narrow_3, narrow_4, nar
 static const tile_fn WIDE[13] = {0, wide_1, wide_2, wide_3, wide_4, wide_5, wide_6, wide_7,
                                  wide_8, wide_9, wide_10, wide_11, wide_12};
 
-/* Row tile t's share of the unit after this one, to pull into L2 while it computes: the
-   first of its `*lines` panel rows (64 bytes each), which the tile asks for evenly over its k
-   steps (NULL: none). In a decode batch the weights come from DRAM (a model's weights do not
+/* Row tile t's share of the unit after this one, to pull into L2 while it computes: returns
+   where the share starts and sets *lines to its length in panel rows (64 bytes each), which
+   the tile asks for evenly over its k steps (NULL: no share). In a decode batch the weights come from DRAM (a model's weights do not
    fit in L3); without this, each unit's first row tile waits on them: 3072 x 576 at 64 rows
    on the Zen 5 (2 threads), weights from DRAM: wide tile 545 -> 475 us, the AVX2 build's
    narrow tile 1029 -> 899 (in cache: 455 and 891, unchanged). The share was a whole panel
