@@ -15,7 +15,7 @@ import torch
 from ironlm_cpu.graphs import CpuGraphCapture
 from ironlm_cpu.layer_ops import CpuLayerOps, rows_copy
 from ironlm_cpu.linear_kernel import PackedLinearKernel
-from ironlm_cpu.op_choice import BUCKETS, decide_linear
+from ironlm_cpu.op_choice import BUCKETS, COLD_BYTES, MAX_COPIES, OpChooser, decide_linear, weight_copies
 from ironlm_cpu.tuner import KernelTuner, parse_forced
 
 
@@ -438,3 +438,34 @@ def test_smollm2_keeps_both_copies_where_the_model_holds_its_weights(
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     out = llm.generate(["The capital of France is"], params, use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 8
+
+
+class _SeenWeights(OpChooser):
+    """Records which weight tensors each implementation was timed on."""
+
+    def __init__(self, chooser: OpChooser) -> None:
+        super().__init__(chooser.tuner, chooser.kernel, chooser.fused, chooser.torch_ops,
+                         chooser.gemv, chooser.onednn)  # fmt: skip
+        self.seen: dict[str, set[int]] = {}
+
+    def run_linear(self, impl: str, x: torch.Tensor, w: torch.Tensor,
+                   bias: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+        self.seen.setdefault(impl, set()).add(id(w))  # oneDNN's opaque tensors have no address
+        return super().run_linear(impl, x, w, bias)
+
+
+def test_linear_timings_take_turns_over_copies_of_the_weight(
+    kernel: PackedLinearKernel, tmp_path: Path
+) -> None:
+    """A small weight is timed over copies adding up past any L2 (``COLD_BYTES``), each
+    candidate on every copy, so no candidate is timed on a weight that sits in L2."""
+    chooser = _SeenWeights(_ops(kernel, tmp_path).chooser)
+    names = chooser.linear_candidates(64, 48, torch.float32)
+    chooser._measure_linear(64, 48, torch.float32, names)
+    copies = weight_copies(torch.empty(64, 48))
+    assert copies == MAX_COPIES  # 12 KiB a copy
+    assert set(chooser.seen) == set(names)
+    # every bucket times each candidate on its own set of copies (one weight: 4 at most)
+    assert all(len(ids) >= copies for ids in chooser.seen.values()), chooser.seen
+    big = torch.empty(COLD_BYTES // 4 + 1)  # float32: one copy is past the bytes already
+    assert weight_copies(big) == 1

@@ -29,11 +29,14 @@ before (``OpPlan.single``).
 
 Timed on random inputs of the real (N, K); for large batch buckets the weight is cut to fewer
 output rows (same K) so that one call stays under ``FLOP_CAP``: the rate per column is what is
-compared. SmolLM2-135M's five shapes take ~1-2 s on the 2-core EPYC, once per machine.
+compared. The calls take turns over copies of the weight (``COLD_BYTES``), so that it comes
+from beyond L2 as in a model's step. SmolLM2-135M's five shapes take ~1-2 s on the 2-core
+EPYC, once per machine.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from bisect import bisect_left
 from collections.abc import Callable
@@ -57,6 +60,19 @@ TOLERANCE = 1.05
 # time (geometric mean); the second copy's memory is bounded by the layer ops' budget.
 DUAL_GAIN = 0.85
 FLOP_CAP = 1e9
+# Bytes of weight copies a linear's timing cycles through: past any core's L2. With one copy
+# the weight sat in L2 across the timed calls, which favoured torch's per-call reorder of a
+# bf16 weight: the Xeon (model 207), SmolLM2's 576 x 1536 bf16 at 64 rows, torch / our AMX
+# tile 1 copy 266 / 177 us, 8 copies (14 MB) 332 / 205, 64 copies (113 MB) 303 / 195; the
+# cached choice, timed with one copy, had given that bucket to torch (146 vs 159 us).
+COLD_BYTES = 16 << 20
+MAX_COPIES = 8
+
+
+def weight_copies(w: torch.Tensor) -> int:
+    """How many copies of ``w`` a timing cycles through (``COLD_BYTES``, at most 8)."""
+    size = w.numel() * w.element_size()
+    return max(1, min(MAX_COPIES, -(-COLD_BYTES // max(size, 1))))
 _LAYOUT = {"c_narrow": "panel", "c_wide": "panel", "c_bf16": "panel", "c_gemv": "rows",
            "onednn": "onednn", "torch": "rows"}  # fmt: skip
 PACKED_LAYOUTS = ("panel", "onednn")  # the layouts that replace the checkpoint's rows
@@ -115,8 +131,10 @@ class OpChooser:
         c_ok = self.kernel.available and n % PANEL == 0
         dnn = ("onednn",) if self.onednn.supports(dtype) and not looked_up else ()
         if dtype == torch.float32 and c_ok:
+            # the wide tile first where it runs: the default of a start-up that cannot measure
+            # (a busy machine), and the faster tile from 8 rows on every AVX-512 CPU measured
             wide = ("c_wide",) if self.kernel.target.has("avx512") else ()
-            return ("c_narrow", *wide, "torch", *dnn)
+            return (*wide, "c_narrow", "torch", *dnn)
         if dtype == torch.bfloat16:
             panel = ("c_bf16",) if c_ok and k % 2 == 0 else ()
             gemv = ("c_gemv",) if self.gemv.available else ()
@@ -187,16 +205,22 @@ class OpChooser:
             w = (torch.randn(cols, k, generator=gen) / math.sqrt(k)).to(dtype)
             x = torch.randn(m, k, generator=gen).to(dtype)
             ref = torch.nn.functional.linear(x.float(), w.float())
-            stored = {"rows": w}  # the weight in each candidate's layout
+            # the weight in each candidate's layout, in enough copies that the calls, taking
+            # them in turn, read it from beyond L2 (as a model's steps do)
+            copies = weight_copies(w)
+            stored: dict[str, list[torch.Tensor]] = {"rows": [w] + [w.clone()
+                                                                  for _ in range(copies - 1)]}
             if any(_LAYOUT[c] == "panel" for c in names):
-                stored["panel"] = self.kernel.pack(w)
+                stored["panel"] = [self.kernel.pack(r) for r in stored["rows"]]
             if "onednn" in names and "onednn" not in rejected:
                 try:  # a library that refuses the weight rejects the candidate, never fatal
-                    stored["onednn"] = self.onednn.pack(w)
+                    stored["onednn"] = [self.onednn.pack(r) for r in stored["rows"]]
                 except RuntimeError as exc:
                     rejected["onednn"] = f"M={m}: reorder: {exc}"
+            turn = itertools.count()
             fns: dict[str, Callable[[], torch.Tensor]] = {
-                c: (lambda c=c: self.run_linear(c, x, stored[_LAYOUT[c]], None))
+                c: (lambda c=c: self.run_linear(
+                    c, x, stored[_LAYOUT[c]][next(turn) % copies], None))
                 for c in names if c not in rejected
             }  # fmt: skip
             tol = 1e-3 if dtype == torch.float32 else 3e-2
