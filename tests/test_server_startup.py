@@ -116,3 +116,23 @@ def test_module_entry_point(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setenv("IRONLM_DISABLE_PLUGIN_AUTOLOAD", "1")
     assert api_server_main([MODEL]) == 2
     assert "platform" in capsys.readouterr().err
+
+
+def test_a_port_in_use_fails_before_the_model_loads(
+    smollm2_dir: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server binds its port before the engine starts (so no worker's process group can
+    take it first): a port in use is a start-up error, exit status 2, before any loading."""
+    import logging
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with caplog.at_level(logging.INFO):
+            rc, err = _serve(["--device", "cpu", str(smollm2_dir), "--host", "127.0.0.1",
+                              "--port", str(port)], capsys)
+    assert rc == 2, err
+    assert f"cannot listen on 127.0.0.1:{port}" in err and "in use" in err, err
+    assert "loading" not in caplog.text

@@ -50,7 +50,12 @@ from ironlm.entrypoints.openai.protocol import (
     UnloadLoRAAdapterRequest,
 )
 from ironlm.entrypoints.openai.shutdown import DrainingServer
-from ironlm.entrypoints.openai.startup import StartupError, load_tool_parser_plugin, preflight
+from ironlm.entrypoints.openai.startup import (
+    StartupError,
+    bind_server_socket,
+    load_tool_parser_plugin,
+    preflight,
+)
 from ironlm.entrypoints.openai.state import ServerOptions, ServerState
 from ironlm.plugin_manager import PluginManager
 from ironlm.registry import PluginClashError
@@ -270,6 +275,8 @@ def run_server(args: argparse.Namespace) -> None:
     preflight(pm, config, platform, args)
     load_chat_template(args.chat_template)  # a bad --chat-template fails before loading
     torch.manual_seed(config.seed)  # unseeded sampling draws from the global generator
+    host = args.host or "0.0.0.0"
+    sock = bind_server_socket(host, args.port)  # before any worker takes a port
     log.info("IronLM %s: loading %s on %s", __version__, config.model, platform.name)
     server: DrainingServer | None = None
 
@@ -279,20 +286,21 @@ def run_server(args: argparse.Namespace) -> None:
 
     engine = AsyncEngine(lambda: LLMEngine(config, pm), max_waiting=args.max_waiting_requests,
                          on_dead=engine_dead)
-    engine.start()  # builds the engine on its own thread (see AsyncEngine)
     try:
+        engine.start()  # builds the engine on its own thread (see AsyncEngine)
         app = build_app(engine, args, pm)
         serving_models.load_static_loras(app.state.server, app.state.server.options.lora_modules)
         server = DrainingServer(uvicorn.Config(
-            app, host=args.host or "0.0.0.0", port=args.port,
+            app, host=host, port=args.port,
             log_level=args.uvicorn_log_level, timeout_keep_alive=5,
             ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile,
             ssl_ca_certs=args.ssl_ca_certs, ssl_cert_reqs=args.ssl_cert_reqs,
         ), engine, args.timeout_graceful_shutdown)
         server.should_exit = engine.fatal_error is not None  # died before this line
-        server.run()
+        server.run(sockets=[sock])
     finally:
         engine.shutdown()
+        sock.close()
     if engine.fatal_error is not None:
         raise EngineDeadError(f"the engine died: {engine.fatal_error}")
 

@@ -8,6 +8,7 @@ a second with the list of what is installed, instead of after minutes of loading
 from __future__ import annotations
 
 import argparse
+import socket
 from pathlib import Path
 
 from ironlm.config import EngineConfig
@@ -68,3 +69,20 @@ def preflight(pm: PluginManager, config: EngineConfig, platform: Platform,
         raise StartupError("--lora-modules needs --enable-lora")
     if args.api_key is not None and not args.api_key:
         raise StartupError("--api-key must not be empty")
+
+
+def bind_server_socket(host: str, port: int) -> socket.socket:
+    """The HTTP server's socket, bound before the engine starts: the engine's workers and
+    their process groups (gloo, Ray) take ephemeral ports while it loads, and one of them could
+    take a free port the server had not bound yet (a test picking a free port hit this with
+    ``-pp 2``; vLLM binds first for the same reason). A port in use fails here, in a second,
+    instead of after the model has loaded (OSError: the CLI prints it, exit status 2)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+    return sock
