@@ -73,6 +73,8 @@ def weight_copies(w: torch.Tensor) -> int:
     """How many copies of ``w`` a timing cycles through (``COLD_BYTES``, at most 8)."""
     size = w.numel() * w.element_size()
     return max(1, min(MAX_COPIES, -(-COLD_BYTES // max(size, 1))))
+
+
 _LAYOUT = {"c_narrow": "panel", "c_wide": "panel", "c_bf16": "panel", "c_gemv": "rows",
            "onednn": "onednn", "torch": "rows"}  # fmt: skip
 PACKED_LAYOUTS = ("panel", "onednn")  # the layouts that replace the checkpoint's rows
@@ -207,14 +209,14 @@ class OpChooser:
             ref = torch.nn.functional.linear(x.float(), w.float())
             # the weight in each candidate's layout, in enough copies that the calls, taking
             # them in turn, read it from beyond L2 (as a model's steps do)
-            copies = weight_copies(w)
-            stored: dict[str, list[torch.Tensor]] = {"rows": [w] + [w.clone()
-                                                                  for _ in range(copies - 1)]}
+            rows = [w] + [w.clone() for _ in range(weight_copies(w) - 1)]
+            copies = len(rows)
+            stored: dict[str, list[torch.Tensor]] = {"rows": rows}
             if any(_LAYOUT[c] == "panel" for c in names):
-                stored["panel"] = [self.kernel.pack(r) for r in stored["rows"]]
+                stored["panel"] = [self.kernel.pack(r) for r in rows]
             if "onednn" in names and "onednn" not in rejected:
                 try:  # a library that refuses the weight rejects the candidate, never fatal
-                    stored["onednn"] = [self.onednn.pack(r) for r in stored["rows"]]
+                    stored["onednn"] = [self.onednn.pack(r) for r in rows]
                 except RuntimeError as exc:
                     rejected["onednn"] = f"M={m}: reorder: {exc}"
             turn = itertools.count()
