@@ -23,7 +23,7 @@ from ironlm.interfaces.quant import QuantLayout, pack_int4, reference_embedding,
 
 from ironlm_cpu.layer_ops import CpuLayerOps
 from ironlm_cpu.quant_kernels import SIGNATURES, QuantKernels, quant_source
-from ironlm_cpu.quant_packing import features, kernel_format, packed_format
+from ironlm_cpu.quant_packing import Format, features, kernel_format, pack, packed_format
 
 ROWS = [1, 3, 7, 64, 45]
 GGML = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
@@ -91,6 +91,7 @@ def emulate_q8(x: torch.Tensor, block: int) -> torch.Tensor:
 # tails
 FLOAT_CASES = [("int8", 37, 100), ("int8", 48, 100), ("int8", 32, 102), ("fp8", 48, 98), ("w8a8", 37, 100), ("w8a8", 16, 576),
                ("w8a8", 96, 68),  # n % 32 == 0: AVX-512 VNNI's 8-row x 4-panel batch tile
+               ("w8a8", 48, 128), ("w8a8", 32, 1536),  # n % 16, k % 64 == 0: AMX builds' tiles
                ("w8a8", 19, 30), ("fp8", 37, 100), ("fp8", 32, 72), ("fp8-tensor", 19, 72),
                ("int4-g32", 37, 96), ("int4-g32", 64, 96), ("int4-g64-sym", 21, 192),
                ("int4-g64-sym", 16, 128), ("int4-g128", 37, 256)]  # fmt: skip
@@ -117,6 +118,49 @@ def test_float_activation_and_w8a8_kernels_match_reference(
         assert torch.equal(got, want)
     else:  # float sums in another order
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
+@pytest.mark.parametrize("n, k", [(48, 128), (32, 576), (64, 1536), (32, 68)])
+@pytest.mark.parametrize("rows", [1, 2, 16, 45, 300])
+def test_w8a8_on_16_row_panels_matches_reference(ops: CpuLayerOps, n: int, k: int, rows: int) -> None:
+    """w8a8 weights laid out for AMX tiles (16-row panels, where n % 16 == 0 and k % 64 == 0):
+    on AMX builds from 2 rows the tile unit multiplies them, elsewhere (and for one row) the
+    8-row kernels read them as two halves; either way the reference's result, bit for bit.
+    K % 64 != 0 keeps 8-row panels."""
+    layout, tensors = float_layout("w8a8", n, k, seed=rows)
+    packed = pack(Format.W8A8, layout, tensors, amx_int8=True)
+    want_fmt = Format.W8A8P if k % 64 == 0 else Format.W8A8
+    assert packed_format(Format.W8A8, packed) == want_fmt
+    assert features(want_fmt, packed) == (n, k)
+    g = torch.Generator().manual_seed(200 + rows)
+    x = torch.randn(rows, k, generator=g) * 3
+    bias = torch.randn(n, generator=g) if rows % 2 else None
+    got = ops.quantized_linear(layout, x, packed, bias)
+    assert torch.equal(got, reference_linear(layout, x, tensors, bias))
+    ids = torch.tensor([n - 1, 0, 17])
+    assert torch.equal(ops.quantized_embedding(layout, ids, packed),
+                       reference_embedding(layout, ids, tensors))
+
+
+def test_w8a8_panels_follow_the_build(ops: CpuLayerOps) -> None:
+    """The layer ops lay w8a8 weights out for the tile unit exactly where it runs them."""
+    layout, tensors = float_layout("w8a8", 32, 128, seed=1)
+    fmt = packed_format(Format.W8A8, ops.pack_quantized(layout, tensors))
+    assert fmt == (Format.W8A8P if ops.quant.amx_int8() else Format.W8A8)
+    if ops.quant.amx_int8():
+        assert "amx-int8" in ops.quant.isa
+
+
+def test_w8a8_activation_rounding_ties_to_even(ops: CpuLayerOps) -> None:
+    """Activations whose x / s falls exactly halfway (s = 1: max |x| = 127) round to even in
+    the vector paths (16 and 8 at a time) and the scalar tail, as the reference does."""
+    layout, tensors = float_layout("w8a8", 16, 36, seed=2)
+    packed = ops.pack_quantized(layout, tensors)
+    halves = torch.tensor([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5, -126.5, 3.5])
+    x = torch.cat([torch.tensor([127.0]), halves.repeat(4)[:35]]).reshape(1, 36)
+    x = torch.cat([x, -x])
+    got = ops.quantized_linear(layout, x, packed, None)
+    assert torch.equal(got, reference_linear(layout, x, tensors, None))
 
 
 @pytest.mark.parametrize("name, n, k", [("Q4_0", 37, 96), ("Q4_1", 37, 576), ("Q4_1", 48, 576),
@@ -246,13 +290,23 @@ def test_generic_build_matches_the_simd_build(ops: CpuLayerOps, tmp_path: Path) 
         ids = torch.tensor([0, 22])
         assert torch.equal(generic.quantized_embedding(layout, ids, packed),
                            ops.quantized_embedding(layout, ids, packed))
+    # w8a8 on the tile unit's 16-row panels: the plain loops read them too
+    layout, tensors = float_layout("w8a8", 32, 128, seed=1)
+    packed = pack(Format.W8A8, layout, tensors, amx_int8=True)
+    assert not generic.quant.amx_int8()
+    x = torch.randn(6, 128, generator=g)
+    assert torch.equal(generic.quantized_linear(layout, x, packed, None),
+                       reference_linear(layout, x, tensors, None))
 
 
-@pytest.mark.parametrize("isa, flags", [
-    ("avx512-vnni", ["-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"]),
-    ("avx-vnni", ["-mavx2", "-mfma", "-mavxvnni"]),
+@pytest.mark.parametrize("isa, flags, instruction", [
+    ("avx512-vnni", ["-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"],
+     "vpdpbusd"),
+    ("avx-vnni", ["-mavx2", "-mfma", "-mavxvnni"], "vpdpbusd"),
+    ("amx-int8", ["-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni",
+                  "-mamx-tile", "-mamx-int8"], "tdpbssd"),
 ])  # fmt: skip
-def test_vnni_paths_compile(tmp_path: Path, isa: str, flags: list[str]) -> None:
+def test_vnni_paths_compile(tmp_path: Path, isa: str, flags: list[str], instruction: str) -> None:
     """This machine may lack the instructions; the paths must at least build (a multi-target
     build compiles them wherever the compiler knows the flags)."""
     probe = subprocess.run([shutil.which("cc") or "cc", *flags, "-E", "-x", "c", "-"], input="",
@@ -264,4 +318,4 @@ def test_vnni_paths_compile(tmp_path: Path, isa: str, flags: list[str]) -> None:
     assert proc.returncode == 0, proc.stderr
     text = asm.read_text()
     assert "ironlm_quant_linear:" in text
-    assert "vpdpbusd" in text  # the VNNI dot product is what that build uses
+    assert instruction in text  # the VNNI dot product (AMX: the int8 tile product) that build uses

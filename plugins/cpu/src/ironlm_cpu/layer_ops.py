@@ -88,7 +88,7 @@ class CpuLayerOps(LayerOps):
         fmt, _ = kernel_format(layout)
         if fmt is None or not self.quant.available or not fits(fmt, tensors):
             return tensors  # the reference reads the canonical tensors
-        return pack(fmt, layout, tensors)
+        return pack(fmt, layout, tensors, amx_int8=self.quant.amx_int8())
 
     def quantized_linear(
         self, layout: QuantLayout, x: torch.Tensor, packed: dict[str, torch.Tensor],

@@ -25,27 +25,13 @@ rows (712 vs 870 ms), where the tuner keeps it. Variants that lost or tied: 2 ro
 panels per B/A load pair (64 rows 33.7 vs 26.3 ms), A tiles read from x's rows unpacked (30.3),
 no software prefetch (32.9 vs 27.6), prefetch into L1 at 4-32 steps (within the noise).
 
-Linux gives a process the AMX tile state only on request (``arch_prctl(ARCH_REQ_XCOMP_PERM,
-XFEATURE_XTILEDATA)``); where that fails, or K is not a multiple of 32, the AVX-512 BF16 path
-runs instead.
+The tile permission and configuration are ``amx_tiles_src``'s; where the permission is
+refused, or K is not a multiple of 32, the AVX-512 BF16 path runs instead.
 """
 
 AMX_SOURCE = r"""
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
 #include <stdlib.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#define AMX_ARCH_REQ_XCOMP_PERM 0x1023
-#define AMX_XFEATURE_XTILEDATA 18
-
-/* 1: this process may use the tile registers (asked once; the kernel grants it process-wide) */
-static int amx_permitted(void) {
-    static volatile int state = 0; /* 0 not asked, 1 granted, -1 refused */
-    if (state == 0)
-        state = syscall(SYS_arch_prctl, AMX_ARCH_REQ_XCOMP_PERM, AMX_XFEATURE_XTILEDATA) == 0
-                    ? 1 : -1;
-    return state == 1;
-}
 
 #define AMX_AHEAD 16 /* k steps (1 KiB of a panel each) ahead that the weight is asked for */
 
@@ -54,25 +40,6 @@ static int amx_permitted(void) {
    the whole packed x from L3 (SmolLM2's four shapes x 30 layers at 2048 rows, AMX Xeon, 2
    threads: 1360 -> 870 ms; torch's oneDNN 712, so the tuner keeps torch for prefill). */
 #define AMX_CHUNK 16
-
-/* palette 1: tiles 0-3 C (16 rows x 64 bytes of float32), 4-5 A (16 rows x 32 bf16), 6-7 B
-   (16 k pairs x 16 columns x 2 bf16) */
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} amx_config;
-
-static void amx_configure(void) {
-    amx_config c;
-    __builtin_memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        c.colsb[t] = 64;
-        c.rows[t] = 16;
-    }
-    _tile_loadconfig(&c);
-}
 
 /* C tile T -> y rows [R0, R0 + 16) below m x 16 columns at COL (bias added, rounded) */
 #define AMX_FLUSH(T, R0, COL)                                                                  \

@@ -10,8 +10,10 @@ How (``csrc/``, one translation unit built by ``cbuild``):
   - float-activation formats (int8, int4, fp8): weights converted to float in registers and
     multiplied with FMAs; int4's zero points and fp8's rescaling are folded out of the loop.
   - w8a8: activations quantized per token exactly as the core's reference does, exact int32 dot
-    products (AVX2 int16 madd; VNNI vpdpbusd where the build targets it), the reference's
-    double-precision rescale: same result as the reference up to float rounding of the output.
+    products (AVX2 int16 madd; VNNI vpdpbusd where the build targets it; AMX tdpbssd from 2
+    rows where the build targets AMX and the process may use the tiles, on 16-row panels),
+    the reference's double-precision rescale: same result as the reference up to float
+    rounding of the output.
   - GGUF: activations quantized to int8 blocks (32 elements, or 256 for the K-quants) as
     llama.cpp does for these formats; u8 x s8 integer dot products per block (maddubs/madd,
     or vpdpbusd), scaled once per block. This differs from the float reference by the
@@ -27,6 +29,7 @@ from importlib import resources
 
 import torch
 
+from ironlm_cpu.amx_tiles_src import AMX_TILES_SOURCE
 from ironlm_cpu.cbuild import KernelLibrary, Signature
 from ironlm_cpu.quant_packing import Format, features, packed_format
 
@@ -45,12 +48,14 @@ SIGNATURES: dict[str, Signature] = {
     # (fmt, ids, t, n, k, group, w0, w1, w2, w3, out) -> ids out of range
     "ironlm_quant_rows": ([_I32, _P, _I32, _I32, _I32, _I32] + [_P] * 5, _I32),
     "ironlm_quant_isa": ([], ctypes.c_char_p),
+    "ironlm_quant_amx_int8": ([], _I32),
 }
 
 
 def quant_source() -> str:
     folder = resources.files("ironlm_cpu").joinpath("csrc")
-    return "\n".join(folder.joinpath(name).read_text() for name in SOURCES)
+    texts = [folder.joinpath(name).read_text() for name in SOURCES]
+    return "\n".join(texts[:1] + [AMX_TILES_SOURCE] + texts[1:])  # the tiles after the header
 
 
 class QuantKernels(KernelLibrary):
@@ -60,6 +65,11 @@ class QuantKernels(KernelLibrary):
     def __init__(self) -> None:
         super().__init__("cpu_quant", quant_source(), SIGNATURES, "quantized linear kernels")
         self.isa = "" if self.lib is None else self.lib.ironlm_quant_isa().decode()
+
+    def amx_int8(self) -> bool:
+        """Whether w8a8 runs on AMX tiles here (an AMX build, and the process may use the
+        tiles): its weights then go on 16-row panels (``quant_packing.pack``)."""
+        return self.lib is not None and bool(self.lib.ironlm_quant_amx_int8())
 
     def linear(
         self,

@@ -7,7 +7,9 @@ format is in the C sources' headers). What changes against the canonical layout,
                    repeated per row)
   w8a8             panels of 8 rows with the weights of every 4 inputs side by side (one
                    broadcast activation quad advances 8 rows), plus the int32 row sums of q (the
-                   VNNI path's offset); k must be a multiple of 4
+                   VNNI path's offset); k must be a multiple of 4. Where the kernels run w8a8 on
+                   AMX tiles (``amx_int8``), n % 16 == 0 and k % 64 == 0: panels of 16 rows,
+                   (n / 16, k / 4, 64), whose 16 quads at a time are the tile unit's B operand
   int4             the nibbles of every 32 elements reordered so that low nibbles are elements
                    0..15 and high nibbles 16..31 (two masks and a shift unpack them in order)
   int8, fp8, int4  with n a multiple of 16: 16-row panels instead, (n / 16, k, 16) (int4: per
@@ -44,6 +46,7 @@ class Format(IntEnum):
     INT8P = 9  # INT8 / FP8 / INT4 on 16-row panels (output features a multiple of 16)
     FP8P = 10
     INT4P = 11
+    W8A8P = 12  # W8A8 on 16-row panels (the AMX tile's B layout)
 
 
 # GGMLQuantizationType value -> (format, elements per block, bytes per block)
@@ -88,6 +91,8 @@ def packed_format(layout_format: Format, packed: dict[str, torch.Tensor]) -> For
     """The format a ``pack`` result is in: the layout's, or its 16-row panel variant."""
     if layout_format in _PANELS and packed["w0"].dim() == 3:
         return _PANELS[layout_format]
+    if layout_format == Format.W8A8 and packed["w0"].dim() == 3:
+        return Format.W8A8P
     return layout_format
 
 
@@ -96,6 +101,8 @@ def features(fmt: Format, packed: dict[str, torch.Tensor]) -> tuple[int, int]:
     w0 = packed["w0"]
     if fmt == Format.W8A8:  # panels of 8 rows, n padded
         return packed["w1"].shape[0], w0.shape[1] // 8
+    if fmt == Format.W8A8P:  # (n / 16, k / 4, 64)
+        return packed["w1"].shape[0], w0.shape[1] * 4
     if fmt in (Format.INT8P, Format.FP8P, Format.INT4P):  # (n / 16, k or k / 2, 16)
         return w0.shape[0] * 16, w0.shape[1] * (2 if fmt == Format.INT4P else 1)
     return w0.shape[0], w0.shape[1] * (2 if fmt in _NIBBLE_FORMATS else 1)
@@ -107,8 +114,11 @@ def fits(fmt: Format, tensors: dict[str, torch.Tensor]) -> bool:
     return fmt != Format.W8A8 or tensors["qweight"].shape[1] % 4 == 0
 
 
-def pack(fmt: Format, layout: QuantLayout, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Canonical tensors of ``layout`` -> the dict of ``w0`` .. ``w3`` the C kernels read."""
+def pack(
+    fmt: Format, layout: QuantLayout, tensors: dict[str, torch.Tensor], amx_int8: bool = False
+) -> dict[str, torch.Tensor]:
+    """Canonical tensors of ``layout`` -> the dict of ``w0`` .. ``w3`` the C kernels read.
+    ``amx_int8``: the kernels run w8a8 on AMX tiles here (``QuantKernels.amx_int8``)."""
     q = tensors["qweight"]
     panel = q.shape[0] % 16 == 0
     if fmt in (Format.INT8, Format.FP8):
@@ -118,20 +128,24 @@ def pack(fmt: Format, layout: QuantLayout, tensors: dict[str, torch.Tensor]) -> 
             data = data.reshape(n // 16, 16, k).transpose(1, 2).contiguous()
         return {"w0": data, "w1": _row_scale(tensors["scale"], q.shape[0])}
     if fmt == Format.W8A8:
-        return _pack_w8a8(q.to(torch.int8), _row_scale(tensors["scale"], q.shape[0]))
+        n, k = q.shape
+        rows = 16 if amx_int8 and n % 16 == 0 and k % 64 == 0 else 8
+        return _pack_w8a8(q.to(torch.int8), _row_scale(tensors["scale"], n), rows)
     if fmt == Format.INT4:
         return _pack_int4_panels(layout, tensors) if panel else _pack_int4(layout, tensors)
     return _pack_gguf(fmt, layout, q)
 
 
-def _pack_w8a8(q: torch.Tensor, scale: torch.Tensor) -> dict[str, torch.Tensor]:
-    """(n, k) int8 -> panels of 8 rows, (n8 / 8, k / 4, 8, 4) flattened to (n8 / 8, k * 8):
-    per panel and quad of inputs, the 8 rows' 4 weights (n padded with zero rows)."""
+def _pack_w8a8(q: torch.Tensor, scale: torch.Tensor, rows: int) -> dict[str, torch.Tensor]:
+    """(n, k) int8 -> panels of ``rows`` rows, per panel and quad of inputs the rows' 4
+    weights side by side (n padded with zero rows): 8 rows (n8 / 8, k / 4, 8, 4) flattened to
+    (n8 / 8, k * 8); 16 rows (n / 16, k / 4, 16, 4) kept as (n / 16, k / 4, 64)."""
     n, k = q.shape
-    n8 = -(-n // 8) * 8
-    padded = torch.zeros(n8, k, dtype=torch.int8)
+    n_pad = -(-n // rows) * rows
+    padded = torch.zeros(n_pad, k, dtype=torch.int8)
     padded[:n] = q
-    panels = padded.reshape(n8 // 8, 8, k // 4, 4).permute(0, 2, 1, 3).reshape(n8 // 8, k * 8)
+    panels = padded.reshape(n_pad // rows, rows, k // 4, 4).permute(0, 2, 1, 3)
+    panels = panels.reshape(n_pad // 8, k * 8) if rows == 8 else panels.reshape(n // 16, k // 4, 64)
     return {
         "w0": panels.contiguous(), "w1": scale,
         "w2": q.sum(dim=1, dtype=torch.int32),  # (n,) the VNNI path's offset term

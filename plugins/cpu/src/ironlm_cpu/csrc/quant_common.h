@@ -54,7 +54,10 @@
 
 /* weight formats (ironlm_cpu.quant_kernels.Format mirrors these numbers) */
 enum { FMT_INT8, FMT_W8A8, FMT_INT4, FMT_FP8, FMT_Q4_0, FMT_Q4_1, FMT_Q8_0, FMT_Q4_K, FMT_Q6_K,
-       FMT_INT8P, FMT_FP8P, FMT_INT4P /* 16-row panels (quant_panel.c) */ };
+       FMT_INT8P, FMT_FP8P, FMT_INT4P, /* 16-row panels (quant_panel.c) */
+       FMT_W8A8P /* w8a8 on 16-row panels: the AMX tile's B layout (quant_w8a8.c) */ };
+
+static int is_w8a8(int fmt) { return fmt == FMT_W8A8 || fmt == FMT_W8A8P; }
 
 /* The weight of one linear layer as its format's packing left it (ironlm_cpu.quant_packing). */
 typedef struct {

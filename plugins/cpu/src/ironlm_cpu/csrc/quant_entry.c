@@ -11,7 +11,8 @@
 static row_kernel kernel_for(int fmt) {
     switch (fmt) {
     case FMT_INT8: return row_int8;
-    case FMT_W8A8: /* panels: drive_w8a8 */
+    case FMT_W8A8: /* panels: drive_w8a8 (or amx_w8a8) */
+    case FMT_W8A8P:
     case FMT_INT8P:
     case FMT_FP8P:
     case FMT_INT4P: return NULL; /* panels: drive_panels */
@@ -39,7 +40,9 @@ static int64_t prepare(const qweight *w, const float *x, int64_t ldx, int m, int
     a->xf = x;
     a->ldx = ldx;
     *scratch = NULL;
-    if (w->fmt == FMT_INT8 || w->fmt == FMT_FP8 || w->fmt >= FMT_INT8P) return 4 * (int64_t)k;
+    if (w->fmt == FMT_INT8 || w->fmt == FMT_FP8 || w->fmt == FMT_INT8P || w->fmt == FMT_FP8P
+        || w->fmt == FMT_INT4P)
+        return 4 * (int64_t)k;
     if (w->fmt == FMT_INT4) {
         const int ng = k / w->group;
         float *gs = malloc(align64(sizeof(float) * (size_t)m * ng));
@@ -53,7 +56,7 @@ static int64_t prepare(const qweight *w, const float *x, int64_t ldx, int m, int
     }
     const size_t q_bytes = align64((size_t)m * k);
     a->ldq = k;
-    if (w->fmt == FMT_W8A8) {
+    if (is_w8a8(w->fmt)) {
         const size_t extra = HAVE_VNNI ? q_bytes : align64(2 * (size_t)m * k);
         char *buf = malloc(q_bytes + align64(4 * (size_t)m) + extra);
         if (buf == NULL) return -1;
@@ -160,7 +163,7 @@ int ironlm_quant_linear(int fmt, const float *x, int64_t ldx, int m, int n, int 
     const qweight w = {fmt, n, k, group, w0, w1, w2, w3};
     const row_kernel fn = kernel_for(fmt);
     const int panel = fmt == FMT_INT8P || fmt == FMT_FP8P || fmt == FMT_INT4P;
-    if (fn == NULL && fmt != FMT_W8A8 && !panel) return -2;
+    if (fn == NULL && !is_w8a8(fmt) && !panel) return -2;
     if (panel) return drive_panels(&w, x, ldx, m, bias, y, threads);
     /* gguf prefill: float panels from the blocks (exact float activations), where the output
        rows make whole panels; decode: int8 activation blocks */
@@ -169,7 +172,12 @@ int ironlm_quant_linear(int fmt, const float *x, int64_t ldx, int m, int n, int 
     void *scratch;
     const int64_t row_bytes = prepare(&w, x, ldx, m, threads, &a, &scratch);
     if (row_bytes < 0) return -1;
-    if (fmt == FMT_W8A8) drive_w8a8(&w, &a, m, bias, y, threads);
+    if (is_w8a8(fmt)) {
+#if W8A8_AMX
+        if (m < W8_AMX_MIN_ROWS || !amx_w8a8(&w, &a, m, bias, y, threads))
+#endif
+            drive_w8a8(&w, &a, m, bias, y, threads);
+    }
     else drive(&w, &a, m, bias, y, threads, fn, row_bytes);
     free(scratch);
     return 0;
@@ -180,8 +188,8 @@ int ironlm_quant_linear(int fmt, const float *x, int64_t ldx, int m, int n, int 
 int ironlm_quant_rows(int fmt, const int64_t *ids, int t, int n, int k, int group, const void *w0,
                       const void *w1, const void *w2, const void *w3, float *out) {
     const qweight w = {fmt, n, k, group, w0, w1, w2, w3};
-    if (kernel_for(fmt) == NULL && fmt != FMT_W8A8 && fmt < FMT_INT8P) return -2;
-    if (fmt > FMT_INT4P) return -2;
+    if (kernel_for(fmt) == NULL && !is_w8a8(fmt) && fmt < FMT_INT8P) return -2;
+    if (fmt > FMT_W8A8P) return -2;
     int bad = 0;
     for (int r = 0; r < t; r++) {
         const int64_t v = ids[r];
@@ -191,7 +199,7 @@ int ironlm_quant_rows(int fmt, const int64_t *ids, int t, int n, int k, int grou
             continue;
         }
         if (fmt == FMT_INT8) dequant_row_int8(&w, v, o);
-        else if (fmt == FMT_W8A8) dequant_row_w8a8(&w, v, o);
+        else if (is_w8a8(fmt)) dequant_row_w8a8(&w, v, o);
         else if (fmt >= FMT_INT8P) dequant_row_panel(&w, v, o);
         else if (fmt == FMT_FP8) dequant_row_fp8(&w, v, o);
         else if (fmt == FMT_INT4) dequant_row_int4(&w, v, o);
@@ -200,9 +208,21 @@ int ironlm_quant_rows(int fmt, const int64_t *ids, int t, int n, int k, int grou
     return bad;
 }
 
+/* 1: w8a8 weights on 16-row panels (FMT_W8A8P) run on the AMX tile unit here (the build has
+   AMX int8 and this process may use the tiles); the packing asks before it lays them out */
+int ironlm_quant_amx_int8(void) {
+#if W8A8_AMX
+    return amx_permitted();
+#else
+    return 0;
+#endif
+}
+
 /* which instruction-set path this build compiled */
 const char *ironlm_quant_isa(void) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#if W8A8_AMX
+    return "avx2 + avx512-vnni + amx-int8";
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
     return "avx2 + avx512-vnni";
 #elif defined(__AVXVNNI__)
     return "avx2 + avx-vnni";

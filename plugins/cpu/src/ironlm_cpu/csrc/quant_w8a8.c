@@ -6,6 +6,10 @@
    sums), for one activation row (decode) as for many (prefill: a tile of up to MRP rows reuses
    each weight vector). n is padded to a multiple of 8 with zero rows; k % 4 == 0.
    w1 (n,) float scales, w2 (n,) int32 row sums of q.
+   FMT_W8A8P (AMX builds, n % 16 == 0): panels of 16 rows, (n / 16, k / 4, 16, 4), 64 bytes per
+   quad: 16 quads of a panel are one AMX B tile (1 KiB, k values 64s .. 64s + 63). The 8-row
+   kernels below read 8-row panel p of it as half p % 2 of panel p / 2, its quads 64 bytes apart
+   (w8a8_panel); where the tiles run (amx_w8a8), tdpbssd multiplies the int8 activations by it.
 
    AVX2: weights widened to int16 (rows 0-3 and 4-7 of a quad: two vectors), activations as
    int16, _mm256_madd_epi16 sums each row's pairs; the two pair sums of a row are added at the
@@ -22,13 +26,58 @@
 #define MRP 3
 #endif
 
+/* 8-row panel p of the weight, and the bytes from one of its quads to the next */
+static inline const int8_t *w8a8_panel(const qweight *w, int64_t p) {
+    const int8_t *w0 = (const int8_t *)w->w0;
+    if (w->fmt == FMT_W8A8P) return w0 + (p >> 1) * (int64_t)w->k * 16 + 32 * (p & 1);
+    return w0 + p * (int64_t)w->k * 8;
+}
+static inline int64_t w8a8_quad_bytes(const qweight *w) { return w->fmt == FMT_W8A8P ? 64 : 32; }
+
+/* One activation row -> int8 q (and x16 / xu where given): s = max(max |x|, 1e-8) / 127, q =
+   round(x / s) to nearest even, clamped to +-127; the vector paths divide and round as the
+   scalar loop does (IEEE division, round-to-nearest-even), so every q is the same. The scalar
+   loop alone took ~2 ns an element: a 64 x 1536 down projection's activations cost more than
+   its AMX tile products. */
 static void quantize_row_w8a8(const float *x, int k, int8_t *q, float *sx, int16_t *x16,
                               uint8_t *xu) {
     float amax = 0.0f;
-    for (int j = 0; j < k; j++) amax = fmaxf(amax, fabsf(x[j]));
+    int j0 = 0;
+#if defined(__AVX512F__)
+    __m512 vmax = _mm512_setzero_ps();
+    for (; j0 + 16 <= k; j0 += 16) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(x + j0)));
+    amax = _mm512_reduce_max_ps(vmax);
+#endif
+    for (int j = j0; j < k; j++) amax = fmaxf(amax, fabsf(x[j]));
     const float s = fmaxf(amax, 1e-8f) / 127.0f;
     *sx = s;
-    for (int j = 0; j < k; j++) {
+    int j = 0;
+#if defined(__AVX512F__)
+    const __m512 vs = _mm512_set1_ps(s), lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+    for (; j + 16 <= k; j += 16) {
+        const __m512 v = _mm512_min_ps(hi, _mm512_max_ps(lo, _mm512_roundscale_ps(
+            _mm512_div_ps(_mm512_loadu_ps(x + j), vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+        const __m512i vi = _mm512_cvtps_epi32(v);
+        _mm_storeu_si128((__m128i *)(q + j), _mm512_cvtepi32_epi8(vi));
+        if (x16 != NULL) _mm256_storeu_si256((__m256i *)(x16 + j), _mm512_cvtepi32_epi16(vi));
+        if (xu != NULL)
+            _mm_storeu_si128((__m128i *)(xu + j),
+                             _mm512_cvtepi32_epi8(_mm512_add_epi32(vi, _mm512_set1_epi32(128))));
+    }
+#elif defined(__AVX2__)
+    const __m256 vs = _mm256_set1_ps(s), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+    for (; j + 8 <= k; j += 8) {
+        const __m256 v = _mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_round_ps(
+            _mm256_div_ps(_mm256_loadu_ps(x + j), vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+        const __m256i vi = _mm256_cvtps_epi32(v);
+        const __m128i i16 = _mm_packs_epi32(_mm256_castsi256_si128(vi), _mm256_extracti128_si256(vi, 1));
+        const __m128i i8 = _mm_packs_epi16(i16, i16); /* the 8 values in the low 8 bytes */
+        _mm_storel_epi64((__m128i *)(q + j), i8);
+        if (x16 != NULL) _mm_storeu_si128((__m128i *)(x16 + j), i16);
+        if (xu != NULL) _mm_storel_epi64((__m128i *)(xu + j), _mm_xor_si128(i8, _mm_set1_epi8((char)0x80)));
+    }
+#endif
+    for (; j < k; j++) {
         float v = nearbyintf(x[j] / s);
         v = v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v);
         q[j] = (int8_t)v;
@@ -41,14 +90,14 @@ static void quantize_row_w8a8(const float *x, int k, int8_t *q, float *sx, int16
 ALWAYS_INLINE void panel_w8a8_mr(const qweight *w, const qact *a, int64_t p, int t0,
                                  const int mr, int64_t out[MRP][8]) {
     const int k = w->k, quads = k / 4;
-    const int8_t *wp = (const int8_t *)w->w0 + p * (int64_t)k * 8;
-    const int64_t ld = a->ldq;
+    const int8_t *wp = w8a8_panel(w, p);
+    const int64_t ld = a->ldq, qs = w8a8_quad_bytes(w);
 #if HAVE_VNNI
     const uint8_t *xu = a->xu + (int64_t)t0 * ld;
     __m256i acc[MRP];
     UNROLL(8) for (int i = 0; i < mr; i++) acc[i] = _mm256_setzero_si256();
     for (int g = 0; g < quads; g++) {
-        const __m256i wv = _mm256_loadu_si256((const __m256i *)(wp + 32 * g));
+        const __m256i wv = _mm256_loadu_si256((const __m256i *)(wp + qs * g));
         UNROLL(8) for (int i = 0; i < mr; i++) {
             int32_t quad;
             memcpy(&quad, xu + i * ld + 4 * g, 4);
@@ -76,7 +125,7 @@ ALWAYS_INLINE void panel_w8a8_mr(const qweight *w, const qact *a, int64_t p, int
         H = _mm256_add_epi32(_mm256_madd_epi16(w47, xv), H);                                   \
     }
     for (int g = 0; g < quads; g++) {
-        const __m128i *wq = (const __m128i *)(wp + 32 * g);
+        const __m128i *wq = (const __m128i *)(wp + qs * g);
         const __m256i w03 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wq));
         const __m256i w47 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wq + 1));
         W8A8_ROW(0, l0, h0) W8A8_ROW(1, l1, h1) W8A8_ROW(2, l2, h2) W8A8_ROW(3, l3, h3)
@@ -100,7 +149,7 @@ ALWAYS_INLINE void panel_w8a8_mr(const qweight *w, const qact *a, int64_t p, int
         for (int i = 0; i < mr; i++)
             for (int r = 0; r < 8; r++)
                 for (int j = 0; j < 4; j++)
-                    out[i][r] += (int32_t)wp[32 * g + 4 * r + j] * xq[i * ld + 4 * g + j];
+                    out[i][r] += (int32_t)wp[qs * g + 4 * r + j] * xq[i * ld + 4 * g + j];
 #endif
 }
 
@@ -148,18 +197,19 @@ static void w8a8_tile(const qweight *w, const qact *a, int64_t p, int t, int m1,
 static void w8a8_tile512(const qweight *w, const qact *a, int64_t p, int t, const float *bias,
                          float *y) {
     const int k = w->k, quads = k / 4, n = w->n;
-    const int64_t ps = (int64_t)k * 8, ld = a->ldq;
-    const int8_t *wp = (const int8_t *)w->w0 + p * ps;
+    const int64_t ld = a->ldq, qs = w8a8_quad_bytes(w);
+    const int8_t *w0 = w8a8_panel(w, p), *w1 = w8a8_panel(w, p + 1), *w2 = w8a8_panel(w, p + 2),
+                 *w3 = w8a8_panel(w, p + 3);
     const uint8_t *xu = a->xu + (int64_t)t * ld;
     __m512i acc[W8_RT][2];
     for (int i = 0; i < W8_RT; i++) acc[i][0] = acc[i][1] = _mm512_setzero_si512();
     for (int g = 0; g < quads; g++) {
         const __m512i wa = _mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(wp + 32 * g))),
-            _mm256_loadu_si256((const __m256i *)(wp + ps + 32 * g)), 1);
+            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(w0 + qs * g))),
+            _mm256_loadu_si256((const __m256i *)(w1 + qs * g)), 1);
         const __m512i wb = _mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(wp + 2 * ps + 32 * g))),
-            _mm256_loadu_si256((const __m256i *)(wp + 3 * ps + 32 * g)), 1);
+            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(w2 + qs * g))),
+            _mm256_loadu_si256((const __m256i *)(w3 + qs * g)), 1);
         UNROLL(8) for (int i = 0; i < W8_RT; i++) {
             int32_t quad;
             memcpy(&quad, xu + i * ld + 4 * g, 4);
@@ -189,6 +239,121 @@ static void w8a8_tile512(const qweight *w, const qact *a, int64_t p, int t, cons
         }
     }
 }
+#endif
+
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__)
+/* AMX: 16 activation rows x 64 k values (A, int8 q) times a 16-row panel's B tile (64 k values
+   x 16 outputs) into a 16 x 16 int32 tile in one tdpbssd: exact sums as vpdpbusd's, with no
+   +128 offset (both sides signed). Tiles (amx_tiles_src): C 0-3 (four row blocks of one
+   panel), A 4-5 (alternating), B 6-7 (alternating k steps). Each thread takes whole panels
+   (decode: each weight byte read once, its tiles asked for W8_AMX_AHEAD steps ahead); a
+   prefill's row blocks go in chunks whose packed q stays in L2 while every panel passes. */
+#define W8A8_AMX 1
+#define W8_AMX_MIN_ROWS 2 /* one row: the VNNI panel loop (no 15 rows of zeros to multiply) */
+#define W8_AMX_AHEAD 8    /* k steps (1 KiB of a panel each) ahead that the weight is asked for */
+#define W8_AMX_CHUNK 16   /* row blocks per chunk: 256 rows x K bytes (144 KiB at K = 576) */
+
+/* int32 dots (16 x 16, rows 64 bytes apart) of y rows [r0, r0 + 16) below m, columns col ..
+   col + 15 -> y, with the reference's rescale ((double)dot * sx * scale, then float, + bias) */
+static void w8a8_amx_store(const int32_t *dots, const qweight *w, const qact *a, int r0, int m,
+                           int col, const float *bias, float *y) {
+    const int valid = m - r0 < 16 ? m - r0 : 16;
+    const float *scale = (const float *)w->w1 + col;
+    const __m512d s0 = _mm512_cvtps_pd(_mm256_loadu_ps(scale));
+    const __m512d s1 = _mm512_cvtps_pd(_mm256_loadu_ps(scale + 8));
+    for (int r = 0; r < valid; r++) {
+        const __m512d sx = _mm512_set1_pd((double)a->sx[r0 + r]);
+        const __m512i d = _mm512_loadu_si512(dots + 16 * r);
+        __m256 lo = _mm512_cvtpd_ps(
+            _mm512_mul_pd(_mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(d)), sx), s0));
+        __m256 hi = _mm512_cvtpd_ps(
+            _mm512_mul_pd(_mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(d, 1)), sx),
+                          s1));
+        if (bias != NULL) {
+            lo = _mm256_add_ps(lo, _mm256_loadu_ps(bias + col));
+            hi = _mm256_add_ps(hi, _mm256_loadu_ps(bias + col + 8));
+        }
+        float *yr = y + (int64_t)(r0 + r) * w->n + col;
+        _mm256_storeu_ps(yr, lo);
+        _mm256_storeu_ps(yr + 8, hi);
+    }
+}
+
+/* row block RB's A tiles: step s's at + 1024 s (16 rows x 64 int8, stride 64) */
+#define W8_AMX_A(RB) (xp + (int64_t)(RB) * steps * 1024)
+/* k step S of up to 4 row blocks against B tile TB */
+#define W8_AMX_STEP(TB, S)                                                                     \
+    do {                                                                                       \
+        const int64_t st_ = (S);                                                               \
+        _tile_loadd(TB, b + 1024 * st_, 64);                                                   \
+        for (int l = 0; l < 16; l++) /* the B tile W8_AMX_AHEAD steps on, a line each */       \
+            _mm_prefetch((const char *)(b + 1024 * (st_ + W8_AMX_AHEAD) + 64 * l), _MM_HINT_T1); \
+        _tile_loadd(4, a0 + 1024 * st_, 64);                                                   \
+        _tile_dpbssd(0, 4, TB);                                                                \
+        if (nb > 1) { _tile_loadd(5, a1 + 1024 * st_, 64); _tile_dpbssd(1, 5, TB); }           \
+        if (nb > 2) { _tile_loadd(4, a2 + 1024 * st_, 64); _tile_dpbssd(2, 4, TB); }           \
+        if (nb > 3) { _tile_loadd(5, a3 + 1024 * st_, 64); _tile_dpbssd(3, 5, TB); }           \
+    } while (0)
+#define W8_AMX_FLUSH(T, RB)                                                                    \
+    do {                                                                                       \
+        _tile_stored(T, dots, 64);                                                             \
+        w8a8_amx_store(dots, w, a, (RB) * 16, m, p * 16, bias, y);                            \
+    } while (0)
+
+/* y (m, n) on the tile unit; 0: not run (another layout, k % 64, no permission, no memory) */
+static int amx_w8a8(const qweight *w, const qact *a, int m, const float *bias, float *y,
+                    int threads) {
+    const int k = w->k, n = w->n;
+    if (w->fmt != FMT_W8A8P || k % 64 != 0 || n % 16 != 0 || !amx_permitted()) return 0;
+    const int blocks = (m + 15) / 16, panels = n / 16, steps = k / 64;
+    const int chunks = (blocks + W8_AMX_CHUNK - 1) / W8_AMX_CHUNK;
+    const int64_t ps = (int64_t)k * 16; /* bytes of a 16-row panel */
+    /* q packed as A tiles (rows past m zero): each tile load reads 1 KiB in a row */
+    int8_t *xp = aligned_alloc(64, (size_t)blocks * 16 * k);
+    if (xp == NULL) return 0;
+    #pragma omp parallel num_threads(threads)
+    {
+        int32_t dots[256] __attribute__((aligned(64)));
+        #pragma omp for schedule(static)
+        for (int rb = 0; rb < blocks; rb++)
+            for (int r = 0; r < 16; r++) {
+                const int row = rb * 16 + r;
+                for (int st = 0; st < steps; st++) {
+                    int8_t *dst = xp + ((int64_t)rb * steps + st) * 1024 + 64 * r;
+                    if (row < m) memcpy(dst, a->q + (int64_t)row * a->ldq + 64 * st, 64);
+                    else memset(dst, 0, 64);
+                }
+            }
+        amx_configure();
+        #pragma omp for collapse(2) schedule(static)
+        for (int c = 0; c < chunks; c++)
+        for (int p = 0; p < panels; p++) {
+            const int8_t *b = (const int8_t *)w->w0 + p * ps;
+            const int c1 = CHUNK_ROW(c + 1, blocks, chunks); /* equal chunks of blocks */
+            for (int r0 = CHUNK_ROW(c, blocks, chunks); r0 < c1; r0 += 4) {
+                const int nb = c1 - r0 < 4 ? c1 - r0 : 4;
+                const int8_t *a0 = W8_AMX_A(r0), *a1 = W8_AMX_A(r0 + 1), *a2 = W8_AMX_A(r0 + 2),
+                             *a3 = W8_AMX_A(r0 + 3);
+                _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+                int s = 0;
+                for (; s + 2 <= steps; s += 2) { /* B tiles 6 and 7 take turns */
+                    W8_AMX_STEP(6, s);
+                    W8_AMX_STEP(7, s + 1);
+                }
+                if (s < steps) W8_AMX_STEP(6, s);
+                W8_AMX_FLUSH(0, r0);
+                if (nb > 1) W8_AMX_FLUSH(1, r0 + 1);
+                if (nb > 2) W8_AMX_FLUSH(2, r0 + 2);
+                if (nb > 3) W8_AMX_FLUSH(3, r0 + 3);
+            }
+        }
+        _tile_release();
+    }
+    free(xp);
+    return 1;
+}
+#else
+#define W8A8_AMX 0
 #endif
 
 /* y (m, n) over (activation chunk, run of panels) work items, as drive() splits rows */
@@ -224,7 +389,8 @@ static void drive_w8a8(const qweight *w, const qact *a, int m, const float *bias
 }
 
 static void dequant_row_w8a8(const qweight *w, int64_t n, float *out) {
-    const int8_t *panel = (const int8_t *)w->w0 + (n / 8) * (int64_t)w->k * 8;
+    const int8_t *panel = w8a8_panel(w, n / 8);
+    const int64_t qs = w8a8_quad_bytes(w);
     const float scale = ((const float *)w->w1)[n];
-    for (int j = 0; j < w->k; j++) out[j] = (float)panel[32 * (j / 4) + 4 * (n % 8) + j % 4] * scale;
+    for (int j = 0; j < w->k; j++) out[j] = (float)panel[qs * (j / 4) + 4 * (n % 8) + j % 4] * scale;
 }
