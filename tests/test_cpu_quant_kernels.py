@@ -124,8 +124,8 @@ def test_float_activation_and_w8a8_kernels_match_reference(
 @pytest.mark.parametrize("rows", [1, 2, 16, 45, 300])
 def test_w8a8_on_16_row_panels_matches_reference(ops: CpuLayerOps, n: int, k: int, rows: int) -> None:
     """w8a8 weights laid out for AMX tiles (16-row panels, where n % 16 == 0 and k % 64 == 0):
-    on AMX builds from 2 rows the tile unit multiplies them, elsewhere (and for one row) the
-    8-row kernels read them as two halves; either way the reference's result, bit for bit.
+    on AMX builds the tile unit multiplies them, elsewhere the 8-row kernels read them as two
+    halves; either way the reference's result, bit for bit.
     K % 64 != 0 keeps 8-row panels."""
     layout, tensors = float_layout("w8a8", n, k, seed=rows)
     packed = pack(Format.W8A8, layout, tensors, amx_int8=True)

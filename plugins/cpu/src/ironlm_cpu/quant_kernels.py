@@ -10,8 +10,8 @@ How (``csrc/``, one translation unit built by ``cbuild``):
   - float-activation formats (int8, int4, fp8): weights converted to float in registers and
     multiplied with FMAs; int4's zero points and fp8's rescaling are folded out of the loop.
   - w8a8: activations quantized per token exactly as the core's reference does, exact int32 dot
-    products (AVX2 int16 madd; VNNI vpdpbusd where the build targets it; AMX tdpbssd from 2
-    rows where the build targets AMX and the process may use the tiles, on 16-row panels),
+    products (AVX2 int16 madd; VNNI vpdpbusd where the build targets it; AMX tdpbssd where
+    the build targets AMX and the process may use the tiles, on 16-row panels),
     the reference's double-precision rescale: same result as the reference up to float
     rounding of the output.
   - GGUF: activations quantized to int8 blocks (32 elements, or 256 for the K-quants) as

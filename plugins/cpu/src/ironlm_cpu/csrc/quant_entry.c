@@ -174,7 +174,7 @@ int ironlm_quant_linear(int fmt, const float *x, int64_t ldx, int m, int n, int 
     if (row_bytes < 0) return -1;
     if (is_w8a8(fmt)) {
 #if W8A8_AMX
-        if (m < W8_AMX_MIN_ROWS || !amx_w8a8(&w, &a, m, bias, y, threads))
+        if (!amx_w8a8(&w, &a, m, bias, y, threads))
 #endif
             drive_w8a8(&w, &a, m, bias, y, threads);
     }
