@@ -122,7 +122,9 @@ def test_float_activation_and_w8a8_kernels_match_reference(
 
 @pytest.mark.parametrize("n, k", [(48, 128), (32, 576), (64, 1536), (32, 68)])
 @pytest.mark.parametrize("rows", [1, 2, 16, 45, 300])
-def test_w8a8_on_16_row_panels_matches_reference(ops: CpuLayerOps, n: int, k: int, rows: int) -> None:
+def test_w8a8_on_16_row_panels_matches_reference(
+    ops: CpuLayerOps, n: int, k: int, rows: int
+) -> None:
     """w8a8 weights laid out for AMX tiles (16-row panels, where n % 16 == 0 and k % 64 == 0):
     on AMX builds the tile unit multiplies them, elsewhere the 8-row kernels read them as two
     halves; either way the reference's result, bit for bit.

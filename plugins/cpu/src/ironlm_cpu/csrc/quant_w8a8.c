@@ -9,7 +9,8 @@
    FMT_W8A8P (AMX builds, n % 16 == 0): panels of 16 rows, (n / 16, k / 4, 16, 4), 64 bytes per
    quad: 16 quads of a panel are one AMX B tile (1 KiB, k values 64s .. 64s + 63). The 8-row
    kernels below read 8-row panel p of it as half p % 2 of panel p / 2, its quads 64 bytes apart
-   (w8a8_panel); where the tiles run (amx_w8a8, any row count), tdpbssd multiplies the int8 activations by it.
+   (w8a8_panel); where the tiles run (amx_w8a8, any row count), tdpbssd multiplies the int8
+   activations by it.
 
    AVX2: weights widened to int16 (rows 0-3 and 4-7 of a quad: two vectors), activations as
    int16, _mm256_madd_epi16 sums each row's pairs; the two pair sums of a row are added at the
@@ -45,7 +46,8 @@ static void quantize_row_w8a8(const float *x, int k, int8_t *q, float *sx, int16
     int j0 = 0;
 #if defined(__AVX512F__)
     __m512 vmax = _mm512_setzero_ps();
-    for (; j0 + 16 <= k; j0 += 16) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(x + j0)));
+    for (; j0 + 16 <= k; j0 += 16)
+        vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(x + j0)));
     amax = _mm512_reduce_max_ps(vmax);
 #endif
     for (int j = j0; j < k; j++) amax = fmaxf(amax, fabsf(x[j]));
@@ -55,8 +57,9 @@ static void quantize_row_w8a8(const float *x, int k, int8_t *q, float *sx, int16
 #if defined(__AVX512F__)
     const __m512 vs = _mm512_set1_ps(s), lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
     for (; j + 16 <= k; j += 16) {
-        const __m512 v = _mm512_min_ps(hi, _mm512_max_ps(lo, _mm512_roundscale_ps(
-            _mm512_div_ps(_mm512_loadu_ps(x + j), vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+        const __m512 r = _mm512_roundscale_ps(_mm512_div_ps(_mm512_loadu_ps(x + j), vs),
+                                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m512 v = _mm512_min_ps(hi, _mm512_max_ps(lo, r));
         const __m512i vi = _mm512_cvtps_epi32(v);
         _mm_storeu_si128((__m128i *)(q + j), _mm512_cvtepi32_epi8(vi));
         if (x16 != NULL) _mm256_storeu_si256((__m256i *)(x16 + j), _mm512_cvtepi32_epi16(vi));
@@ -67,14 +70,17 @@ static void quantize_row_w8a8(const float *x, int k, int8_t *q, float *sx, int16
 #elif defined(__AVX2__)
     const __m256 vs = _mm256_set1_ps(s), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
     for (; j + 8 <= k; j += 8) {
-        const __m256 v = _mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_round_ps(
-            _mm256_div_ps(_mm256_loadu_ps(x + j), vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+        const __m256 r = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + j), vs),
+                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m256 v = _mm256_min_ps(hi, _mm256_max_ps(lo, r));
         const __m256i vi = _mm256_cvtps_epi32(v);
-        const __m128i i16 = _mm_packs_epi32(_mm256_castsi256_si128(vi), _mm256_extracti128_si256(vi, 1));
+        const __m128i i16 =
+            _mm_packs_epi32(_mm256_castsi256_si128(vi), _mm256_extracti128_si256(vi, 1));
         const __m128i i8 = _mm_packs_epi16(i16, i16); /* the 8 values in the low 8 bytes */
         _mm_storel_epi64((__m128i *)(q + j), i8);
         if (x16 != NULL) _mm_storeu_si128((__m128i *)(x16 + j), i16);
-        if (xu != NULL) _mm_storel_epi64((__m128i *)(xu + j), _mm_xor_si128(i8, _mm_set1_epi8((char)0x80)));
+        if (xu != NULL) /* q + 128 as a byte: the sign bit flipped */
+            _mm_storel_epi64((__m128i *)(xu + j), _mm_xor_si128(i8, _mm_set1_epi8((char)0x80)));
     }
 #endif
     for (; j < k; j++) {
@@ -393,5 +399,6 @@ static void dequant_row_w8a8(const qweight *w, int64_t n, float *out) {
     const int8_t *panel = w8a8_panel(w, n / 8);
     const int64_t qs = w8a8_quad_bytes(w);
     const float scale = ((const float *)w->w1)[n];
-    for (int j = 0; j < w->k; j++) out[j] = (float)panel[qs * (j / 4) + 4 * (n % 8) + j % 4] * scale;
+    for (int j = 0; j < w->k; j++)
+        out[j] = (float)panel[qs * (j / 4) + 4 * (n % 8) + j % 4] * scale;
 }
