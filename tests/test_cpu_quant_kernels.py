@@ -306,7 +306,7 @@ def test_generic_build_matches_the_simd_build(ops: CpuLayerOps, tmp_path: Path) 
      "vpdpbusd"),
     ("avx-vnni", ["-mavx2", "-mfma", "-mavxvnni"], "vpdpbusd"),
     ("amx-int8", ["-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni",
-                  "-mamx-tile", "-mamx-int8"], "tdpbssd"),
+                  "-mamx-tile", "-mamx-int8", "-mamx-bf16"], "tdpbssd"),
 ])  # fmt: skip
 def test_vnni_paths_compile(tmp_path: Path, isa: str, flags: list[str], instruction: str) -> None:
     """This machine may lack the instructions; the paths must at least build (a multi-target

@@ -171,19 +171,18 @@ static void linear_bf16_rows(const uint16_t *x, const uint16_t *wp, const uint16
    rotary 9.7 -> 4.9, gated activation 31 -> 18-27 (noisy), its attention rows 46.6 -> 33.5. */
 #define BF_ROW_SPLIT 256
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#if HAVE_AMX && defined(__AVX512BF16__)
 /* AMX builds: from AMX_MIN_ROWS rows the tile unit runs it (``linear_amx_src``) */
 #define AMX_MIN_ROWS 2
 static int amx_linear(const uint16_t *x, const uint16_t *wp, const uint16_t *bias, bf_out y,
                       int m, int n, int k, int threads);
-static int amx_permitted(void);
 #endif
 
 /* y (m, n) = x (m, k) @ W^T (+ bias) in bfloat16 (float32 sums); n % 16 == 0, k % 2 == 0.
    Work items: (group of BF_PT panels, chunk of rows that stays in L2) */
 static void linear_bf16(const uint16_t *x, const uint16_t *wp, const uint16_t *bias, bf_out y,
                         int m, int n, int k, int threads) {
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#if HAVE_AMX && defined(__AVX512BF16__)
     if (m >= AMX_MIN_ROWS && amx_linear(x, wp, bias, y, m, n, k, threads)) return;
 #endif
     const int panels = n / 16, groups = (panels + BF_PT - 1) / BF_PT;
@@ -300,7 +299,7 @@ void ironlm_linear_bf16_f32out(const uint16_t *x, const uint16_t *wp, const uint
    process the tile state) and AVX-512 BF16 dot products, 1 AVX-512 BF16 dot products, 0
    widening to float32 */
 int ironlm_linear_bf16_native(void) {
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#if HAVE_AMX && defined(__AVX512BF16__)
     return amx_permitted() ? 2 : 1;
 #elif defined(__AVX512BF16__)
     return 1;

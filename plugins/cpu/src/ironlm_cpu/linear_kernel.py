@@ -284,7 +284,7 @@ class PackedLinearKernel(KernelLibrary):
     def __init__(self, target: IsaTarget | None = None) -> None:
         ptr, i32 = ctypes.c_void_p, ctypes.c_int
         super().__init__(
-            "cpu_linear", _SOURCE + BF16_SOURCE + AMX_TILES_SOURCE + AMX_SOURCE,
+            "cpu_linear", _SOURCE + AMX_TILES_SOURCE + BF16_SOURCE + AMX_SOURCE,
             {
                 "ironlm_linear_f32": ([ptr] * 4 + [i32] * 5, None),
                 "ironlm_linear_bf16": ([ptr] * 4 + [i32] * 4, None),

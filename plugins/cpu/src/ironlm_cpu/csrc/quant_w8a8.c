@@ -247,117 +247,59 @@ static void w8a8_tile512(const qweight *w, const qact *a, int64_t p, int t, cons
 }
 #endif
 
-#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__)
-/* AMX: 16 activation rows x 64 k values (A, int8 q) times a 16-row panel's B tile (64 k values
-   x 16 outputs) into a 16 x 16 int32 tile in one tdpbssd: exact sums as vpdpbusd's, with no
-   +128 offset (both sides signed). Tiles (amx_tiles_src): C 0-3 (four row blocks of one
-   panel), A 4-5 (alternating), B 6-7 (alternating k steps). Each thread takes whole panels
-   (decode: each weight byte read once, its tiles asked for W8_AMX_AHEAD steps ahead); a
-   prefill's row blocks go in chunks whose packed q stays in L2 while every panel passes.
-   From one row: padded to 16 with zeros, a decode row still ran 1.3x faster than the VNNI
-   loop (SmolLM2's linears x 30 layers from DRAM, 2-core AMX Xeon: 6.9-7.1 vs 9.0-9.1 ms). */
+#if HAVE_AMX && defined(__AVX512F__)
+/* AMX (the driver: amx_tiles_src's amx_run): 16 activation rows x 64 k values (A, int8 q)
+   times a 16-row panel's B tile (64 k values x 16 outputs) into a 16 x 16 int32 tile in one
+   tdpbssd: exact sums as vpdpbusd's, with no +128 offset (both sides signed). From one row:
+   padded to 16 with zeros, a decode row still ran 1.3x faster than the VNNI loop (SmolLM2's
+   linears x 30 layers from DRAM, 2-core AMX Xeon: 6.9-7.1 vs 9.0-9.1 ms). */
 #define W8A8_AMX 1
-#define W8_AMX_AHEAD 8    /* k steps (1 KiB of a panel each) ahead that the weight is asked for */
-#define W8_AMX_CHUNK 16   /* row blocks per chunk: 256 rows x K bytes (144 KiB at K = 576) */
+#define W8_AMX_AHEAD 8 /* k steps (1 KiB of a panel each) ahead that the weight is asked for */
 
-/* int32 dots (16 x 16, rows 64 bytes apart) of y rows [r0, r0 + 16) below m, columns col ..
-   col + 15 -> y, with the reference's rescale ((double)dot * sx * scale, then float, + bias) */
-static void w8a8_amx_store(const int32_t *dots, const qweight *w, const qact *a, int r0, int m,
-                           int col, const float *bias, float *y) {
-    const int valid = m - r0 < 16 ? m - r0 : 16;
-    const float *scale = (const float *)w->w1 + col;
+typedef struct {
+    const qweight *w;
+    const qact *a;
+    int m;
+    const float *bias;
+    float *y;
+} w8a8_amx_out;
+
+/* int32 dots (16 x 16, rows 64 bytes apart) of y rows [row0, row0 + 16) below m, columns col0
+   .. col0 + 15 -> y, with the reference's rescale ((double)dot * sx * scale, then float, +
+   bias), as w8a8_tile512 */
+static void w8a8_amx_flush(const void *tile, int row0, int col0, const void *ctx) {
+    const w8a8_amx_out *o = ctx;
+    const int32_t *dots = tile;
+    const int valid = o->m - row0 < 16 ? o->m - row0 : 16;
+    const float *scale = (const float *)o->w->w1 + col0;
     const __m512d s0 = _mm512_cvtps_pd(_mm256_loadu_ps(scale));
     const __m512d s1 = _mm512_cvtps_pd(_mm256_loadu_ps(scale + 8));
     for (int r = 0; r < valid; r++) {
-        const __m512d sx = _mm512_set1_pd((double)a->sx[r0 + r]);
+        const __m512d sx = _mm512_set1_pd((double)o->a->sx[row0 + r]);
         const __m512i d = _mm512_loadu_si512(dots + 16 * r);
         __m256 lo = _mm512_cvtpd_ps(
             _mm512_mul_pd(_mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(d)), sx), s0));
         __m256 hi = _mm512_cvtpd_ps(
             _mm512_mul_pd(_mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(d, 1)), sx),
                           s1));
-        if (bias != NULL) {
-            lo = _mm256_add_ps(lo, _mm256_loadu_ps(bias + col));
-            hi = _mm256_add_ps(hi, _mm256_loadu_ps(bias + col + 8));
+        if (o->bias != NULL) {
+            lo = _mm256_add_ps(lo, _mm256_loadu_ps(o->bias + col0));
+            hi = _mm256_add_ps(hi, _mm256_loadu_ps(o->bias + col0 + 8));
         }
-        float *yr = y + (int64_t)(r0 + r) * w->n + col;
+        float *yr = o->y + (int64_t)(row0 + r) * o->w->n + col0;
         _mm256_storeu_ps(yr, lo);
         _mm256_storeu_ps(yr + 8, hi);
     }
 }
 
-/* row block RB's A tiles: step s's at + 1024 s (16 rows x 64 int8, stride 64) */
-#define W8_AMX_A(RB) (xp + (int64_t)(RB) * steps * 1024)
-/* k step S of up to 4 row blocks against B tile TB */
-#define W8_AMX_STEP(TB, S)                                                                     \
-    do {                                                                                       \
-        const int64_t st_ = (S);                                                               \
-        _tile_loadd(TB, b + 1024 * st_, 64);                                                   \
-        for (int l = 0; l < 16; l++) /* the B tile W8_AMX_AHEAD steps on, a line each */       \
-            _mm_prefetch((const char *)(b + 1024 * (st_ + W8_AMX_AHEAD) + 64 * l), _MM_HINT_T1); \
-        _tile_loadd(4, a0 + 1024 * st_, 64);                                                   \
-        _tile_dpbssd(0, 4, TB);                                                                \
-        if (nb > 1) { _tile_loadd(5, a1 + 1024 * st_, 64); _tile_dpbssd(1, 5, TB); }           \
-        if (nb > 2) { _tile_loadd(4, a2 + 1024 * st_, 64); _tile_dpbssd(2, 4, TB); }           \
-        if (nb > 3) { _tile_loadd(5, a3 + 1024 * st_, 64); _tile_dpbssd(3, 5, TB); }           \
-    } while (0)
-#define W8_AMX_FLUSH(T, RB)                                                                    \
-    do {                                                                                       \
-        _tile_stored(T, dots, 64);                                                             \
-        w8a8_amx_store(dots, w, a, (RB) * 16, m, p * 16, bias, y);                            \
-    } while (0)
-
 /* y (m, n) on the tile unit; 0: not run (another layout, k % 64, no permission, no memory) */
 static int amx_w8a8(const qweight *w, const qact *a, int m, const float *bias, float *y,
                     int threads) {
-    const int k = w->k, n = w->n;
-    if (w->fmt != FMT_W8A8P || k % 64 != 0 || n % 16 != 0 || !amx_permitted()) return 0;
-    const int blocks = (m + 15) / 16, panels = n / 16, steps = k / 64;
-    const int chunks = (blocks + W8_AMX_CHUNK - 1) / W8_AMX_CHUNK;
-    const int64_t ps = (int64_t)k * 16; /* bytes of a 16-row panel */
-    /* q packed as A tiles (rows past m zero): each tile load reads 1 KiB in a row */
-    int8_t *xp = aligned_alloc(64, (size_t)blocks * 16 * k);
-    if (xp == NULL) return 0;
-    #pragma omp parallel num_threads(threads)
-    {
-        int32_t dots[256] __attribute__((aligned(64)));
-        #pragma omp for schedule(static)
-        for (int rb = 0; rb < blocks; rb++)
-            for (int r = 0; r < 16; r++) {
-                const int row = rb * 16 + r;
-                for (int st = 0; st < steps; st++) {
-                    int8_t *dst = xp + ((int64_t)rb * steps + st) * 1024 + 64 * r;
-                    if (row < m) memcpy(dst, a->q + (int64_t)row * a->ldq + 64 * st, 64);
-                    else memset(dst, 0, 64);
-                }
-            }
-        amx_configure();
-        #pragma omp for collapse(2) schedule(static)
-        for (int c = 0; c < chunks; c++)
-        for (int p = 0; p < panels; p++) {
-            const int8_t *b = (const int8_t *)w->w0 + p * ps;
-            const int c1 = CHUNK_ROW(c + 1, blocks, chunks); /* equal chunks of blocks */
-            for (int r0 = CHUNK_ROW(c, blocks, chunks); r0 < c1; r0 += 4) {
-                const int nb = c1 - r0 < 4 ? c1 - r0 : 4;
-                const int8_t *a0 = W8_AMX_A(r0), *a1 = W8_AMX_A(r0 + 1), *a2 = W8_AMX_A(r0 + 2),
-                             *a3 = W8_AMX_A(r0 + 3);
-                _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-                int s = 0;
-                for (; s + 2 <= steps; s += 2) { /* B tiles 6 and 7 take turns */
-                    W8_AMX_STEP(6, s);
-                    W8_AMX_STEP(7, s + 1);
-                }
-                if (s < steps) W8_AMX_STEP(6, s);
-                W8_AMX_FLUSH(0, r0);
-                if (nb > 1) W8_AMX_FLUSH(1, r0 + 1);
-                if (nb > 2) W8_AMX_FLUSH(2, r0 + 2);
-                if (nb > 3) W8_AMX_FLUSH(3, r0 + 3);
-            }
-        }
-        _tile_release();
-    }
-    free(xp);
-    return 1;
+    if (w->fmt != FMT_W8A8P || w->k % 64 != 0 || w->n % 16 != 0) return 0;
+    const w8a8_amx_out out = {w, a, m, bias, y};
+    const amx_job job = {(const char *)a->q, a->ldq, (const char *)w->w0, 16 * (int64_t)w->k,
+                         m, w->n / 16, w->k / 64, 1, W8_AMX_AHEAD, w8a8_amx_flush, &out};
+    return amx_run(&job, threads);
 }
 #else
 #define W8A8_AMX 0
