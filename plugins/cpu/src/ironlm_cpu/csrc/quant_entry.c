@@ -57,14 +57,16 @@ static int64_t prepare(const qweight *w, const float *x, int64_t ldx, int m, int
     const size_t q_bytes = align64((size_t)m * k);
     a->ldq = k;
     if (is_w8a8(w->fmt)) {
-        const size_t extra = HAVE_VNNI ? q_bytes : align64(2 * (size_t)m * k);
+        /* the tiles read q alone; the row kernels q + 128 (VNNI) or q as int16 (AVX2) */
+        const int tiles = w8a8_on_tiles(w);
+        const size_t extra = tiles ? 0 : HAVE_VNNI ? q_bytes : align64(2 * (size_t)m * k);
         char *buf = malloc(q_bytes + align64(4 * (size_t)m) + extra);
         if (buf == NULL) return -1;
         int8_t *q = (int8_t *)buf;
         float *sx = (float *)(buf + q_bytes);
         void *wide = buf + q_bytes + align64(4 * (size_t)m);
-        int16_t *x16 = HAVE_VNNI ? NULL : (int16_t *)wide;
-        uint8_t *xu = HAVE_VNNI ? (uint8_t *)wide : NULL;
+        int16_t *x16 = tiles || HAVE_VNNI ? NULL : (int16_t *)wide;
+        uint8_t *xu = !tiles && HAVE_VNNI ? (uint8_t *)wide : NULL;
         #pragma omp parallel for schedule(static) num_threads(threads) if (par)
         for (int t = 0; t < m; t++)
             quantize_row_w8a8(x + t * ldx, k, q + (int64_t)t * k, sx + t,
@@ -172,15 +174,14 @@ int ironlm_quant_linear(int fmt, const float *x, int64_t ldx, int m, int n, int 
     void *scratch;
     const int64_t row_bytes = prepare(&w, x, ldx, m, threads, &a, &scratch);
     if (row_bytes < 0) return -1;
-    if (is_w8a8(fmt)) {
+    int rc = 0;
+    if (!is_w8a8(fmt)) drive(&w, &a, m, bias, y, threads, fn, row_bytes);
+    else if (!w8a8_on_tiles(&w)) drive_w8a8(&w, &a, m, bias, y, threads);
 #if W8A8_AMX
-        if (!amx_w8a8(&w, &a, m, bias, y, threads))
+    else if (!amx_w8a8(&w, &a, m, bias, y, threads)) rc = -1; /* no memory for the A tiles */
 #endif
-            drive_w8a8(&w, &a, m, bias, y, threads);
-    }
-    else drive(&w, &a, m, bias, y, threads, fn, row_bytes);
     free(scratch);
-    return 0;
+    return rc;
 }
 
 /* out (t, k) = rows ids of the (n, k) weight as floats. Returns the number of ids outside

@@ -292,10 +292,15 @@ static void w8a8_amx_flush(const void *tile, int row0, int col0, const void *ctx
     }
 }
 
-/* y (m, n) on the tile unit; 0: not run (another layout, k % 64, no permission, no memory) */
+/* whether this weight runs on the tile unit (its layout, shape, and the process's permission):
+   its activations then need no widened or offset copies (prepare) */
+static int w8a8_on_tiles(const qweight *w) {
+    return w->fmt == FMT_W8A8P && w->k % 64 == 0 && w->n % 16 == 0 && amx_permitted();
+}
+
+/* y (m, n) on the tile unit (w8a8_on_tiles first); 0: out of memory for the A tiles */
 static int amx_w8a8(const qweight *w, const qact *a, int m, const float *bias, float *y,
                     int threads) {
-    if (w->fmt != FMT_W8A8P || w->k % 64 != 0 || w->n % 16 != 0) return 0;
     const w8a8_amx_out out = {w, a, m, bias, y};
     const amx_job job = {(const char *)a->q, a->ldq, (const char *)w->w0, 16 * (int64_t)w->k,
                          m, w->n / 16, w->k / 64, 1, W8_AMX_AHEAD, w8a8_amx_flush, &out};
@@ -303,6 +308,7 @@ static int amx_w8a8(const qweight *w, const qact *a, int m, const float *bias, f
 }
 #else
 #define W8A8_AMX 0
+static int w8a8_on_tiles(const qweight *w) { return (void)w, 0; }
 #endif
 
 /* y (m, n) over (activation chunk, run of panels) work items, as drive() splits rows */
