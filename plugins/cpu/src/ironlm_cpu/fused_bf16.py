@@ -13,35 +13,24 @@ bf16 ops compute each op in float32 and round its result:
 - gated activations: bf16(bf16(act(g)) * u), act as in ``fused_kernels`` (one exp per element);
 - row lookups copy 16-bit rows: row-major, or the bf16 panel layout of ``linear_kernel.pack``
   ((rows / 16, width / 2, 16, 2): row v's elements 2kk, 2kk + 1 sit at [v / 16, kk, v % 16]).
-A NaN rounds to a quiet NaN. Vector code uses GCC vector types of one register's width (16
-lanes on AVX-512 targets, 8 elsewhere: 16-lane types on an AVX2 build made the gated
-activation 6.5x slower than torch, 189 vs 29 us at 64 x 1536, its vectors going through
-memory); stores and the intermediate roundings use AVX-512 BF16's ``vcvtneps2bf16`` where the
-target has it (the same rounding; it flushes float32 denormals to zero), integer rounding
-elsewhere; AVX-512 builds load 16 bf16 values with one ``vpmovzxwd`` and take exp by
-roundscale + scalef (2048 x 1536 gated activation 667 -> 380 us on 2 Zen 5 threads).
+A NaN rounds to a quiet NaN. Vector code uses the float32 lanes of one register's width that
+``vexp_src.LANES_SOURCE`` defines ahead of the float32 ops (``fused_kernels``; 16-lane types on
+an AVX2 build made the gated activation 6.5x slower than torch, 189 vs 29 us at 64 x 1536, its
+vectors going through memory); stores and the intermediate roundings use AVX-512 BF16's
+``vcvtneps2bf16`` where the target has it (the same rounding; it flushes float32 denormals to
+zero), integer rounding elsewhere; AVX-512 builds load 16 bf16 values with one ``vpmovzxwd``
+and take exp by roundscale + scalef (2048 x 1536 gated activation 667 -> 380 us on 2 Zen 5
+threads).
 """
 
 from __future__ import annotations
 
-from ironlm_cpu.vexp_src import VEXP_SOURCE
-
-BF16_SOURCE = VEXP_SOURCE + r"""
+BF16_SOURCE = r"""
 #include <string.h>
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
 
-/* BW lanes per vector: what the target's registers hold (16 float32 lanes through ymm pairs on
-   an AVX2 build ran 6x slower than torch: the vectors went through memory) */
-#ifdef __AVX512F__
-#define BW 16
-#else
-#define BW 8
-#endif
-typedef float vf __attribute__((vector_size(4 * BW)));      /* BW float32 lanes */
-typedef int32_t vi __attribute__((vector_size(4 * BW)));
-typedef uint32_t vu __attribute__((vector_size(4 * BW)));
 typedef uint16_t vh __attribute__((vector_size(2 * BW)));   /* BW bf16 */
 
 static inline float bf_f(uint16_t h) {
@@ -97,15 +86,6 @@ static inline void stv(uint16_t *p, vf x) {
 }
 
 static inline vf vsel(vi m, vf a, vf b) { return (vf)((m & (vi)a) | (~m & (vi)b)); }
-
-#ifdef __AVX512F__
-/* exp of 16 lanes (vexp_src's vexp512: 1125 -> ~700 us for the 2048 x 1536 gated activation on
-   one Zen 5 thread against the generic form) */
-static inline vf vexpv(vf x) { return (vf)vexp512((__m512)x); }
-#else
-/* exp of BW lanes (vexp_src) */
-DEFINE_VEXP(vexpv, vf, vi)
-#endif
 
 void ironlm_rms_norm_bf16(const uint16_t *x, const uint16_t *residual, uint16_t *res_out,
                           const uint16_t *w, uint16_t *out, int t, int h, float eps,

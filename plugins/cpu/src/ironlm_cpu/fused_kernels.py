@@ -9,12 +9,14 @@ together) replaces them. Rows are independent; they are split over torch's OpenM
 when there are enough of them to pay for the fork (``PARALLEL_ROWS``).
 
 Numerics follow the core's reference (``LayerOps``): RMSNorm in float32 with the mean of squares
-accumulated in double, rotary as x1*cos - x2*sin, x2*cos + x1*sin on the two halves. The
-activations use one exp per element, written as g / (1 + exp(-a)) (SiLU: a = g; tanh-GELU:
-a = 2 * sqrt(2/pi) * (g + 0.044715 g^3), since 0.5 * (1 + tanh(y)) = 1 / (1 + exp(-2y))), with
-an AVX2 exp (range reduction to |r| <= ln2/2 and Cephes' degree-6 polynomial, about 1 ulp) when
-the compiler targets AVX2, libm's expf otherwise. The bf16 variants compute in float32 and
-round to bf16 where torch's bf16 ops do (``fused_bf16``).
+from float32 partial sums (one per vector lane and chain) added in double, rotary as
+x1*cos - x2*sin, x2*cos + x1*sin on the two halves. The activations use one exp per element,
+written as g / (1 + exp(-a)) (SiLU: a = g; tanh-GELU: a = 2 * sqrt(2/pi) * (g + 0.044715 g^3),
+since 0.5 * (1 + tanh(y)) = 1 / (1 + exp(-2y))), with a vector exp of about 1 ulp (range
+reduction to |r| <= ln2/2 and Cephes' degree-6 polynomial) on AVX2 and AVX-512 builds, libm's
+expf otherwise and for a row's last n % lanes elements. All vector code runs on the target's
+register width (``vexp_src.LANES_SOURCE``: 16 float32 lanes on AVX-512 builds, 8 elsewhere). The bf16 variants compute in float32 and round to bf16 where torch's bf16 ops do
+(``fused_bf16``).
 """
 
 from __future__ import annotations
@@ -28,18 +30,28 @@ from ironlm_cpu.cbuild import KERNEL_DTYPES, KernelLibrary, heads_contiguous
 from ironlm_cpu.fused_bf16 import BF16_SOURCE
 from ironlm_cpu.isa import IsaTarget
 from ironlm_cpu.linear_kernel import PANEL
+from ironlm_cpu.vexp_src import LANES_SOURCE
 
 PARALLEL_ROWS = 64  # fewer rows run on the calling thread
 
-_SOURCE = r"""
+_SOURCE = LANES_SOURCE + r"""
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
-#ifdef __AVX2__
-#include <immintrin.h>
-#endif
+#include <string.h>
 
-/* out = rms_norm(x (+ residual)) * w over rows of h; with residual, res_out = x + residual */
+/* BW float32 lanes at any alignment */
+static inline vf ldf(const float *p) {
+    vf v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline void stf(float *p, vf v) { memcpy(p, &v, sizeof v); }
+
+/* out = rms_norm(x (+ residual)) * w over rows of h; with residual, res_out = x + residual.
+   The squares are summed in BW-lane float32 partials on two chains (a double accumulated one
+   element at a time waited on its add latency: 40 -> 9 us for 64 x 576 on 2 Xeon threads),
+   the partials in double. */
 void ironlm_rms_norm_f32(const float *x, const float *residual, float *res_out, const float *w,
                          float *out, int t, int h, float eps, int threads) {
     #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
@@ -47,16 +59,27 @@ void ironlm_rms_norm_f32(const float *x, const float *residual, float *res_out, 
         const float *xr = x + (int64_t)r * h;
         float *o = out + (int64_t)r * h;
         const float *s = xr;
+        int j = 0;
         if (residual != NULL) {
             const float *rr = residual + (int64_t)r * h;
             float *ro = res_out + (int64_t)r * h;
-            for (int j = 0; j < h; j++) ro[j] = xr[j] + rr[j];
+            for (; j + BW <= h; j += BW) stf(ro + j, ldf(xr + j) + ldf(rr + j));
+            for (; j < h; j++) ro[j] = xr[j] + rr[j];
             s = ro;
         }
-        double acc = 0.0;
-        for (int j = 0; j < h; j++) acc += (double)s[j] * s[j];
-        const float inv = 1.0f / sqrtf((float)(acc / h) + eps);
-        for (int j = 0; j < h; j++) o[j] = (s[j] * inv) * w[j];
+        vf acc = {0}, acc2 = {0};
+        double sum = 0.0;
+        for (j = 0; j + 2 * BW <= h; j += 2 * BW) {
+            const vf v = ldf(s + j), v2 = ldf(s + j + BW);
+            acc += v * v;
+            acc2 += v2 * v2;
+        }
+        for (; j + BW <= h; j += BW) { const vf v = ldf(s + j); acc += v * v; }
+        for (; j < h; j++) sum += (double)s[j] * s[j];
+        for (int l = 0; l < BW; l++) sum += (double)acc[l] + (double)acc2[l];
+        const float inv = 1.0f / sqrtf((float)(sum / h) + eps);
+        for (j = 0; j + BW <= h; j += BW) stf(o + j, ldf(s + j) * inv * ldf(w + j));
+        for (; j < h; j++) o[j] = (s[j] * inv) * w[j];
     }
 }
 
@@ -70,7 +93,14 @@ static void rotate(const float *x, int64_t xs, int heads, const float *cs, const
         for (int hh = 0; hh < heads; hh++) {
             const float *xr = x + (int64_t)r * xs + (int64_t)hh * d;
             float *o = out + ((int64_t)r * heads + hh) * d;
-            for (int j = 0; j < half; j++) {
+            int j = 0;
+            for (; j + BW <= half; j += BW) {
+                const vf x1 = ldf(xr + j), x2 = ldf(xr + j + half);
+                const vf cv = ldf(c + j), sv = ldf(s + j);
+                stf(o + j, x1 * cv - x2 * sv);
+                stf(o + j + half, x2 * cv + x1 * sv);
+            }
+            for (; j < half; j++) {
                 const float x1 = xr[j], x2 = xr[j + half];
                 o[j] = x1 * c[j] - x2 * s[j];
                 o[j + half] = x2 * c[j] + x1 * s[j];
@@ -85,28 +115,6 @@ void ironlm_rotary_f32(const float *q, int64_t qs, int hq, const float *k, int64
     rotate(q, qs, hq, cs, sn, q_out, t, d, threads);
     rotate(k, ks, hk, cs, sn, k_out, t, d, threads);
 }
-
-#ifdef __AVX2__
-/* exp of 8 floats: x = m ln2 + r, exp(r) by polynomial, 2^m through the exponent bits. Inputs
-   clamped to [-87.3, 88.3] so m + 127 stays in [1, 254] (normal results, no overflow). */
-static inline __m256 exp8(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
-    const __m256 m = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504089f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(m, _mm256_set1_ps(0.693359375f), x); /* ln2 in two parts */
-    r = _mm256_fnmadd_ps(m, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    const __m256i e = _mm256_slli_epi32(
-        _mm256_add_epi32(_mm256_cvtps_epi32(m), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-#endif
 
 /* out (t, width) = rows ids of a (rows, width) table, row-major or, when packed, as the
    linear kernel packs weights: (rows / 16, width, 16), row v = column v % 16 of panel v / 16.
@@ -132,6 +140,46 @@ int ironlm_gather_rows_f32(const int64_t *ids, const float *table, float *out, i
     return bad;
 }
 
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#define HAVE_EXP_1ULP 1
+/* exp of BW lanes to about 1 ulp, for the float32 activations (vexpv's 2^f polynomial errs by
+   up to ~4 ulp at |x| ~ 15, past the reference's tolerance): x = m ln2 + r with m rounded to
+   nearest and ln2 in two parts, so |r| <= ln2 / 2 exactly, exp(r) by Cephes' degree-6
+   polynomial, times 2^m. Inputs clamped to [-87.3, 88.3]: m + 127 stays in [1, 254]. */
+#define EXP_1ULP_STEPS(V, SET1, MIN, MAX, MUL, ADD, FMA, FNMA, ROUND)                          \
+    x = MIN(MAX(x, SET1(-87.3f)), SET1(88.3f));                                                \
+    const V m = ROUND(MUL(x, SET1(1.44269504089f)));                                           \
+    V r = FNMA(m, SET1(0.693359375f), x);                                                      \
+    r = FNMA(m, SET1(-2.12194440e-4f), r);                                                     \
+    V p = SET1(1.9875691500e-4f);                                                              \
+    p = FMA(p, r, SET1(1.3981999507e-3f));                                                     \
+    p = FMA(p, r, SET1(8.3334519073e-3f));                                                     \
+    p = FMA(p, r, SET1(4.1665795894e-2f));                                                     \
+    p = FMA(p, r, SET1(1.6666665459e-1f));                                                     \
+    p = FMA(p, r, SET1(5.0000001201e-1f));                                                     \
+    p = FMA(p, MUL(r, r), ADD(r, SET1(1.0f)));
+#if defined(__AVX512F__)
+#define ROUND16(v) _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+static inline vf exp_1ulp(vf v) {
+    __m512 x = (__m512)v;
+    EXP_1ULP_STEPS(__m512, _mm512_set1_ps, _mm512_min_ps, _mm512_max_ps, _mm512_mul_ps,
+                   _mm512_add_ps, _mm512_fmadd_ps, _mm512_fnmadd_ps, ROUND16)
+    return (vf)_mm512_scalef_ps(p, m);
+}
+#else
+#define ROUND8(v) _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+static inline vf exp_1ulp(vf v) {
+    __m256 x = (__m256)v;
+    EXP_1ULP_STEPS(__m256, _mm256_set1_ps, _mm256_min_ps, _mm256_max_ps, _mm256_mul_ps,
+                   _mm256_add_ps, _mm256_fmadd_ps, _mm256_fnmadd_ps, ROUND8)
+    const __m256i e = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(m), _mm256_set1_epi32(127)), 23);
+    return (vf)_mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+#endif
+#endif
+
 /* out (t, n) = g / (1 + exp(-a(g))) * u, g = x[:, :n], u = x[:, n:2n], x rows xs apart;
    a(g) = g (SiLU) or 2 * sqrt(2/pi) * (g + 0.044715 g^3) (tanh-GELU) */
 void ironlm_gated_act_f32(const float *x, int64_t xs, float *out, int t, int n, int gelu,
@@ -142,19 +190,11 @@ void ironlm_gated_act_f32(const float *x, int64_t xs, float *out, int t, int n, 
         const float *g = x + (int64_t)r * xs, *u = g + n;
         float *o = out + (int64_t)r * n;
         int j = 0;
-#ifdef __AVX2__
-        const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
-        for (; j + 8 <= n; j += 8) {
-            const __m256 gv = _mm256_loadu_ps(g + j);
-            __m256 a = gv;
-            if (gelu) {
-                const __m256 g3 = _mm256_mul_ps(_mm256_mul_ps(gv, gv), gv);
-                a = _mm256_mul_ps(_mm256_set1_ps(c),
-                                  _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), g3, gv));
-            }
-            const __m256 e = exp8(_mm256_sub_ps(zero, a));
-            const __m256 act = _mm256_div_ps(gv, _mm256_add_ps(one, e));
-            _mm256_storeu_ps(o + j, _mm256_mul_ps(act, _mm256_loadu_ps(u + j)));
+#ifdef HAVE_EXP_1ULP
+        for (; j + BW <= n; j += BW) {
+            const vf gv = ldf(g + j);
+            const vf a = gelu ? c * (gv + 0.044715f * gv * gv * gv) : gv;
+            stf(o + j, gv / (1.0f + exp_1ulp(-a)) * ldf(u + j));
         }
 #endif
         for (; j < n; j++) {
