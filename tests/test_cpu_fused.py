@@ -32,7 +32,7 @@ def fused(request: pytest.FixtureRequest) -> FusedKernels:
 
 
 @pytest.mark.parametrize("tokens", [1, 5, PARALLEL_ROWS + 3])
-@pytest.mark.parametrize("hidden", [64, 576, 640])
+@pytest.mark.parametrize("hidden", [40, 64, 100, 576, 640])  # 40, 100: vector tails
 @pytest.mark.parametrize("with_residual", [False, True])
 def test_rms_norm_matches_reference(
     fused: FusedKernels, tokens: int, hidden: int, with_residual: bool
