@@ -123,6 +123,27 @@ def test_bf16_threads_split_rows_of_a_long_batch(
     torch.testing.assert_close(two.float(), expected, rtol=1e-2, atol=1e-3 * k**0.5)
 
 
+def test_bf16_prefill_over_several_panel_groups(kernel: PackedLinearKernel) -> None:
+    """300 rows (19 row blocks: two chunks, an odd last block) against 22 panels of K = 1536:
+    AMX builds take the prefill driver's panel groups (three, the last one short) two row
+    blocks by two panels at a time; one thread's values bit for bit, and the reference's."""
+    gen = torch.Generator().manual_seed(7)
+    w = torch.randn(352, 1536, generator=gen).bfloat16()
+    x = torch.randn(300, 1536, generator=gen).bfloat16()
+    packed = kernel.pack(w)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = kernel(x, packed, None)
+        torch.set_num_threads(2)
+        two = kernel(x, packed, None)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(two, one)
+    expected = torch.nn.functional.linear(x.float(), w.float())
+    torch.testing.assert_close(two.float(), expected, rtol=1e-2, atol=1e-3 * 1536**0.5)
+
+
 @pytest.mark.parametrize("m", [1, 5, 64])
 def test_bf16_lm_head_writes_the_float32_of_its_bf16_logits(ops: CpuLayerOps, m: int) -> None:
     """A bf16 LM head on the panel tile: float32 logits equal to linear().float() (the bf16

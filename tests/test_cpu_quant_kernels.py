@@ -120,7 +120,7 @@ def test_float_activation_and_w8a8_kernels_match_reference(
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
 
 
-@pytest.mark.parametrize("n, k", [(48, 128), (32, 576), (64, 1536), (32, 68)])
+@pytest.mark.parametrize("n, k", [(48, 128), (32, 576), (64, 1536), (32, 68), (352, 1536)])
 @pytest.mark.parametrize("rows", [1, 2, 16, 45, 300])
 def test_w8a8_on_16_row_panels_matches_reference(
     ops: CpuLayerOps, n: int, k: int, rows: int
@@ -128,7 +128,8 @@ def test_w8a8_on_16_row_panels_matches_reference(
     """w8a8 weights laid out for AMX tiles (16-row panels, where n % 16 == 0 and k % 64 == 0):
     on AMX builds the tile unit multiplies them, elsewhere the 8-row kernels read them as two
     halves; either way the reference's result, bit for bit.
-    K % 64 != 0 keeps 8-row panels."""
+    K % 64 != 0 keeps 8-row panels. 300 rows take the tiles' prefill driver (two chunks of row
+    blocks, the last one odd); 352 x 1536 spreads over several of its panel groups."""
     layout, tensors = float_layout("w8a8", n, k, seed=rows)
     packed = pack(Format.W8A8, layout, tensors, amx_int8=True)
     want_fmt = Format.W8A8P if k % 64 == 0 else Format.W8A8

@@ -10,16 +10,22 @@ hold activations (A: 16 rows x 64 bytes of k values), 6-7 the weight (B: 16 rows
 16 pairs of bf16 or 16 quads of int8 for 16 output columns).
 
 The driver: the activation rows are packed once per call into A tiles (1 KiB each, rows past m
-zero: each tile load then reads 1 KiB in a row), then work items (chunk of row blocks, 16-row
-weight panel) go to the threads in a static split. Per item, four row blocks at a time
-accumulate in tiles 0-3 over the k steps, B tiles 6 and 7 taking turns and the A tiles 4 and
-5 alternating (a load need not wait for the product reading the other); the weight is asked
-for ``ahead`` steps on, into L2. Decode (up to 4 blocks, one chunk): each thread streams whole
-panels, every weight byte read once. Prefill: a chunk's packed rows stay in L2 while every
-panel passes (SmolLM2's four shapes x 30 layers at 2048 rows, bf16, AMX Xeon, 2 threads: every
-row per panel, re-reading the packed x from L3, 1360 ms; chunks of 16 blocks 870 ms). Each
-finished 16 x 16 accumulator goes through a 1 KiB scratch to the kernel's ``flush``, which
-writes it with that kernel's rounding, rescale and bias.
+zero: each tile load then reads 1 KiB in a row). Each finished 16 x 16 accumulator goes
+through a 1 KiB scratch to the kernel's ``flush``, which writes it with that kernel's rounding,
+rescale and bias. Two loop orders, by the number of 16-row blocks:
+- up to ``AMX_STREAM_BLOCKS`` (8: 128 rows; decode), ``amx_stream``: the threads take whole
+  panels in a static split and stream them once, four row blocks of a panel per pass (tiles
+  0-3), B tiles 6 and 7 taking turns and the A tiles 4 and 5 alternating (a load need not
+  wait for the product reading the other); the weight is asked for ``ahead`` steps on, into
+  L2.
+- past it (prefill), ``amx_grouped``: work items (chunk of up to ``AMX_CHUNK`` row blocks,
+  group of panels of ``AMX_GROUP_BYTES``); per item, two row blocks (their A tiles stay in L1)
+  against two panels at a time (four products per two A and two B loads) over the whole
+  group: the chunk's first row pair reads the group's weight from memory (asked for ahead),
+  the other pairs from L2. SmolLM2's four layer shapes x 30 layers (weights from DRAM), 2-core
+  AMX Xeon, one process, the stream order for every size against this: bf16 512 rows 80-85
+  -> 68-72 ms, 2048 rows 350-390 -> 252-273 (oneDNN 205-242); int8 (w8a8) 512 rows 70 ->
+  59, 2048 rows 314-406 -> 215-290; 64 and 128 rows, where streaming stays, tied or lost.
 """
 
 AMX_TILES_SOURCE = r"""
@@ -33,6 +39,10 @@ AMX_TILES_SOURCE = r"""
 #define AMX_XFEATURE_XTILEDATA 18
 /* row blocks per prefill chunk: 256 rows, 288 KiB of packed bf16 x at K = 576 */
 #define AMX_CHUNK 16
+/* row blocks up to which the weight is streamed once (amx_stream), past it grouped */
+#define AMX_STREAM_BLOCKS 8
+/* weight bytes of a prefill panel group (amx_grouped) */
+#define AMX_GROUP_BYTES (512 * 1024)
 
 /* 1: this process may use the tile registers (asked once; the kernel grants it process-wide) */
 static int amx_permitted(void) {
@@ -98,18 +108,97 @@ typedef struct {
         if (nb > 2) { _tile_loadd(4, a2 + 1024 * st_, 64); AMX_DP(2, 4, TB); }                 \
         if (nb > 3) { _tile_loadd(5, a3 + 1024 * st_, 64); AMX_DP(3, 5, TB); }                 \
     } while (0)
-#define AMX_FLUSH(T, RB)                                                                       \
+#define AMX_FLUSH(T, RB, P)                                                                    \
     do {                                                                                       \
         _tile_stored(T, tile, 64);                                                             \
-        job->flush(tile, (RB) * 16, p * 16, job->ctx);                                         \
+        job->flush(tile, (RB) * 16, (P) * 16, job->ctx);                                       \
     } while (0)
+
+/* Decode (up to AMX_STREAM_BLOCKS row blocks): the threads stream whole panels, every weight
+   byte read once; four row blocks of a panel per pass, B tiles 6 and 7 taking turns */
+static void amx_stream(const amx_job *job, const char *xp, float *tile, int blocks) {
+    const int steps = job->steps, int8 = job->int8, ahead = job->ahead;
+    #pragma omp for schedule(static)
+    for (int p = 0; p < job->panels; p++) {
+        const char *b = job->w + p * job->panel_bytes;
+        for (int r0 = 0; r0 < blocks; r0 += 4) {
+            const int nb = blocks - r0 < 4 ? blocks - r0 : 4;
+            const char *a0 = AMX_A(r0), *a1 = AMX_A(r0 + 1), *a2 = AMX_A(r0 + 2),
+                       *a3 = AMX_A(r0 + 3);
+            _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+            int s = 0;
+            for (; s + 2 <= steps; s += 2) {
+                AMX_STEP(6, s);
+                AMX_STEP(7, s + 1);
+            }
+            if (s < steps) AMX_STEP(6, s);
+            AMX_FLUSH(0, r0, p);
+            if (nb > 1) AMX_FLUSH(1, r0 + 1, p);
+            if (nb > 2) AMX_FLUSH(2, r0 + 2, p);
+            if (nb > 3) AMX_FLUSH(3, r0 + 3, p);
+        }
+    }
+}
+
+/* Ask for k step t of panels p and p + 1 into L2 (t past the pair's last step: the next
+   pair's), those that exist */
+static inline void amx_pull(const amx_job *job, int p, int64_t t) {
+    const int q = p + 2 * (int)(t / job->steps);
+    const int64_t at = (t % job->steps) * 1024;
+    for (int i = q; i < q + 2 && i < job->panels; i++)
+        for (int l = 0; l < 16; l++)
+            _mm_prefetch(job->w + i * job->panel_bytes + at + 64 * l, _MM_HINT_T1);
+}
+
+/* Prefill: work items (chunk of row blocks, group of panels whose weight bytes stay in L2);
+   per item, two row blocks (their A tiles in L1) against two panels at a time (four products
+   per two A and two B loads) over the whole group, the first row pair reading the weight
+   from memory and the others from L2 */
+static void amx_grouped(const amx_job *job, const char *xp, float *tile, int blocks) {
+    const int steps = job->steps, int8 = job->int8, ahead = job->ahead;
+    const int chunks = (blocks + AMX_CHUNK - 1) / AMX_CHUNK;
+    int group = (int)(AMX_GROUP_BYTES / job->panel_bytes) & ~1; /* even: panel pairs */
+    group = group < 2 ? 2 : group;
+    const int groups = (job->panels + group - 1) / group;
+    #pragma omp for collapse(2) schedule(static)
+    for (int c = 0; c < chunks; c++)
+    for (int gi = 0; gi < groups; gi++) {
+        const int g0 = gi * group, g1 = g0 + group < job->panels ? g0 + group : job->panels;
+        const int c0 = CHUNK_ROW(c, blocks, chunks), c1 = CHUNK_ROW(c + 1, blocks, chunks);
+        for (int r0 = c0; r0 < c1; r0 += 2)
+        for (int p = g0; p < g1; p += 2) {
+            const int nb = c1 - r0 < 2 ? c1 - r0 : 2, np = g1 - p < 2 ? g1 - p : 2;
+            const char *a0 = AMX_A(r0), *a1 = AMX_A(r0 + 1);
+            const char *b0 = job->w + p * job->panel_bytes, *b1 = b0 + job->panel_bytes;
+            _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+            for (int s = 0; s < steps; s++) {
+                if (r0 == c0) amx_pull(job, p, s + ahead);
+                _tile_loadd(4, a0 + 1024 * (int64_t)s, 64);
+                _tile_loadd(6, b0 + 1024 * (int64_t)s, 64);
+                AMX_DP(0, 4, 6);
+                if (nb > 1) {
+                    _tile_loadd(5, a1 + 1024 * (int64_t)s, 64);
+                    AMX_DP(1, 5, 6);
+                }
+                if (np > 1) {
+                    _tile_loadd(7, b1 + 1024 * (int64_t)s, 64);
+                    AMX_DP(2, 4, 7);
+                    if (nb > 1) AMX_DP(3, 5, 7);
+                }
+            }
+            AMX_FLUSH(0, r0, p);
+            if (nb > 1) AMX_FLUSH(1, r0 + 1, p);
+            if (np > 1) AMX_FLUSH(2, r0, p + 1);
+            if (nb > 1 && np > 1) AMX_FLUSH(3, r0 + 1, p + 1);
+        }
+    }
+}
 
 /* The job's products on the tile unit, over `threads` threads. 1: done; 0: not run (no
    permission, no memory), the caller's other path runs it. */
 static int amx_run(const amx_job *job, int threads) {
     if (!amx_permitted()) return 0;
-    const int m = job->m, blocks = (m + 15) / 16, steps = job->steps, int8 = job->int8;
-    const int chunks = (blocks + AMX_CHUNK - 1) / AMX_CHUNK, ahead = job->ahead;
+    const int m = job->m, blocks = (m + 15) / 16, steps = job->steps;
     char *xp = aligned_alloc(64, (size_t)blocks * steps * 1024);
     if (xp == NULL) return 0;
     #pragma omp parallel num_threads(threads)
@@ -126,28 +215,8 @@ static int amx_run(const amx_job *job, int threads) {
                 }
             }
         amx_configure();
-        #pragma omp for collapse(2) schedule(static)
-        for (int c = 0; c < chunks; c++)
-        for (int p = 0; p < job->panels; p++) {
-            const char *b = job->w + p * job->panel_bytes;
-            const int c1 = CHUNK_ROW(c + 1, blocks, chunks); /* equal chunks of blocks */
-            for (int r0 = CHUNK_ROW(c, blocks, chunks); r0 < c1; r0 += 4) {
-                const int nb = c1 - r0 < 4 ? c1 - r0 : 4;
-                const char *a0 = AMX_A(r0), *a1 = AMX_A(r0 + 1), *a2 = AMX_A(r0 + 2),
-                           *a3 = AMX_A(r0 + 3);
-                _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-                int s = 0;
-                for (; s + 2 <= steps; s += 2) { /* B tiles 6 and 7 take turns */
-                    AMX_STEP(6, s);
-                    AMX_STEP(7, s + 1);
-                }
-                if (s < steps) AMX_STEP(6, s);
-                AMX_FLUSH(0, r0);
-                if (nb > 1) AMX_FLUSH(1, r0 + 1);
-                if (nb > 2) AMX_FLUSH(2, r0 + 2);
-                if (nb > 3) AMX_FLUSH(3, r0 + 3);
-            }
-        }
+        if (blocks <= AMX_STREAM_BLOCKS) amx_stream(job, xp, tile, blocks);
+        else amx_grouped(job, xp, tile, blocks);
         _tile_release();
     }
     free(xp);
