@@ -96,19 +96,23 @@ def test_bf16_kernel_matches_torch(kernel: PackedLinearKernel, m: int, n: int, k
     assert "amx" not in kernel.bf16_path or kernel.target.name == "amx"
 
 
-@pytest.mark.parametrize("k", [40, 64])
-@pytest.mark.parametrize("m", [512, 1031])
+@pytest.mark.parametrize(
+    ("m", "n", "k"),
+    [(512, 96, 40), (512, 96, 64), (1031, 96, 40), (1031, 96, 64), (300, 352, 1536)],
+)
 def test_bf16_threads_split_rows_of_a_long_batch(
-    kernel: PackedLinearKernel, m: int, k: int
+    kernel: PackedLinearKernel, m: int, n: int, k: int
 ) -> None:
     """From 256 rows a thread, two threads take a half of the rows each (every column) instead
     of a half of the columns: the same tiles over the same k order, so the values equal one
     thread's bit for bit (1031: one thread has a row more, chunks end mid-tile). AMX builds
-    (k = 64) split panels: the same tiles too."""
-    gen = torch.Generator().manual_seed(m)
-    w = torch.randn(96, k, generator=gen).bfloat16()
+    (k % 32 == 0) split panel groups: the same tiles too; 300 x 352 x 1536 (19 row blocks: two
+    chunks, an odd last block; 22 panels: three groups, the last one short) runs their
+    prefill order, two row blocks by two panels at a time."""
+    gen = torch.Generator().manual_seed(m + k)
+    w = torch.randn(n, k, generator=gen).bfloat16()
     x = torch.randn(m, k, generator=gen).bfloat16()
-    b = torch.randn(96, generator=gen).bfloat16()
+    b = torch.randn(n, generator=gen).bfloat16()
     packed = kernel.pack(w)
     before = torch.get_num_threads()
     try:
@@ -121,27 +125,6 @@ def test_bf16_threads_split_rows_of_a_long_batch(
     assert torch.equal(two, one)
     expected = torch.nn.functional.linear(x.float(), w.float(), b.float())
     torch.testing.assert_close(two.float(), expected, rtol=1e-2, atol=1e-3 * k**0.5)
-
-
-def test_bf16_prefill_over_several_panel_groups(kernel: PackedLinearKernel) -> None:
-    """300 rows (19 row blocks: two chunks, an odd last block) against 22 panels of K = 1536:
-    AMX builds take the prefill driver's panel groups (three, the last one short) two row
-    blocks by two panels at a time; one thread's values bit for bit, and the reference's."""
-    gen = torch.Generator().manual_seed(7)
-    w = torch.randn(352, 1536, generator=gen).bfloat16()
-    x = torch.randn(300, 1536, generator=gen).bfloat16()
-    packed = kernel.pack(w)
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = kernel(x, packed, None)
-        torch.set_num_threads(2)
-        two = kernel(x, packed, None)
-    finally:
-        torch.set_num_threads(before)
-    assert torch.equal(two, one)
-    expected = torch.nn.functional.linear(x.float(), w.float())
-    torch.testing.assert_close(two.float(), expected, rtol=1e-2, atol=1e-3 * 1536**0.5)
 
 
 @pytest.mark.parametrize("m", [1, 5, 64])
