@@ -32,7 +32,7 @@ def fused(request: pytest.FixtureRequest) -> FusedKernels:
 
 
 @pytest.mark.parametrize("tokens", [1, 5, PARALLEL_ROWS + 3])
-@pytest.mark.parametrize("hidden", [40, 64, 100, 576, 640])  # 40, 100: vector tails
+@pytest.mark.parametrize("hidden", [40, 60, 64, 100, 576, 640])  # vector loops and tails
 @pytest.mark.parametrize("with_residual", [False, True])
 def test_rms_norm_matches_reference(
     fused: FusedKernels, tokens: int, hidden: int, with_residual: bool
@@ -52,7 +52,9 @@ def test_rms_norm_matches_reference(
 
 
 @pytest.mark.parametrize("tokens", [1, 7, PARALLEL_ROWS + 1])
-@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(9, 3, 64), (4, 1, 256), (2, 2, 8)])
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "head_dim"), [(9, 3, 64), (4, 1, 256), (2, 2, 8), (3, 1, 40)]
+)
 def test_rotary_matches_reference_on_qkv_views(
     fused: FusedKernels, tokens: int, heads: int, kv_heads: int, head_dim: int
 ) -> None:
@@ -210,7 +212,9 @@ def test_bf16_rms_norm_matches_reference(
 
 
 @pytest.mark.parametrize("tokens", [1, 7, PARALLEL_ROWS + 1])
-@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(9, 3, 64), (4, 1, 256), (2, 2, 8)])
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "head_dim"), [(9, 3, 64), (4, 1, 256), (2, 2, 8), (3, 1, 40)]
+)
 def test_bf16_rotary_matches_reference_on_qkv_views(
     fused_bf16: FusedKernels, tokens: int, heads: int, kv_heads: int, head_dim: int
 ) -> None:

@@ -98,7 +98,8 @@ def test_bf16_kernel_matches_torch(kernel: PackedLinearKernel, m: int, n: int, k
 
 @pytest.mark.parametrize(
     ("m", "n", "k"),
-    [(512, 96, 40), (512, 96, 64), (1031, 96, 40), (1031, 96, 64), (300, 352, 1536)],
+    [(512, 96, 40), (512, 96, 64), (1031, 96, 40), (1031, 96, 64), (300, 352, 1536),
+     (200, 368, 1536)],
 )
 def test_bf16_threads_split_rows_of_a_long_batch(
     kernel: PackedLinearKernel, m: int, n: int, k: int
@@ -106,9 +107,10 @@ def test_bf16_threads_split_rows_of_a_long_batch(
     """From 256 rows a thread, two threads take a half of the rows each (every column) instead
     of a half of the columns: the same tiles over the same k order, so the values equal one
     thread's bit for bit (1031: one thread has a row more, chunks end mid-tile). AMX builds
-    (k % 32 == 0) split panel groups: the same tiles too; 300 x 352 x 1536 (19 row blocks: two
-    chunks, an odd last block; 22 panels: three groups, the last one short) runs their
-    prefill order, two row blocks by two panels at a time."""
+    (k % 32 == 0) run their prefill order, two row blocks by two panels at a time over chunks
+    of row blocks and groups of panels: the same tiles too. 300 x 352 x 1536: 19 row blocks in
+    two chunks (9 and 10: the first ends on a lone block), 22 panels in groups; 200 x 368:
+    one chunk of 13 blocks, 23 panels (the last group ends on a lone panel)."""
     gen = torch.Generator().manual_seed(m + k)
     w = torch.randn(n, k, generator=gen).bfloat16()
     x = torch.randn(m, k, generator=gen).bfloat16()

@@ -128,8 +128,9 @@ def test_w8a8_on_16_row_panels_matches_reference(
     """w8a8 weights laid out for AMX tiles (16-row panels, where n % 16 == 0 and k % 64 == 0):
     on AMX builds the tile unit multiplies them, elsewhere the 8-row kernels read them as two
     halves; either way the reference's result, bit for bit.
-    K % 64 != 0 keeps 8-row panels. 300 rows take the tiles' prefill driver (two chunks of row
-    blocks, the last one odd); 352 x 1536 spreads over several of its panel groups."""
+    K % 64 != 0 keeps 8-row panels. 300 rows take the tiles' prefill order (two chunks of 9
+    and 10 row blocks: the first ends on a lone block), over groups of panels (48 outputs: 3
+    panels, a lone last one; 352 x 1536: 22 panels in several groups)."""
     layout, tensors = float_layout("w8a8", n, k, seed=rows)
     packed = pack(Format.W8A8, layout, tensors, amx_int8=True)
     want_fmt = Format.W8A8P if k % 64 == 0 else Format.W8A8

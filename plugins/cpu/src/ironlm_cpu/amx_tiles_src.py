@@ -18,14 +18,15 @@ rescale and bias. Two loop orders, by the number of 16-row blocks:
   0-3), B tiles 6 and 7 taking turns and the A tiles 4 and 5 alternating (a load need not
   wait for the product reading the other); the weight is asked for ``ahead`` steps on, into
   L2.
-- past it (prefill), ``amx_grouped``: work items (chunk of up to ``AMX_CHUNK`` row blocks,
-  group of panels of ``AMX_GROUP_BYTES``); per item, two row blocks (their A tiles stay in L1)
-  against two panels at a time (four products per two A and two B loads) over the whole
-  group: the chunk's first row pair reads the group's weight from memory (asked for ahead),
-  the other pairs from L2. SmolLM2's four layer shapes x 30 layers (weights from DRAM), 2-core
-  AMX Xeon, one process, the stream order for every size against this: bf16 512 rows 80-85
-  -> 68-72 ms, 2048 rows 350-390 -> 252-273 (oneDNN 205-242); int8 (w8a8) 512 rows 70 ->
-  59, 2048 rows 314-406 -> 215-290; 64 and 128 rows, where streaming stays, tied or lost.
+- past it (prefill), ``amx_grouped``: work items (chunk of up to ``AMX_CHUNK`` row blocks, group
+  of panels: equal, at most ``AMX_GROUP_BYTES`` of weight, ``AMX_ITEMS`` items a thread at
+  least); per item, two row blocks against two panels at a time (four products per two A and two
+  B loads) over the whole group: the chunk's first row pair reads the group's weight from memory
+  (asked for ahead), the other pairs from L2. SmolLM2's four layer shapes x 30 layers (weights
+  from DRAM), 2-core AMX Xeon, one process, the stream order for every size against this: bf16
+  512 rows 80-85 -> 68-72 ms, 2048 rows 350-390 -> 252-273 (oneDNN 205-242); int8 (w8a8) 512
+  rows 70 -> 59, 2048 rows 314-406 -> 215-290; 64 and 128 rows, where streaming stays, tied or
+  lost.
 """
 
 AMX_TILES_SOURCE = r"""
@@ -41,8 +42,9 @@ AMX_TILES_SOURCE = r"""
 #define AMX_CHUNK 16
 /* row blocks up to which the weight is streamed once (amx_stream), past it grouped */
 #define AMX_STREAM_BLOCKS 8
-/* weight bytes of a prefill panel group (amx_grouped) */
+/* weight bytes of a prefill panel group at most, and work items a thread at least (amx_grouped) */
 #define AMX_GROUP_BYTES (512 * 1024)
+#define AMX_ITEMS 4
 
 /* 1: this process may use the tile registers (asked once; the kernel grants it process-wide) */
 static int amx_permitted(void) {
@@ -151,19 +153,27 @@ static inline void amx_pull(const amx_job *job, int p, int64_t t) {
 }
 
 /* Prefill: work items (chunk of row blocks, group of panels whose weight bytes stay in L2);
-   per item, two row blocks (their A tiles in L1) against two panels at a time (four products
-   per two A and two B loads) over the whole group, the first row pair reading the weight
-   from memory and the others from L2 */
-static void amx_grouped(const amx_job *job, const char *xp, float *tile, int blocks) {
-    const int steps = job->steps, int8 = job->int8, ahead = job->ahead;
+   per item, two row blocks against two panels at a time (four products per two A and two B
+   loads) over the whole group, the first row pair reading the weight from memory and the
+   others from L2. Groups: equal, an even number of panels, at most AMX_GROUP_BYTES, and
+   enough of them for AMX_ITEMS items a thread (every chunk reads all the weight once either
+   way, so smaller groups cost no traffic; a thread with one large item more would idle the
+   other for its length). */
+static void amx_grouped(const amx_job *job, const char *xp, float *tile, int blocks,
+                        int threads) {
+    const int steps = job->steps, int8 = job->int8, ahead = job->ahead, panels = job->panels;
     const int chunks = (blocks + AMX_CHUNK - 1) / AMX_CHUNK;
-    int group = (int)(AMX_GROUP_BYTES / job->panel_bytes) & ~1; /* even: panel pairs */
+    const int64_t bytes = panels * job->panel_bytes;
+    int groups = (int)((bytes + AMX_GROUP_BYTES - 1) / AMX_GROUP_BYTES);
+    const int want = (AMX_ITEMS * threads + chunks - 1) / chunks;
+    groups = groups < want ? want : groups;
+    int group = ((panels + groups - 1) / groups + 1) & ~1; /* even: panel pairs */
     group = group < 2 ? 2 : group;
-    const int groups = (job->panels + group - 1) / group;
+    groups = (panels + group - 1) / group;
     #pragma omp for collapse(2) schedule(static)
     for (int c = 0; c < chunks; c++)
     for (int gi = 0; gi < groups; gi++) {
-        const int g0 = gi * group, g1 = g0 + group < job->panels ? g0 + group : job->panels;
+        const int g0 = gi * group, g1 = g0 + group < panels ? g0 + group : panels;
         const int c0 = CHUNK_ROW(c, blocks, chunks), c1 = CHUNK_ROW(c + 1, blocks, chunks);
         for (int r0 = c0; r0 < c1; r0 += 2)
         for (int p = g0; p < g1; p += 2) {
@@ -197,7 +207,7 @@ static void amx_grouped(const amx_job *job, const char *xp, float *tile, int blo
 /* The job's products on the tile unit, over `threads` threads. 1: done; 0: not run (no
    permission, no memory), the caller's other path runs it. */
 static int amx_run(const amx_job *job, int threads) {
-    if (!amx_permitted()) return 0;
+    if (!amx_permitted() || job->steps == 0) return 0; /* K = 0: the caller's path */
     const int m = job->m, blocks = (m + 15) / 16, steps = job->steps;
     char *xp = aligned_alloc(64, (size_t)blocks * steps * 1024);
     if (xp == NULL) return 0;
@@ -216,7 +226,7 @@ static int amx_run(const amx_job *job, int threads) {
             }
         amx_configure();
         if (blocks <= AMX_STREAM_BLOCKS) amx_stream(job, xp, tile, blocks);
-        else amx_grouped(job, xp, tile, blocks);
+        else amx_grouped(job, xp, tile, blocks, threads);
         _tile_release();
     }
     free(xp);

@@ -9,14 +9,14 @@ together) replaces them. Rows are independent; they are split over torch's OpenM
 when there are enough of them to pay for the fork (``PARALLEL_ROWS``).
 
 Numerics follow the core's reference (``LayerOps``): RMSNorm in float32 with the mean of squares
-from float32 partial sums (one per vector lane and chain) added in double, rotary as
-x1*cos - x2*sin, x2*cos + x1*sin on the two halves. The activations use one exp per element,
-written as g / (1 + exp(-a)) (SiLU: a = g; tanh-GELU: a = 2 * sqrt(2/pi) * (g + 0.044715 g^3),
-since 0.5 * (1 + tanh(y)) = 1 / (1 + exp(-2y))), with a vector exp of about 1 ulp (range
-reduction to |r| <= ln2/2 and Cephes' degree-6 polynomial) on AVX2 and AVX-512 builds, libm's
-expf otherwise and for a row's last n % lanes elements. All vector code runs on the target's
-register width (``vexp_src.LANES_SOURCE``: 16 float32 lanes on AVX-512 builds, 8 elsewhere). The bf16 variants compute in float32 and round to bf16 where torch's bf16 ops do
-(``fused_bf16``).
+from float32 partial sums (one per vector lane and chain) added in double, rotary as x1*cos -
+x2*sin, x2*cos + x1*sin on the two halves. The activations use one exp per element, written as g
+/ (1 + exp(-a)) (SiLU: a = g; tanh-GELU: a = 2 * sqrt(2/pi) * (g + 0.044715 g^3), since 0.5 * (1
++ tanh(y)) = 1 / (1 + exp(-2y))), with a vector exp of about 1 ulp (range reduction to |r| <=
+ln2/2 and Cephes' degree-6 polynomial) on AVX2 and AVX-512 builds, libm's expf otherwise and for
+a row's last n % lanes elements. All vector code runs on the target's register width
+(``vexp_src.LANES_SOURCE``: 16 float32 lanes on AVX-512 builds, 8 elsewhere). The bf16 variants
+compute in float32 and round to bf16 where torch's bf16 ops do (``fused_bf16``).
 """
 
 from __future__ import annotations

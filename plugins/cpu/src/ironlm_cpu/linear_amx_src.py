@@ -10,19 +10,19 @@ limit.
 
 Layout: the bf16 panel layout ``(N / 16, K / 2, 16, 2)`` is already AMX's VNNI B layout: 16
 consecutive panel rows (k pairs) are one B tile (16 rows x 64 bytes, stride 64). The driver
-(``amx_tiles_src.amx_run``: x packed into A tiles of 16 rows x 32 k values, decode rows
-against streamed panels, B tiles asked for ``AMX_BF16_AHEAD`` steps ahead, prefill rows in
-chunks against panel groups kept in L2) is shared with the int8 w8a8 kernel; this file gives it the bf16 product and
-the flush: the float32 tiles to the bf16 (or float32 LM-head) output with the rounding and
-bias of the AVX-512 path (``bf_store16``).
+(``amx_tiles_src.amx_run``: x packed into A tiles of 16 rows x 32 k values, decode rows against
+streamed panels, B tiles asked for ``AMX_BF16_AHEAD`` steps ahead, prefill rows in chunks
+against panel groups kept in L2) is shared with the int8 w8a8 kernel; this file gives it the
+bf16 product and the flush: the float32 tiles to the bf16 (or float32 LM-head) output with the
+rounding and bias of the AVX-512 path (``bf_store16``).
 
-Measured on the 2-core Intel Xeon with AMX (model 207), SmolLM2's four layer shapes x 30
-layers, weights from DRAM, against torch's oneDNN (AMX too) in the same process: 8 rows
-10.6-14.9 vs 19.6-29.2 ms, 64 rows 15.9-31.1 vs 25.0-54.9 ms; oneDNN stays faster at 2048
-rows (712 vs 870 ms; with the prefill driver's panel groups since stop 42, 252-273 vs 205-242
-ms), where the tuner keeps it. Variants that lost or tied at decode sizes: 2 row blocks x 2
-panels per B/A load pair (64 rows 33.7 vs 26.3 ms; the prefill driver's order), A tiles read from x's rows unpacked (30.3),
-no software prefetch (32.9 vs 27.6), prefetch into L1 at 4-32 steps (within the noise).
+Measured on the 2-core Intel Xeon with AMX (model 207), SmolLM2's four layer shapes x 30 layers,
+weights from DRAM, against torch's oneDNN (AMX too) in the same process: 8 rows 10.6-14.9 vs
+19.6-29.2 ms, 64 rows 15.9-31.1 vs 25.0-54.9 ms; oneDNN stays faster at 2048 rows (712 vs 870
+ms; with the prefill driver's panel groups since stop 42, 252-273 vs 205-242 ms), where the
+tuner keeps it. Variants that lost or tied at decode sizes: 2 row blocks x 2 panels per B/A load
+pair (64 rows 33.7 vs 26.3 ms; the prefill driver's order), A tiles read from x's rows unpacked
+(30.3), no software prefetch (32.9 vs 27.6), prefetch into L1 at 4-32 steps (within the noise).
 
 Where the tile permission is refused, or K is not a multiple of 32, the AVX-512 BF16 path
 runs instead.

@@ -1,12 +1,12 @@
-"""C source shared by the cpu plugin's element-wise kernels (``fused_bf16``, ``logits_kernel``,
-``decode_kernel_src``): ``DEFINE_VEXP(NAME, VF, VI)`` defines ``NAME``, exp of each lane of a
+"""C source shared by the cpu plugin's element-wise kernels (``fused_kernels``, ``fused_bf16``,
+``logits_kernel``, ``decode_kernel_src``): ``DEFINE_VEXP(NAME, VF, VI)`` defines ``NAME``, exp of each lane of a
 GNU float vector type VF (VI: the int32 vector of the same lanes): x clamped to [-87.3, 88.3],
 x log2(e) = i + f with f in [0, 1), 2^f by a degree-6 polynomial (relative error ~2e-7), 2^i
 through the exponent bits. Each kernel instantiates it for its own vector width: the width
 must fit the target's registers (a 16-lane type on an AVX2 build made the logits reduction 8x
 slower than 8 lanes: the vectors went through memory). AVX-512 builds also get ``vexp512``,
 the same polynomial on one zmm with the floor by roundscale and 2^i by scalef (which saturates
-to 0 or inf past the clamp): half the instructions of the generic form, used by the fused
+to 0 or inf past the clamp): half the instructions of the generic form, used by the bf16
 element-wise ops, the logits reductions and the decode attention's softmax.
 
 ``LANES_SOURCE`` (after ``VEXP_SOURCE``) gives the fused element-wise ops (``fused_kernels``,
