@@ -49,10 +49,9 @@ static inline vf ldf(const float *p) {
 static inline void stf(float *p, vf v) { memcpy(p, &v, sizeof v); }
 
 /* out = rms_norm(x (+ residual)) * w over rows of h; with residual, res_out = x + residual.
-   The squares are summed in BW-lane float32 partials on two chains (a double accumulated one
-   element at a time waited on its add latency: 38-43 -> 10-13 us a call for 64 x 576 on 2 Xeon
-   threads, the Python call included),
-   the partials in double. */
+   The squares are summed in BW-lane float32 partials on two chains, the partials in double (a
+   double accumulated one element at a time waited on its add latency: 38-43 -> 10-13 us a
+   call for 64 x 576 on 2 Xeon threads, the Python call included). */
 void ironlm_rms_norm_f32(const float *x, const float *residual, float *res_out, const float *w,
                          float *out, int t, int h, float eps, int threads) {
     #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
