@@ -96,6 +96,51 @@ def test_machine_limits_and_model_cost(tiny_llama_dir: Path) -> None:
         2 * b["decode_bandwidth_bound_tok_s"])
 
 
+def test_roofline_prices_each_step_at_the_slower_of_its_flops_and_bytes() -> None:
+    from ironlm_bench.machine import ModelCost
+    from ironlm_bench.roofline import KvCost, batch_bound_tok_s, batch_seconds
+
+    cost = ModelCost(params=1000, params_per_token=1000, bytes_per_param=2, head_params=100)
+    kv = KvCost(layer_bytes=10, full_layers=2, window_layers=0, window=0)
+    # 1000 FLOP/s and 1000 B/s. Prefill: 8 prompt tokens through the layers (1800 FLOPs each)
+    # and one head row per prompt (200) = 14800 FLOPs (14.8 s) against 2000 weight bytes (2 s).
+    # Decode step 1: the first request alone (2 outputs): 2000 FLOPs (2 s) against the weights
+    # and its 4 tokens of KV in 2 layers: 2000 + 4 * 2 * 10 = 2080 bytes (2.08 s).
+    seconds = batch_seconds([3, 5], [2, 1], cost, kv, 1e-6, 1e-6, 2000)
+    assert seconds == pytest.approx(14.8 + 2.08)
+    assert batch_bound_tok_s([3, 5], [2, 1], cost, kv, 1e-6, 1e-6, 2000) == pytest.approx(
+        11 / (14.8 + 2.08))
+    # fewer bytes read (a quantized engine's weights): the compute side prices decode
+    assert batch_seconds([3, 5], [2, 1], cost, kv, 1e-6, 1e-6, 1000) == pytest.approx(14.8 + 2.0)
+    # sliding-window layers read at most their window
+    windowed = KvCost(layer_bytes=10, full_layers=1, window_layers=5, window=4)
+    assert windowed.bytes_for(10) == 10 * (10 + 5 * 4)
+    assert windowed.bytes_for(3) == 10 * 6 * 3
+
+
+def test_roofline_of_the_real_models(smollm2_dir: Path, gemma3_dir: Path) -> None:
+    from ironlm_bench.machine import model_cost
+    from ironlm_bench.roofline import KvCost, batch_bound_tok_s, kv_cost
+    from ironlm.model_loader import resolve_model
+
+    smollm2 = resolve_model(str(smollm2_dir)).hf_config
+    # 30 layers, 3 KV heads of 64: K and V in bf16
+    assert kv_cost(smollm2, 2) == KvCost(2 * 3 * 64 * 2, 30, 0, 0)
+    # Gemma 3 270M: 18 layers, 1 KV head of 256, five sliding layers (512 tokens) to one full
+    assert kv_cost(resolve_model(str(gemma3_dir)).hf_config, 4) == KvCost(2 * 256 * 4, 3, 15, 512)
+    cost = model_cost(smollm2, 2)
+    assert cost.head_params == 49152 * 576  # tied: the embedding table is the head
+    kv = kv_cost(smollm2, 2)
+    batch = ([64] * 64, [128] * 64)
+    # the bench's batch at a 2 TFLOP/s bf16 reading and 20 GB/s: bytes bound every decode step,
+    # so the roofline sits well below the compute bound (the AMX Xeon of issue #16)
+    roof = batch_bound_tok_s(*batch, cost, kv, 2000.0, 20.0, cost.weight_bytes_per_token)
+    assert roof < 0.75 * 2000e9 / cost.flops_per_token
+    # at a low peak the FLOPs bound it, and only the head rows prefill skips lift it above
+    roof = batch_bound_tok_s(*batch, cost, kv, 100.0, 20.0, cost.weight_bytes_per_token)
+    assert 100e9 / cost.flops_per_token < roof < 1.2 * 100e9 / cost.flops_per_token
+
+
 # -- commands end to end ---------------------------------------------------------------------
 def test_bench_throughput_with_hf_baseline(tiny_llama_dir: Path, tmp_path: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
@@ -118,6 +163,8 @@ def test_bench_throughput_with_hf_baseline(tiny_llama_dir: Path, tmp_path: Path,
         assert fig["peak_rss_mib"] > 0
         assert fig["single_decode_tok_s"] > 0
         assert fig["compute_bound_fraction"] > 0
+        assert fig["roofline_bound_fraction"] > 0
+    assert data["kv_cost"]["full_layers"] == 2  # the tiny Llama's layers
     assert data["engines"]["ironlm"]["kv_cache_mib"] == pytest.approx(16, rel=0.05)
     assert data["ratios"]["hf"]["output_tok_s"] > 0
     assert data["machine"]["threads"] == 1 and data["limits"]["read_bandwidth_gbs"] > 0

@@ -22,11 +22,14 @@ from ironlm_bench.machine import (
     bounds,
     describe_machine,
     dtype_bytes,
+    matmul_peak,
     measure_limits,
     model_cost,
     platform_details,
 )
 from ironlm_bench.results import args_dict, comparison_table, mib, result_path, write_result
+from ironlm_bench.roofline import KvCost, batch_bound_tok_s, kv_cost
+from ironlm_bench.runners import BatchTiming
 from ironlm_bench.worker import WorkerError, run_in_subprocess
 
 
@@ -128,6 +131,8 @@ class MachineContext:
     machine: dict[str, Any]
     limits: MachineLimits | None = None
     cost: ModelCost | None = None
+    kv: KvCost | None = None
+    dtype: str = "float32"  # the engines' (resolved, never auto)
     bounds: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -135,8 +140,20 @@ class MachineContext:
             "machine": self.machine,
             "limits": self.limits.to_dict() if self.limits else None,
             "model_cost": self.cost.to_dict() if self.cost else None,
+            "kv_cost": self.kv.to_dict() if self.kv else None,
             "bounds": self.bounds,
         }
+
+    def roofline_tok_s(self, timing: BatchTiming, weight_bytes: int | None) -> float | None:
+        """The batch's roofline bound (``roofline``) for an engine that reads ``weight_bytes``
+        a pass (None: the model's float weights), None without limits or model cost."""
+        if self.limits is None or self.cost is None or self.kv is None:
+            return None
+        return batch_bound_tok_s(
+            timing.prompt_tokens, timing.output_tokens, self.cost, self.kv,
+            matmul_peak(self.limits, self.dtype), self.limits.read_bandwidth_gbs,
+            weight_bytes or self.cost.weight_bytes_per_token,
+        )  # fmt: skip
 
     def describe(self) -> str:
         lines = [f"machine: {self.machine['cpu_model']}, {self.machine['usable_cores']} cores, "
@@ -195,13 +212,14 @@ def machine_context(args: argparse.Namespace) -> MachineContext:
     try:
         from ironlm.model_loader import resolve_model
 
-        dtype = engine_dtype(args)
-        ctx.cost = model_cost(resolve_model(args.model, args.trust_remote_code).hf_config,
-                              dtype_bytes(dtype))
+        ctx.dtype = engine_dtype(args)
+        hf_config = resolve_model(args.model, args.trust_remote_code).hf_config
+        ctx.cost = model_cost(hf_config, dtype_bytes(ctx.dtype))
+        ctx.kv = kv_cost(hf_config, dtype_bytes(ctx.dtype))
     except (ValueError, TypeError, KeyError, OSError) as exc:  # unknown architecture: no bounds
         print(f"note: cannot count the model's parameters ({exc}); no bounds", file=sys.stderr)
         return ctx
-    ctx.bounds = bounds(ctx.limits, ctx.cost, dtype)
+    ctx.bounds = bounds(ctx.limits, ctx.cost, ctx.dtype)
     return ctx
 
 
@@ -245,6 +263,7 @@ METRIC_LABELS: dict[str, tuple[str, bool | None]] = {
     "kv_cache_mib": ("KV cache (MiB)", False),
     "weight_mib": ("resident weights (MiB)", False),
     "compute_bound_fraction": ("batch / compute bound", True),
+    "roofline_bound_fraction": ("batch / roofline bound", True),
     "bandwidth_bound_fraction": ("decode / bandwidth bound", True),
     "foreign_cpu_share": ("other processes' CPU share", None),
     "all_reduce_ms_per_step": ("all-reduce ms/step (slowest rank)", None),

@@ -167,6 +167,8 @@ class ModelCost:
     params_per_token: int  # parameters read and multiplied per token (no input-embedding table
     # when it is not tied to the LM head: decoding reads one row of it)
     bytes_per_param: int
+    head_params: int = 0  # the LM head's share of params_per_token (prefill runs it once a
+    # prompt, on the last position)
 
     @property
     def weight_bytes_per_token(self) -> int:
@@ -192,13 +194,19 @@ def model_cost(hf_config: Any, bytes_per_param: int) -> ModelCost:
     emb, head = model.get_input_embeddings(), model.get_output_embeddings()
     if emb is not None and (head is None or head.weight is not emb.weight):
         per_token -= emb.weight.numel()
-    return ModelCost(params=params, params_per_token=per_token, bytes_per_param=bytes_per_param)
+    return ModelCost(params=params, params_per_token=per_token, bytes_per_param=bytes_per_param,
+                     head_params=0 if head is None else head.weight.numel())
+
+
+def matmul_peak(limits: MachineLimits, dtype: str) -> float:
+    """GFLOP/s of the matmul an engine computing in ``dtype`` runs on."""
+    return limits.matmul_bf16_gflops if dtype == "bfloat16" else limits.matmul_gflops
 
 
 def bounds(limits: MachineLimits, cost: ModelCost, dtype: str) -> dict[str, float]:
     """Upper bounds in tokens/s: single-stream decode (bandwidth) and batch (compute, at the
     matmul peak of the engine's dtype: bf16's where it computes in bf16)."""
-    peak = limits.matmul_bf16_gflops if dtype == "bfloat16" else limits.matmul_gflops
+    peak = matmul_peak(limits, dtype)
     return {
         "decode_bandwidth_bound_tok_s":
             limits.read_bandwidth_gbs * 1e9 / cost.weight_bytes_per_token,

@@ -35,8 +35,8 @@ WARMUP_TOKENS = 4
 
 METRICS = ("requests_per_s", "output_tok_s", "total_tok_s", "ttft_batch_s", "ttft_mean_s",
            "single_decode_tok_s", "single_ttft_s", "peak_rss_mib", "kv_cache_mib", "weight_mib",
-           "compute_bound_fraction", "bandwidth_bound_fraction", "foreign_cpu_share",
-           "all_reduce_ms_per_step", "all_gather_ms_per_step", "pipeline_recv_ms_per_step")
+           "compute_bound_fraction", "roofline_bound_fraction", "bandwidth_bound_fraction",
+           "foreign_cpu_share", "all_reduce_ms_per_step", "all_gather_ms_per_step", "pipeline_recv_ms_per_step")
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -67,7 +67,8 @@ def make_prompts(args: argparse.Namespace) -> list[list[int]]:
 
 def engine_figures(result: dict[str, Any], ctx: MachineContext) -> dict[str, Any]:
     runs = result["results"]
-    fig = batch_figures(BatchTiming.from_dict(runs["batch"][0]))
+    batch = BatchTiming.from_dict(runs["batch"][0])
+    fig = batch_figures(batch)
     if "single" in runs:
         single = single_stream_figures(BatchTiming.from_dict(runs["single"][0]))
         fig["single_decode_tok_s"] = single["decode_tok_s"]
@@ -80,6 +81,8 @@ def engine_figures(result: dict[str, Any], ctx: MachineContext) -> dict[str, Any
     if result["runner"] != "llama-cpp":  # its bounds differ: it reads 4-5 bit weights
         fig["compute_bound_fraction"] = fraction(
             fig["total_tok_s"], ctx.bounds.get("batch_compute_bound_tok_s"))
+        fig["roofline_bound_fraction"] = fraction(
+            fig["total_tok_s"], ctx.roofline_tok_s(batch, result["info"].get("weight_bytes")))
         fig["bandwidth_bound_fraction"] = fraction(
             fig.get("single_decode_tok_s"), decode_bound(ctx, result))
     fig.update(collective_figures(result["info"].get("collective") or []))
