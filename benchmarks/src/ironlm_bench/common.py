@@ -144,15 +144,18 @@ class MachineContext:
             "bounds": self.bounds,
         }
 
-    def roofline_tok_s(self, timing: BatchTiming, weight_bytes: int | None) -> float | None:
-        """The batch's roofline bound (``roofline``) for an engine that reads ``weight_bytes``
-        a pass (None: the model's float weights), None without limits or model cost."""
+    def roofline_tok_s(self, timing: BatchTiming, held_bytes: int | None) -> float | None:
+        """The batch's roofline bound (``roofline``) for an engine holding ``held_bytes`` of
+        weights (None: not reported), None without limits or model cost. A pass reads the
+        fewer of those and the model's float weights per token: quantized weights are fewer,
+        and an untied input embedding, which a pass reads one row of, is held but not read."""
         if self.limits is None or self.cost is None or self.kv is None:
             return None
+        per_pass = self.cost.weight_bytes_per_token
         return batch_bound_tok_s(
             timing.prompt_tokens, timing.output_tokens, self.cost, self.kv,
             matmul_peak(self.limits, self.dtype), self.limits.read_bandwidth_gbs,
-            weight_bytes or self.cost.weight_bytes_per_token,
+            min(held_bytes, per_pass) if held_bytes else per_pass,
         )  # fmt: skip
 
     def describe(self) -> str:

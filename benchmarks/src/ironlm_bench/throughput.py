@@ -36,7 +36,8 @@ WARMUP_TOKENS = 4
 METRICS = ("requests_per_s", "output_tok_s", "total_tok_s", "ttft_batch_s", "ttft_mean_s",
            "single_decode_tok_s", "single_ttft_s", "peak_rss_mib", "kv_cache_mib", "weight_mib",
            "compute_bound_fraction", "roofline_bound_fraction", "bandwidth_bound_fraction",
-           "foreign_cpu_share", "all_reduce_ms_per_step", "all_gather_ms_per_step", "pipeline_recv_ms_per_step")
+           "foreign_cpu_share", "all_reduce_ms_per_step", "all_gather_ms_per_step",
+           "pipeline_recv_ms_per_step")
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
