@@ -9,7 +9,7 @@ import pytest
 import torch
 from ironlm.interfaces.platform import LayerOps
 from ironlm_cpu.decode_kernel import PagedDecodeKernel
-from ironlm_cpu.fused_kernels import PARALLEL_ROWS, FusedKernels
+from ironlm_cpu.fused_kernels import PARALLEL_ROWS, FusedKernels, in_dtype
 from ironlm_cpu.isa import GENERIC, IsaTarget, host_target
 from ironlm_cpu.layer_ops import CpuLayerOps
 from ironlm_cpu.linear_kernel import PackedLinearKernel
@@ -72,6 +72,33 @@ def test_rotary_matches_reference_on_qkv_views(
     torch.testing.assert_close(got_k, ref_k, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tokens", [1, 6, PARALLEL_ROWS + 1])  # the last: rows split
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(4, 1, 256), (3, 2, 24), (2, 1, 40)])
+def test_per_head_rms_norm_reads_qkv_views(
+    fused: FusedKernels, dtype: torch.dtype, tokens: int, heads: int, kv_heads: int,
+    head_dim: int,
+) -> None:  # fmt: skip
+    """q/k norms on (tokens, heads, head_dim) slices of the fused qkv output, in place of a
+    copy: the same values as the reference on the contiguous rows, written contiguous."""
+    gen = torch.Generator().manual_seed(tokens * heads + head_dim)
+    q_size, kv_size = heads * head_dim, kv_heads * head_dim
+    qkv = (torch.randn(tokens, q_size + 2 * kv_size, generator=gen) * 3).to(dtype)
+    q, k, _ = qkv.split([q_size, kv_size, kv_size], dim=-1)
+    weight = (torch.randn(head_dim, generator=gen) + 1).to(dtype)
+    for view, n in ((q, heads), (k, kv_heads)):
+        x = view.unflatten(-1, (n, head_dim))  # token stride: the qkv row
+        assert fused.rms_norm_fits(x, None, weight)
+        assert not fused.rms_norm_fits(x, torch.zeros_like(x), weight)  # no residual on views
+        out, res = fused.rms_norm(x, weight, 1e-6, None)
+        ref, _ = REF.rms_norm(x.reshape(-1, head_dim), weight, 1e-6, None)
+        assert res is None and out.shape == x.shape and out.is_contiguous()
+        tol = BF16_TOL if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out.reshape(-1, head_dim), ref, **tol)
+        ops = CpuLayerOps(fused=fused)  # the layer op takes the view as it is
+        torch.testing.assert_close(ops.rms_norm(x, weight, 1e-6, None)[0], out, rtol=0, atol=0)
+
+
 def _exact_gated(gate_up: torch.Tensor, gelu: bool) -> torch.Tensor:
     """float64 silu(g) * u or gelu_tanh(g) * u (torch's float32 tanh-GELU loses the small
     negative tail to cancellation in 1 + tanh, which the kernel's 1 / (1 + exp) form keeps)."""
@@ -116,6 +143,29 @@ def test_row_lookup_matches_embedding(fused: FusedKernels, packed: bool) -> None
     assert torch.equal(CpuLayerOps(fused=fused).embedding(ids, stored), REF.embedding(ids, table))
     with pytest.raises(IndexError, match="outside"):
         fused.gather_rows(torch.tensor([3, 96]), stored)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("scale", [640**0.5, 1.0, 0.1])
+def test_scaled_row_lookup_matches_reference(
+    fused: FusedKernels, dtype: torch.dtype, packed: bool, scale: float
+) -> None:
+    """Gemma's embedding scale: rows times the scale rounded to the table's dtype, the product
+    rounded once, bit for bit as the reference's multiply (no separate torch op to capture)."""
+    table = (torch.randn(96, 24, generator=torch.Generator().manual_seed(3)) * 4).to(dtype)
+    ids = torch.tensor([0, 95, 17, 17, 48])
+    stored = PackedLinearKernel.pack(table) if packed else table
+    got = CpuLayerOps(fused=fused).embedding(ids, stored, scale)
+    want = REF.embedding(ids, table, scale)
+    assert want.dtype == dtype and torch.equal(got, want)
+    assert torch.equal(want, table[ids] * torch.tensor(scale, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("value", [640**0.5, 576**0.5, 2304**0.5, 1 / 3, 1.00390625, 1e-3])
+def test_scale_rounds_as_torch(dtype: torch.dtype, value: float) -> None:
+    assert in_dtype(value, dtype) == float(torch.tensor(value, dtype=dtype))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

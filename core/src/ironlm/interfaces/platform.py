@@ -19,6 +19,12 @@ if TYPE_CHECKING:  # the model context names this module's LayerOps
     from ironlm.interfaces.model import ModelContext
 
 
+def scaled_rows(rows: torch.Tensor, scale: float | None) -> torch.Tensor:
+    """Embedding rows times ``scale`` rounded to their dtype, the product rounded once more,
+    as Gemma's reference multiplies its looked-up rows; None: the rows as they are."""
+    return rows if scale is None else rows * torch.tensor(scale, dtype=rows.dtype)
+
+
 @dataclass(frozen=True)
 class Availability:
     """Whether a platform (or backend) can run here, and if not, why."""
@@ -40,6 +46,8 @@ class LayerOps:
     platform may return a subclass with its own kernels from ``Platform.layer_ops``.
 
     Shapes: ``x`` is (num_tokens, hidden); ``residual`` the same; ``positions`` (num_tokens,).
+    ``rms_norm`` also takes (num_tokens, heads, head_dim) views with heads contiguous inside a
+    token (per-head q/k norms on a slice of the fused qkv output), without a residual.
 
     Float weights of linear layers and an untied LM head are handed to ``pack_linear_weight``
     once after loading, an LM head tied to the input embedding to ``pack_tied_weight``;
@@ -70,9 +78,12 @@ class LayerOps:
         the float32 values directly instead of converting ``linear``'s output."""
         return self.linear(x, weight, None).float()
 
-    def embedding(self, ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """(T,) ids -> (T, hidden): rows of a (vocab, hidden) weight, packed or not."""
-        return torch.nn.functional.embedding(ids, weight)
+    def embedding(
+        self, ids: torch.Tensor, weight: torch.Tensor, scale: float | None = None
+    ) -> torch.Tensor:
+        """(T,) ids -> (T, hidden): rows of a (vocab, hidden) weight, packed or not, times
+        ``scale`` when given (``scaled_rows``: Gemma's sqrt(hidden))."""
+        return scaled_rows(torch.nn.functional.embedding(ids, weight), scale)
 
     # -- quantized weights (layouts: ironlm.interfaces.quant) ---------------------------------
     def quantized_support(self, layout: QuantLayout) -> Availability:

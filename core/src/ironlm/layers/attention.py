@@ -79,9 +79,9 @@ class Attention(torch.nn.Module):
         qkv = self.qkv_proj(hidden)  # (num_tokens, q_size + 2 * kv_size)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.q_norm is not None and self.k_norm is not None:
-            # per-head norms: (num_tokens * heads, head_dim)
-            q = self.q_norm.norm(q.reshape(-1, self.head_dim))
-            k = self.k_norm.norm(k.reshape(-1, self.head_dim))
+            # per-head norms on views of the qkv output: (num_tokens, heads, head_dim)
+            q = self.q_norm.norm(q.unflatten(-1, (self.num_heads, self.head_dim)))
+            k = self.k_norm.norm(k.unflatten(-1, (self.num_kv_heads, self.head_dim)))
         q = q.reshape(num_tokens, self.num_heads, self.head_dim)
         k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from ironlm.interfaces.model import ModelContext
+from ironlm.interfaces.platform import scaled_rows
 from ironlm.interfaces.quant import GGUF, INT8, QuantLayout
 from ironlm.layers.linear import divide
 
@@ -29,9 +30,11 @@ class VocabParallelEmbedding(torch.nn.Module):
     """(num_tokens,) ids -> (num_tokens, hidden_size) rows of ``weight``."""
 
     def __init__(
-        self, vocab_size: int, hidden_size: int, ctx: ModelContext, allocate: bool = True
-    ) -> None:
+        self, vocab_size: int, hidden_size: int, ctx: ModelContext, allocate: bool = True,
+        scale: float | None = None,
+    ) -> None:  # fmt: skip
         super().__init__()
+        self.scale = scale  # rows times this, in the model dtype (Gemma: sqrt(hidden_size))
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.tp_size = ctx.tp_size
@@ -60,10 +63,10 @@ class VocabParallelEmbedding(torch.nn.Module):
 
     def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
         if self.quant_layout is None:
-            return self.layer_ops.embedding(ids, self.weight)
+            return self.layer_ops.embedding(ids, self.weight, self.scale)
         assert self.quant_packed is not None
         rows = self.layer_ops.quantized_embedding(self.quant_layout, ids, self.quant_packed)
-        return rows.to(self.dtype)
+        return scaled_rows(rows.to(self.dtype), self.scale)
 
     def load_weight(
         self, name: str, loaded: torch.Tensor, shard_id: str | int | None = None

@@ -39,14 +39,16 @@ class StageDecoder(torch.nn.Module):
         ctx: ModelContext,
         make_layer: Callable[[int], torch.nn.Module],
         make_norm: Callable[[], RMSNorm],
+        embed_scale: float | None = None,  # embedding rows times this (Gemma: sqrt(hidden))
     ) -> None:
         super().__init__()
         self.stage = stage_layers(int(hf_config.num_hidden_layers), ctx.pp_rank, ctx.pp_size)
         self.is_first = ctx.is_first_stage
         self.is_last = ctx.is_last_stage
         self.embed_tokens: VocabParallelEmbedding | None = (
-            VocabParallelEmbedding(hf_config.vocab_size, hf_config.hidden_size, ctx)
-            if self.is_first else None
+            VocabParallelEmbedding(
+                hf_config.vocab_size, hf_config.hidden_size, ctx, scale=embed_scale
+            ) if self.is_first else None
         )  # fmt: skip
         self.layers = torch.nn.ModuleList(
             make_layer(i) if i in self.stage else MissingLayer()

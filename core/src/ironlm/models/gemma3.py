@@ -114,16 +114,10 @@ class Gemma3TextModel(StageDecoder):
                 rotary_local if layer_types[i] == SLIDING else rotary_global, ctx,
             ),  # fmt: skip
             lambda: RMSNorm(hidden, hf_config.rms_norm_eps, ctx, GEMMA_NORM_OFFSET),
+            embed_scale=hidden**0.5,  # rounded to the model dtype, as the reference multiplies
         )
         self.rotary_global, self.rotary_local = rotary_global, rotary_local
         self.layer_types = layer_types
-        # sqrt(hidden) rounded to the model dtype, as the reference multiplies in that dtype
-        self.register_buffer(
-            "embed_scale", torch.tensor(hidden**0.5, dtype=ctx.dtype), persistent=False
-        )
-
-    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return super().embed(input_ids) * self.embed_scale  # (num_tokens, hidden_size)
 
     def rotary_for(self, positions: torch.Tensor) -> Callable[[torch.nn.Module], CosSin]:
         # both rope tables looked up once per step, shared by the layers of each kind

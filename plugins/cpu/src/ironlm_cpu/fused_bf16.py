@@ -87,12 +87,12 @@ static inline void stv(uint16_t *p, vf x) {
 
 static inline vf vsel(vi m, vf a, vf b) { return (vf)((m & (vi)a) | (~m & (vi)b)); }
 
-void ironlm_rms_norm_bf16(const uint16_t *x, const uint16_t *residual, uint16_t *res_out,
-                          const uint16_t *w, uint16_t *out, int t, int h, float eps,
-                          int threads) {
+void ironlm_rms_norm_bf16(const uint16_t *x, int64_t xs, int heads, const uint16_t *residual,
+                          uint16_t *res_out, const uint16_t *w, uint16_t *out, int t, int h,
+                          float eps, int threads) {
     #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-    for (int r = 0; r < t; r++) {
-        const uint16_t *xr = x + (int64_t)r * h, *s = xr;
+    for (int r = 0; r < t * heads; r++) {
+        const uint16_t *xr = x + (int64_t)(r / heads) * xs + (int64_t)(r % heads) * h, *s = xr;
         uint16_t *o = out + (int64_t)r * h;
         if (residual != NULL) {  /* s = bf16(x + residual), the new residual stream */
             const uint16_t *rr = residual + (int64_t)r * h;
@@ -179,9 +179,10 @@ void ironlm_gated_act_bf16(const uint16_t *x, int64_t xs, uint16_t *out, int t, 
 
 /* out (t, width) = rows ids of a bf16 (rows, width) table, row-major or, when packed, in the
    linear kernel's bf16 panels (rows / 16, width / 2, 16, 2). Returns the number of ids outside
-   [0, rows) (their output rows are left unwritten). */
+   [0, rows) (their output rows are left unwritten); times `scale` unless it is 1 (a bf16 value),
+   rounded to bf16 as torch's bf16 multiply rounds. */
 int ironlm_gather_rows_bf16(const int64_t *ids, const uint16_t *table, uint16_t *out, int t,
-                            int width, int64_t rows, int packed) {
+                            int width, int64_t rows, int packed, float scale) {
     int bad = 0;
     for (int r = 0; r < t; r++) {
         const int64_t v = ids[r];
@@ -199,6 +200,8 @@ int ironlm_gather_rows_bf16(const int64_t *ids, const uint16_t *table, uint16_t 
         } else {
             memcpy(o, table + v * (int64_t)width, sizeof(uint16_t) * (size_t)width);
         }
+        if (scale != 1.0f) /* the product of two bf16 values is exact in float32: one rounding */
+            for (int j = 0; j < width; j++) o[j] = f_bf(bf_f(o[j]) * scale);
     }
     return bad;
 }

@@ -22,6 +22,7 @@ compute in float32 and round to bf16 where torch's bf16 ops do (``fused_bf16``).
 from __future__ import annotations
 
 import ctypes
+import struct
 from typing import Any
 
 import torch
@@ -49,14 +50,18 @@ static inline vf ldf(const float *p) {
 static inline void stf(float *p, vf v) { memcpy(p, &v, sizeof v); }
 
 /* out = rms_norm(x (+ residual)) * w over rows of h; with residual, res_out = x + residual.
+   x holds t tokens of `heads` rows each, token i's rows at x + i * xs, contiguous within the
+   token (per-head q/k norms read a slice of the fused qkv output in place: heads > 1, xs its
+   row length); residual, res_out and out are contiguous (t * heads, h).
    The squares are summed in BW-lane float32 partials on two chains, the partials in double (a
    double accumulated one element at a time waited on its add latency: 38-43 -> 10-13 us a
    call for 64 x 576 on 2 Xeon threads, the Python call included). */
-void ironlm_rms_norm_f32(const float *x, const float *residual, float *res_out, const float *w,
-                         float *out, int t, int h, float eps, int threads) {
+void ironlm_rms_norm_f32(const float *x, int64_t xs, int heads, const float *residual,
+                         float *res_out, const float *w, float *out, int t, int h, float eps,
+                         int threads) {
     #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-    for (int r = 0; r < t; r++) {
-        const float *xr = x + (int64_t)r * h;
+    for (int r = 0; r < t * heads; r++) {
+        const float *xr = x + (int64_t)(r / heads) * xs + (int64_t)(r % heads) * h;
         float *o = out + (int64_t)r * h;
         const float *s = xr;
         int j = 0;
@@ -117,10 +122,10 @@ void ironlm_rotary_f32(const float *q, int64_t qs, int hq, const float *k, int64
 }
 
 /* out (t, width) = rows ids of a (rows, width) table, row-major or, when packed, as the
-   linear kernel packs weights: (rows / 16, width, 16), row v = column v % 16 of panel v / 16.
-   Returns the number of ids outside [0, rows) (their output rows are left unwritten). */
+   linear kernel packs weights: (rows / 16, width, 16), row v = column v % 16 of panel v / 16;
+   times `scale` unless it is 1 (Gemma's embedding scale, already in the table's dtype). Returns the number of ids outside [0, rows) (their output rows are left unwritten). */
 int ironlm_gather_rows_f32(const int64_t *ids, const float *table, float *out, int t, int width,
-                           int64_t rows, int packed) {
+                           int64_t rows, int packed, float scale) {
     int bad = 0;
     for (int r = 0; r < t; r++) {
         const int64_t v = ids[r];
@@ -136,6 +141,8 @@ int ironlm_gather_rows_f32(const int64_t *ids, const float *table, float *out, i
             const float *p = table + v * (int64_t)width;
             for (int j = 0; j < width; j++) o[j] = p[j];
         }
+        if (scale != 1.0f)
+            for (int j = 0; j < width; j++) o[j] *= scale;
     }
     return bad;
 }
@@ -206,6 +213,16 @@ void ironlm_gated_act_f32(const float *x, int64_t xs, float *out, int t, int n, 
 """
 
 
+def in_dtype(value: float, dtype: torch.dtype) -> float:
+    """``value`` rounded to float32 and, for bf16, on to bfloat16 (nearest even), as
+    ``torch.tensor(value, dtype=dtype)`` rounds it; plain Python, so that a graph capture,
+    which refuses new tensors, can call it."""
+    bits = struct.unpack("<I", struct.pack("<f", value))[0]
+    if dtype == torch.bfloat16:
+        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16 & 0xFFFFFFFF
+    return float(struct.unpack("<f", struct.pack("<I", bits))[0])
+
+
 class FusedKernels(KernelLibrary):
     """Loads (building if needed) the C ops; ``available`` / ``reason`` say whether they run
     here. Callers check ``fits`` before calling; everything else uses the torch reference."""
@@ -213,10 +230,10 @@ class FusedKernels(KernelLibrary):
     def __init__(self, target: IsaTarget | None = None) -> None:
         ptr, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
         signatures = {
-            "rms_norm": ([ptr] * 5 + [i32, i32, f32, i32], None),
+            "rms_norm": ([ptr, i64, i32] + [ptr] * 4 + [i32, i32, f32, i32], None),
             "rotary": ([ptr, i64, i32, ptr, i64, i32] + [ptr] * 4 + [i32] * 3, None),
             "gated_act": ([ptr, i64, ptr] + [i32] * 4, None),
-            "gather_rows": ([ptr] * 3 + [i32, i32, i64, i32], i32),
+            "gather_rows": ([ptr] * 3 + [i32, i32, i64, i32, f32], i32),
         }
         super().__init__(
             "cpu_fused", _SOURCE + BF16_SOURCE,
@@ -242,30 +259,35 @@ class FusedKernels(KernelLibrary):
     def rms_norm_fits(
         self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None = None
     ) -> bool:
-        # (T, hidden) float32 or bf16; residual and weight (when given) in x's dtype
+        # (T, hidden) contiguous, or (T, heads, head_dim) with heads contiguous inside a token
+        # and any token stride (per-head norms on a slice of the qkv output; no residual);
+        # float32 or bf16, residual and weight (when given) in x's dtype
+        rows_ok = x.is_contiguous() if x.dim() == 2 else (
+            x.dim() == 3 and heads_contiguous(x) and residual is None
+        )  # fmt: skip
         return (
             self._lib is not None
             and x.dtype in KERNEL_DTYPES
-            and x.dim() == 2
-            and x.is_contiguous()
+            and rows_ok
             and (residual is None or (residual.dtype == x.dtype and residual.is_contiguous()
                                       and residual.shape == x.shape))
-            and (weight is None or (weight.dtype == x.dtype and weight.numel() == x.shape[1]))
+            and (weight is None or (weight.dtype == x.dtype and weight.numel() == x.shape[-1]))
         )  # fmt: skip
 
     def rms_norm(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         assert self._lib is not None, self.reason
-        t, h = x.shape
-        out = torch.empty_like(x)
+        t, h = x.shape[0], x.shape[-1]
+        heads = x.shape[1] if x.dim() == 3 else 1
+        out = torch.empty(x.shape, dtype=x.dtype)  # contiguous, whatever x's strides
         new_res = torch.empty_like(x) if residual is not None else None
         w = weight.contiguous()
         self.call(
             self._fn("rms_norm", x.dtype),
-            x.data_ptr(), None if residual is None else residual.data_ptr(),
+            x.data_ptr(), x.stride(0), heads, None if residual is None else residual.data_ptr(),
             None if new_res is None else new_res.data_ptr(), w.data_ptr(), out.data_ptr(),
-            t, h, eps, self._threads(t),
+            t, h, eps, self._threads(t * heads),
         )  # fmt: skip
         return out, new_res
 
@@ -332,17 +354,22 @@ class FusedKernels(KernelLibrary):
             and (table.dim() == 2 or packed)
         )  # fmt: skip
 
-    def gather_rows(self, ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-        """(T,) ids -> (T, width): rows of ``table`` (row-major or panel-packed)."""
+    def gather_rows(
+        self, ids: torch.Tensor, table: torch.Tensor, scale: float | None = None
+    ) -> torch.Tensor:
+        """(T,) ids -> (T, width): rows of ``table`` (row-major or panel-packed), times
+        ``scale`` rounded to the table's dtype when given (as torch multiplies the rows by a
+        scalar tensor of their dtype)."""
         assert self._lib is not None, self.reason
         packed = table.dim() > 2
         rows = table.shape[0] * PANEL if packed else table.shape[0]
         width = table.shape[1] * (2 if table.dim() == 4 else 1)
         idx = ids.contiguous()
         out = torch.empty(idx.numel(), width, dtype=table.dtype)
+        factor = 1.0 if scale is None else in_dtype(scale, table.dtype)
         bad = self.call(
             self._fn("gather_rows", table.dtype), idx.data_ptr(), table.data_ptr(),
-            out.data_ptr(), idx.numel(), width, rows, int(packed),
+            out.data_ptr(), idx.numel(), width, rows, int(packed), factor,
         )  # fmt: skip
         if bad:
             raise IndexError(f"{bad} id(s) outside the table's {rows} rows")

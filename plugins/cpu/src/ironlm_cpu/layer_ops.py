@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 
 import torch
-from ironlm.interfaces.platform import Availability, LayerOps
+from ironlm.interfaces.platform import Availability, LayerOps, scaled_rows
 from ironlm.interfaces.quant import QuantLayout
 
 from ironlm_cpu.cbuild import Recordable
@@ -122,11 +122,11 @@ class CpuLayerOps(LayerOps):
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.fused.rms_norm_fits(x, residual, weight):
-            key = (x.shape[1], residual is not None, x.dtype)
+            key = (x.shape[-1], residual is not None, x.dtype)
             if key not in self._norm and self.fused.recorder is None:  # never inside a capture
                 self._norm[key] = self.chooser.norm_plan(*key)
             plan = self._norm.get(key)
-            if plan is not None and plan.impl_for(x.shape[0]) == "torch":
+            if plan is not None and plan.impl_for(x.numel() // x.shape[-1]) == "torch":
                 return self.torch_ops.rms_norm(x, weight, eps, residual)
             return self.fused.rms_norm(x, weight, eps, residual)
         return super().rms_norm(x, weight, eps, residual)
@@ -240,12 +240,14 @@ class CpuLayerOps(LayerOps):
             return self.kernel.f32_out(x, weight)
         return super().lm_head(x, weight)
 
-    def embedding(self, ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    def embedding(
+        self, ids: torch.Tensor, weight: torch.Tensor, scale: float | None = None
+    ) -> torch.Tensor:
         if self.fused.gather_fits(ids, weight):
-            return self.fused.gather_rows(ids, weight)  # (T, hidden), packed or row-major
+            return self.fused.gather_rows(ids, weight, scale)  # (T, hidden), packed or not
         if weight.dim() > 2:
-            return self.kernel.rows(weight, ids)  # (T, hidden) from the panels
-        return super().embedding(ids, weight)
+            return scaled_rows(self.kernel.rows(weight, ids), scale)  # (T, hidden) from panels
+        return super().embedding(ids, weight, scale)
 
     def describe(self) -> dict[str, object]:
         """The ISA target and the choices made in this process (for logs and profiles)."""
