@@ -14,8 +14,9 @@ What makes a recording faithful is checked while capturing, through a torch func
 (``_CaptureGuard``) that sees every torch call the forward makes: anything that would compute
 outside the C kernels (an op whose result is new memory other than an ``empty``, an in-place op,
 an ``out=`` argument) or read tensor data into Python (``item``, ``tolist``, ``bool``) makes the
-capture fail with the op's name, and the engine runs that batch eagerly (Gemma's embedding
-scale and Qwen3's per-head norms on strided views are such ops today). One kind of torch op is
+capture fail with the op's name, and the engine runs that batch eagerly (a final logit soft
+cap is such an op today; Gemma 3's embedding scale and the per-head q/k norms of Gemma 3 and
+Qwen3 became C calls on 2026-11-27). One kind of torch op is
 recorded instead of refused: a dtype conversion (``x.float()``, ``x.to(dtype)``; a bf16 model's
 LM head returns its logits as float32 this way), replayed as a ``copy_`` into the result it
 made. The guard also keeps every tensor the forward touched alive, so recorded pointers stay
