@@ -24,6 +24,9 @@ CASES = [  # (context lengths, new tokens, sliding window, soft cap)
     ([20, 33, 64], [13, 31, 5], None, None),  # chunks over cached context
     ([0, 40, 17, 100, 0, 5, 32], [23, 1, 9, 1, 1, 1, 40], 7, None),  # mixed, windowed
     ([0, 25, 50], [11, 1, 6], None, 5.0),  # soft cap
+    # long runs: tiles of 32 rows over more than one 256-key chunk (prefill_f32_src), a
+    # prompt's second chunk over its cached first part, a decode row between them
+    ([0, 90, 270], [300, 1, 41], None, None),
 ]
 
 

@@ -6,6 +6,7 @@ from ironlm_cpu.decode_512_src import AVX512_ATTEND_SOURCE
 from ironlm_cpu.decode_bf16_src import BF16_ATTEND_SOURCE
 from ironlm_cpu.decode_split_src import SPLIT_SOURCE
 from ironlm_cpu.prefill_bf16_src import PREFILL_BF16_SOURCE
+from ironlm_cpu.prefill_f32_src import PREFILL_F32_SOURCE
 from ironlm_cpu.vexp_src import VEXP_SOURCE
 
 SOURCE = VEXP_SOURCE + r"""
@@ -355,7 +356,7 @@ static void attend##SFX(const job_t *j, int s, int hk0, int hk1, const float *q,
 }
 ATTEND(_f32, float)
 ATTEND(_bf16, uint16_t)
-""" + AVX512_ATTEND_SOURCE + BF16_ATTEND_SOURCE + PREFILL_BF16_SOURCE + r"""
+""" + AVX512_ATTEND_SOURCE + BF16_ATTEND_SOURCE + PREFILL_BF16_SOURCE + PREFILL_F32_SOURCE + r"""
 
 /* Attention of row s's query heads for KV heads [hk0, hk1) into acc, float32 (heads g0..g1 at
    g * d): the query row as float32 (a bf16 one widened into qbuf), the body this build has. */
@@ -412,8 +413,8 @@ static void item(const job_t *j, int bf16, int s, int hk0, int hk1, float *score
 
 /* Returns 0 on success, 1 when a thread could not allocate its scratch. Work items are
    (sequence, KV-head range), handed out dynamically (prefill rows: in contiguous runs, below;
-   runs of 8+ prompt rows in bf16 go to tiles first, ``prefill_bf16_src``); the OpenMP team is
-   torch's own (the library is linked against the libgomp torch has loaded), so torch's idle
+   runs of 8+ prompt rows go to tiles first, ``prefill_bf16_src`` / ``prefill_f32_src``); the
+   OpenMP team is torch's own (the library is linked against the libgomp torch has loaded), so torch's idle
    workers pick the items up instead of spinning beside extra threads of ours. bf16: q, cache
    and out bf16. */
 #define ROW_COST 16 /* a row's fixed work (query, softmax, output) in keys' worth */
@@ -439,9 +440,13 @@ static int paged_decode(const job_t *j, int bf16, int threads) {
         }
     }
     const int work = items * runs;
-    unsigned char *tiled = NULL; /* rows a prefill tile attends (prefill_bf16_src) */
+    unsigned char *tiled = NULL; /* rows a prefill tile attends (prefill_bf16/f32_src) */
 #ifdef HAVE_PREFILL_TILES
-    if (pf_fits(j, bf16)) {
+    const int tile_fit = bf16 ? pf_fits(j, bf16) : pf32_fits(j);
+#else
+    const int tile_fit = !bf16 && pf32_fits(j);
+#endif
+    if (tile_fit) {
         starts = malloc(sizeof(int) * (size_t)n);
         ends = malloc(sizeof(int) * (size_t)n);
         tiled = calloc((size_t)n, 1);
@@ -454,7 +459,6 @@ static int paged_decode(const job_t *j, int bf16, int threads) {
         tiles = pf_tiles(j, starts, ends, tiled);
     }
     const int64_t pf_ml = ((int64_t)max_len + 15) / 16 * 16; /* a tile's score row stride */
-#endif
     #pragma omp parallel num_threads(threads > work ? (work > 0 ? work : 1) : threads) \
         reduction(|: failed)
     {
@@ -463,20 +467,25 @@ static int paged_decode(const job_t *j, int bf16, int threads) {
         float *qbuf = bf16 ? malloc(sizeof(float) * (size_t)h * d) : NULL;
         float *buf = bf16 ? malloc(sizeof(float) * (size_t)j->bs * d) : NULL;
         int ok = scores != NULL && acc != NULL && (!bf16 || (qbuf != NULL && buf != NULL));
-#ifdef HAVE_PREFILL_TILES
-        uint32_t *kt = NULL;
+        void *kt = NULL; /* a tile's transposed keys: d elements of the cache's dtype a key */
         float *sc = NULL;
         if (tiles > 0) {
-            kt = malloc((size_t)pf_ml * 2 * d);
+            kt = malloc((size_t)pf_ml * esize * d);
             sc = malloc(sizeof(float) * (size_t)PF_ROWS * (h / h_kv) * pf_ml);
             ok = ok && kt != NULL && sc != NULL;
         }
         #pragma omp for schedule(dynamic, 1) nowait
-        for (int it = 0; it < tiles * h_kv; it++)
-            if (ok) pf_tile(j, starts[it / h_kv], ends[it / h_kv], it % h_kv, kt, sc, pf_ml);
+        for (int it = 0; it < tiles * h_kv; it++) {
+            if (!ok) continue;
+            const int r0 = starts[it / h_kv], r1 = ends[it / h_kv], hk = it % h_kv;
+#ifdef HAVE_PREFILL_TILES
+            if (bf16) pf_tile(j, r0, r1, hk, (uint32_t *)kt, sc, pf_ml);
+            else
+#endif
+                pf32_tile(j, r0, r1, hk, (float *)kt, sc, pf_ml);
+        }
         free(kt);
         free(sc);
-#endif
         if (!ok) failed = 1;
         if (runs > 1) {
             if (split_rows(j, bf16, runs, part, stats, ok, scores, acc, qbuf, buf)) failed = 1;

@@ -24,10 +24,36 @@ kernel choice's check: not kept.
 """
 
 PREFILL_BF16_SOURCE = r"""
-#if defined(__AVX512BF16__)
-#define HAVE_PREFILL_TILES 1
-#define PF_ROWS 32 /* query rows (tokens) per tile */
+#define PF_ROWS 32 /* query rows (tokens) per tile (bf16 and float32) */
 #define PF_MIN 8   /* shorter runs of a prompt's rows take the per-row path */
+
+/* Whether row r continues row r - 1's run: the same sequence, the next token and position */
+static inline int pf_continues(const job_t *j, int r) {
+    return j->table_of[r] == j->table_of[r - 1] && j->tokens[r] == j->tokens[r - 1] + 1 &&
+           j->lens[r] == j->lens[r - 1] + 1;
+}
+
+/* The tiles of the job's runs of at least PF_MIN rows: tile i is rows [starts[i], ends[i]);
+   returns the count (starts / ends hold n entries at most); tiled[r] = 1 for their rows. */
+static int pf_tiles(const job_t *j, int *starts, int *ends, unsigned char *tiled) {
+    int count = 0;
+    for (int r0 = 0; r0 < j->n;) {
+        int r1 = r0 + 1;
+        while (r1 < j->n && pf_continues(j, r1)) r1++;
+        if (r1 - r0 >= PF_MIN) {
+            for (int s = r0; s < r1; s += PF_ROWS) {
+                starts[count] = s;
+                ends[count++] = s + PF_ROWS < r1 ? s + PF_ROWS : r1;
+            }
+            memset(tiled + r0, 1, (size_t)(r1 - r0));
+        }
+        r0 = r1;
+    }
+    return count;
+}
+
+#if defined(__AVX512BF16__)
+#define HAVE_PREFILL_TILES 1 /* bf16 tiles */
 #define PF_QV 8    /* queries scored per transposed key load */
 #define PF_PV 6    /* queries summed per widened value row (x 4 vectors of 16 dims) */
 
@@ -197,31 +223,6 @@ static void pf_tile(const job_t *j, int r0, int r1, int hk, uint32_t *kt, float 
                 default: pf_values(PF_PV, j, t, hk, i0, keys, w, ml, o);
             }
     }
-}
-
-/* Whether row r continues row r - 1's run: the same sequence, the next token and position */
-static inline int pf_continues(const job_t *j, int r) {
-    return j->table_of[r] == j->table_of[r - 1] && j->tokens[r] == j->tokens[r - 1] + 1 &&
-           j->lens[r] == j->lens[r - 1] + 1;
-}
-
-/* The tiles of the job's runs of at least PF_MIN rows: tile i is rows [starts[i], ends[i]);
-   returns the count (starts / ends hold n entries at most); tiled[r] = 1 for their rows. */
-static int pf_tiles(const job_t *j, int *starts, int *ends, unsigned char *tiled) {
-    int count = 0;
-    for (int r0 = 0; r0 < j->n;) {
-        int r1 = r0 + 1;
-        while (r1 < j->n && pf_continues(j, r1)) r1++;
-        if (r1 - r0 >= PF_MIN) {
-            for (int s = r0; s < r1; s += PF_ROWS) {
-                starts[count] = s;
-                ends[count++] = s + PF_ROWS < r1 ? s + PF_ROWS : r1;
-            }
-            memset(tiled + r0, 1, (size_t)(r1 - r0));
-        }
-        r0 = r1;
-    }
-    return count;
 }
 
 /* Whether the job's prefill rows may take tiles: bf16, head dims a multiple of 64, prompts

@@ -52,7 +52,7 @@ KNOWN_OPS: dict[str, tuple[str, ...]] = {
 ROUNDS = 3
 BUDGET_S = 10.0  # measuring time per process (per tuner); past it, ops take their default
 BUSY = 0.75  # load per core above which a measurement is redone once the machine is quieter
-VERSION = 14  # bump when candidates, kernels or the decision rule change: old entries are ignored
+VERSION = 15  # bump when candidates, kernels or the decision rule change: old entries are ignored
 
 
 def parse_forced(value: str | None, known: dict[str, tuple[str, ...]]) -> dict[str, str]:
