@@ -10,7 +10,9 @@ bf16 32 x 64 tokens 1.28 vs 4.33 ms, 4 x 512 6.5 vs 16.6 ms, 1 x 2048 24.5 vs 37
 32 x 64 1.64 vs 6.60 ms but 1 x 2048 40.6 vs 36.6 ms. With the bf16 tiles (2026-11-26) bf16 won
 1 x 4096 too (46.5 vs 128.4 ms), so that length is measured as well: before, every prompt row
 past 2048 keys went to torch, and a 3000-token prompt's second chunk (952 rows over up to 3000
-keys) took 1.58 s of its 2.47 s first token; on the C rows 0.66 of 1.52 s.
+keys) took 1.58 s of its 2.47 s first token; on the C rows 0.66 of 1.52 s. Float32 tiles
+(2026-11-27, ``prefill_f32_src``) made the kernel win every length in float32 too on the Zen
+4 (1 x 2048: 63.4 -> 29.7 ms against SDPA's ~40).
 
 Timed once per (dtype, heads, KV heads, head_dim, threads) on fresh prompts of growing length
 (``BUCKETS``: sequences x tokens), both paths checked against each other first; measuring stops
