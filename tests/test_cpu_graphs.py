@@ -76,15 +76,22 @@ def test_tiny_llama_graph_matches_eager(
     assert len(dg.graphs[padded].graph) > 0
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_smollm2_graph_matches_eager(smollm2_dir: Path, dtype: str) -> None:
-    graphs, eager = _engine(smollm2_dir, False, dtype), _engine(smollm2_dir, True, dtype)
-    got, want = _run(graphs, PROMPTS[:3], 24), _run(eager, PROMPTS[:3], 24)
+def _replay_matches_eager(model: Path, dtype: str, n_tokens: int) -> tuple[LLM, Any]:
+    """Three prompts greedily with graphs and eagerly: the same tokens and logprobs, the
+    4-row graph captured. Returns the graphs engine and its decode graphs."""
+    graphs, eager = _engine(model, False, dtype), _engine(model, True, dtype)
+    got, want = _run(graphs, PROMPTS[:3], n_tokens), _run(eager, PROMPTS[:3], n_tokens)
     for (g_ids, g_lps), (w_ids, w_lps) in zip(got, want, strict=True):
         assert g_ids == w_ids
         assert g_lps == pytest.approx(w_lps, abs=1e-4)
     dg = _runner(graphs).graphs
     assert dg is not None and dg.disabled is None and 4 in dg.graphs
+    return graphs, dg
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_smollm2_graph_matches_eager(smollm2_dir: Path, dtype: str) -> None:
+    graphs, dg = _replay_matches_eager(smollm2_dir, dtype, 24)
     # SmolLM2: 30 layers x 10 kernel calls, the embedding and rotary lookups, final norm, LM
     # head; bf16: plus the logits' conversion to float32 (recorded as a copy) unless the LM
     # head runs on the bf16 panel tile of an AVX-512 BF16 build, which writes them as float32
@@ -226,13 +233,7 @@ def test_capture_needs_a_kernel_call(ops: CpuLayerOps) -> None:
 def test_gemma3_graph_matches_eager(gemma3_dir: Path, dtype: str) -> None:
     """Gemma 3's embedding scale (in the row lookup) and per-head q/k norms (on views of the
     qkv output) are C calls too, so its decode steps replay: same tokens and logprobs."""
-    graphs, eager = _engine(gemma3_dir, False, dtype), _engine(gemma3_dir, True, dtype)
-    got, want = _run(graphs, PROMPTS[:3], 12), _run(eager, PROMPTS[:3], 12)
-    for (g_ids, g_lps), (w_ids, w_lps) in zip(got, want, strict=True):
-        assert g_ids == w_ids
-        assert g_lps == pytest.approx(w_lps, abs=1e-4)
-    dg = _runner(graphs).graphs
-    assert dg is not None and dg.disabled is None and 4 in dg.graphs
+    _replay_matches_eager(gemma3_dir, dtype, 12)
 
 
 def test_failed_capture_falls_back_to_eager(
