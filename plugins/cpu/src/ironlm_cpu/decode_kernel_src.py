@@ -414,9 +414,9 @@ static void item(const job_t *j, int bf16, int s, int hk0, int hk1, float *score
 /* Returns 0 on success, 1 when a thread could not allocate its scratch. Work items are
    (sequence, KV-head range), handed out dynamically (prefill rows: in contiguous runs, below;
    runs of 8+ prompt rows go to tiles first, ``prefill_bf16_src`` / ``prefill_f32_src``); the
-   OpenMP team is torch's own (the library is linked against the libgomp torch has loaded), so torch's idle
-   workers pick the items up instead of spinning beside extra threads of ours. bf16: q, cache
-   and out bf16. */
+   OpenMP team is torch's own (the library is linked against the libgomp torch has loaded), so
+   torch's idle workers pick the items up instead of spinning beside extra threads of ours.
+   bf16: q, cache and out bf16. */
 #define ROW_COST 16 /* a row's fixed work (query, softmax, output) in keys' worth */
 static int paged_decode(const job_t *j, int bf16, int threads) {
     const int n = j->n, h = j->h, h_kv = j->h_kv, d = j->d, max_len = j->max_len;

@@ -123,7 +123,8 @@ void ironlm_rotary_f32(const float *q, int64_t qs, int hq, const float *k, int64
 
 /* out (t, width) = rows ids of a (rows, width) table, row-major or, when packed, as the
    linear kernel packs weights: (rows / 16, width, 16), row v = column v % 16 of panel v / 16;
-   times `scale` unless it is 1 (Gemma's embedding scale, already in the table's dtype). Returns the number of ids outside [0, rows) (their output rows are left unwritten). */
+   times `scale` unless it is 1 (Gemma's embedding scale, already in the table's dtype).
+   Returns the number of ids outside [0, rows) (their output rows are left unwritten). */
 int ironlm_gather_rows_f32(const int64_t *ids, const float *table, float *out, int t, int width,
                            int64_t rows, int packed, float scale) {
     int bad = 0;
