@@ -27,6 +27,14 @@ PREFILL_BF16_SOURCE = r"""
 #define PF_ROWS 32 /* query rows (tokens) per tile (bf16 and float32) */
 #define PF_MIN 8   /* shorter runs of a prompt's rows take the per-row path */
 
+/* Element offset in a cache (K or V) of the row of position blk * bs (a block's first) of
+   table row t, KV head hk; the block's next rows follow at a stride of h_kv * d (either
+   dtype's tiles) */
+static inline int64_t pf_block(const job_t *j, int64_t t, int64_t blk, int hk) {
+    const int64_t id = j->tables[t * j->table_stride + blk];
+    return (id * j->bs * j->h_kv + hk) * (int64_t)j->d;
+}
+
 /* Whether row r continues row r - 1's run: the same sequence, the next token and position */
 static inline int pf_continues(const job_t *j, int r) {
     return j->table_of[r] == j->table_of[r - 1] && j->tokens[r] == j->tokens[r - 1] + 1 &&
@@ -57,21 +65,13 @@ static int pf_tiles(const job_t *j, int *starts, int *ends, unsigned char *tiled
 #define PF_QV 8    /* queries scored per transposed key load */
 #define PF_PV 6    /* queries summed per widened value row (x 4 vectors of 16 dims) */
 
-/* the cache row of position blk * bs (a block's first) of table row t, KV head hk; the block's
-   next rows follow at a stride of h_kv * d */
-static inline const uint16_t *pf_block(const job_t *j, const uint16_t *cache, int64_t t,
-                                       int64_t blk, int hk) {
-    const int64_t id = j->tables[t * j->table_stride + blk];
-    return cache + (id * j->bs * j->h_kv + hk) * (int64_t)j->d;
-}
-
 /* kt (nk rounded up to 16 keys, nd = d / 2 pairs, 16): keys [0, nk) of KV head hk, pair i of
    key c at kt[(c / 16) * nd * 16 + i * 16 + c % 16]; the padding keys are zero */
 static void pf_transpose_keys(const job_t *j, int64_t t, int hk, int64_t nk, uint32_t *kt) {
     const int nd = j->d / 2;
     const int64_t row = (int64_t)j->h_kv * j->d, padded = (nk + 15) / 16 * 16;
     for (int64_t b0 = 0; b0 < nk; b0 += j->bs) {
-        const uint16_t *base = pf_block(j, (const uint16_t *)j->kc, t, b0 / j->bs, hk);
+        const uint16_t *base = (const uint16_t *)j->kc + pf_block(j, t, b0 / j->bs, hk);
         for (int64_t c = b0; c < nk && c < b0 + j->bs; c++) {
             const uint32_t *src = (const uint32_t *)(base + (c - b0) * row);
             uint32_t *dst = kt + (c / 16) * nd * 16 + c % 16;
@@ -113,7 +113,7 @@ static inline __attribute__((always_inline)) void pf_values(
     for (int v = 0; v < NV; v++)
         for (int u = 0; u < 4; u++) a[v][u] = _mm512_setzero_ps();
     for (int64_t b0 = 0; b0 < keys; b0 += j->bs) {
-        const uint16_t *base = pf_block(j, (const uint16_t *)j->vc, t, b0 / j->bs, hk) + i0;
+        const uint16_t *base = (const uint16_t *)j->vc + pf_block(j, t, b0 / j->bs, hk) + i0;
         const int64_t b1 = keys < b0 + j->bs ? keys : b0 + j->bs;
         for (int64_t p = b0; p < b1; p++) {
             const uint16_t *vr = base + (p - b0) * row;

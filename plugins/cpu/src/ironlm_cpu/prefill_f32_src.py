@@ -60,19 +60,13 @@ static void pf32_softmax(float *s, int64_t len) {
     for (int64_t p = full; p < len; p++) s[p] *= inv;
 }
 
-static inline const float *pf32_block(const job_t *j, const float *cache, int64_t t,
-                                      int64_t blk, int hk) {
-    const int64_t id = j->tables[t * j->table_stride + blk];
-    return cache + (id * j->bs * j->h_kv + hk) * (int64_t)j->d;
-}
-
 /* kt (nk rounded up to PFW keys, d, PFW): keys [0, nk) of KV head hk, dim i of key c at
    kt[(c / PFW) * d * PFW + i * PFW + c % PFW]; the padding keys are zero */
 static void pf32_transpose_keys(const job_t *j, int64_t t, int hk, int64_t nk, float *kt) {
     const int d = j->d;
     const int64_t row = (int64_t)j->h_kv * d, padded = (nk + PFW - 1) / PFW * PFW;
     for (int64_t b0 = 0; b0 < nk; b0 += j->bs) {
-        const float *base = pf32_block(j, (const float *)j->kc, t, b0 / j->bs, hk);
+        const float *base = (const float *)j->kc + pf_block(j, t, b0 / j->bs, hk);
         for (int64_t c = b0; c < nk && c < b0 + j->bs; c++) {
             const float *src = base + (c - b0) * row;
             float *dst = kt + (c / PFW) * d * PFW + c % PFW;
@@ -109,7 +103,7 @@ static inline __attribute__((always_inline)) void pf32_values(
     for (int v = 0; v < NV; v++)
         for (int u = 0; u < PF32_VN; u++) a[v][u] = *(const pfv *)(o[v] + i0 + u * PFW);
     for (int64_t b0 = c0 / j->bs * j->bs; b0 < c1; b0 += j->bs) {
-        const float *base = pf32_block(j, (const float *)j->vc, t, b0 / j->bs, hk) + i0;
+        const float *base = (const float *)j->vc + pf_block(j, t, b0 / j->bs, hk) + i0;
         const int64_t b1 = c1 < b0 + j->bs ? c1 : b0 + j->bs;
         for (int64_t p = b0 > c0 ? b0 : c0; p < b1; p++) {
             const float *vr = base + (p - b0) * row;
