@@ -8,15 +8,26 @@ from __future__ import annotations
 import gc
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
 import torch
 from ironlm_cpu.graphs import CpuGraphCapture
 from ironlm_cpu.layer_ops import CpuLayerOps, rows_copy
-from ironlm_cpu.linear_kernel import PackedLinearKernel
-from ironlm_cpu.op_choice import BUCKETS, COLD_BYTES, MAX_COPIES, OpChooser, decide_linear, weight_copies
-from ironlm_cpu.tuner import KernelTuner, parse_forced
+from ironlm_cpu.linear_kernel import PANEL, PackedLinearKernel
+from ironlm_cpu.op_choice import (
+    BUCKETS,
+    BYTE_CAP,
+    COLD_BYTES,
+    FLOP_CAP,
+    MAX_COPIES,
+    OpChooser,
+    decide_linear,
+    timed_columns,
+    weight_copies,
+)
+from ironlm_cpu.tuner import OUT_OF_RACE, ROUNDS, KernelTuner, parse_forced
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +110,62 @@ def test_measure_rejects_raising_and_wrong_candidates(tmp_path: Path) -> None:
     )
     assert set(meas.us) == {"good"} and meas.fastest() == "good"
     assert "disagrees" in meas.rejected["wrong"] and "kernel crashed" in meas.rejected["broken"]
+
+
+def test_measure_times_far_slower_candidates_in_the_first_round_only(tmp_path: Path) -> None:
+    """A candidate over ``OUT_OF_RACE`` times the fastest after one round is not timed again
+    (its first-round time is kept); the others go through every round."""
+    from ironlm_cpu.isa import GENERIC
+
+    tuner = KernelTuner(GENERIC, tmp_path, min_seconds=0.003)  # the fast one: many calls a round
+    x = torch.randn(4, 8)
+    calls = {"fast": 0, "slow": 0}
+
+    def fast() -> torch.Tensor:
+        calls["fast"] += 1
+        return x * 2
+
+    def slow() -> torch.Tensor:  # thousands of times the fast one's best: out after round one
+        calls["slow"] += 1
+        time.sleep(0.05)
+        return x * 2
+
+    meas = tuner.measure({"slow": slow, "fast": fast}, x * 2, rtol=1e-5, atol=1e-5)
+    assert meas.fastest() == "fast" and set(meas.us) == {"fast", "slow"}
+    assert meas.us["slow"] > OUT_OF_RACE * meas.us["fast"]
+    assert calls["slow"] == 1 + 1  # the check, then one timed call
+    assert calls["fast"] >= 1 + ROUNDS
+
+
+def test_measure_can_take_a_candidates_output_as_the_reference(tmp_path: Path) -> None:
+    """``reference`` given as a candidate's name: that candidate's first call is the reference
+    (no second call to check it against itself); the others are checked against it."""
+    from ironlm_cpu.isa import GENERIC
+
+    tuner = KernelTuner(GENERIC, tmp_path, min_seconds=0.0)
+    x = torch.randn(4, 8)
+    calls = {"ref": 0}
+
+    def ref() -> torch.Tensor:
+        calls["ref"] += 1
+        return x * 2
+
+    meas = tuner.measure({"good": lambda: x * 2, "wrong": lambda: x * 3, "ref": ref}, "ref",
+                         rtol=1e-5, atol=1e-5)  # fmt: skip
+    assert set(meas.us) == {"good", "ref"} and "disagrees" in meas.rejected["wrong"]
+    assert calls["ref"] == 1 + ROUNDS
+
+
+def test_timed_weight_is_cut_to_the_flop_and_byte_caps() -> None:
+    """A linear is timed on all of its output rows unless one call passes ``FLOP_CAP`` or the
+    weight ``BYTE_CAP`` (an LM head): then on fewer, a multiple of two panels."""
+    assert timed_columns(1, 576, 576, 4) == 576  # SmolLM2's layers: whole at one row
+    lm_head = timed_columns(1, 262144, 640, 2)  # Gemma 3's vocabulary, bf16
+    assert lm_head * 640 * 2 <= BYTE_CAP < (lm_head + 2 * PANEL) * 640 * 2
+    assert lm_head % (2 * PANEL) == 0
+    batch = timed_columns(512, 3072, 576, 4)  # 512 rows: under the FLOP cap
+    assert 2 * 512 * batch * 576 <= FLOP_CAP and batch % (2 * PANEL) == 0 and batch < 3072
+    assert timed_columns(512, 4 * PANEL, 1 << 20, 4) == 2 * PANEL  # never under two panels
 
 
 def test_measured_choice_is_cached_and_is_a_candidate(

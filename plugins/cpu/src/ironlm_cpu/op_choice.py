@@ -28,10 +28,10 @@ copies' memory (``CpuLayerOps.dual_budget``); past it the weight keeps the rows 
 before (``OpPlan.single``).
 
 Timed on random inputs of the real (N, K); for large batch buckets the weight is cut to fewer
-output rows (same K) so that one call stays under ``FLOP_CAP``: the rate per column is what is
-compared. The calls take turns over copies of the weight (``COLD_BYTES``), so that it comes
-from beyond L2 as in a model's step. SmolLM2-135M's five shapes take ~1-2 s on the 2-core
-EPYC, once per machine.
+output rows (same K) so that one call stays under ``FLOP_CAP``, and a large weight (an LM
+head) to ``BYTE_CAP``: the rate per column is what is compared. The calls take turns over
+copies of the weight (``COLD_BYTES``), so that it comes from beyond L2 as in a model's step.
+SmolLM2-135M's five shapes take ~1-2 s on the 2-core EPYC, once per machine.
 """
 
 from __future__ import annotations
@@ -60,6 +60,11 @@ TOLERANCE = 1.05
 # time (geometric mean); the second copy's memory is bounded by the layer ops' budget.
 DUAL_GAIN = 0.85
 FLOP_CAP = 1e9
+# Bytes of the timed weight at most, cut the same way: at one row a weight streams at the same
+# rate per column from 64 MiB as from all of it, and a large vocabulary's LM head cost more to
+# build than to time (Gemma 3's 262144 x 640 in bf16, the Zen 4: 1.3 s of random numbers and
+# 0.4 s of packing for the one-row bucket, its full fp32 reference 0.7 GB more).
+BYTE_CAP = 64 << 20
 # Bytes of weight copies a linear's timing cycles through: past any core's L2. With one copy
 # the weight sat in L2 across the timed calls, which favoured torch's per-call reorder of a
 # bf16 weight: the Xeon (model 207), SmolLM2's 576 x 1536 bf16 at 64 rows, torch / our AMX
@@ -78,6 +83,15 @@ def weight_copies(w: torch.Tensor) -> int:
 _LAYOUT = {"c_narrow": "panel", "c_wide": "panel", "c_bf16": "panel", "c_gemv": "rows",
            "onednn": "onednn", "torch": "rows"}  # fmt: skip
 PACKED_LAYOUTS = ("panel", "onednn")  # the layouts that replace the checkpoint's rows
+
+
+def timed_columns(m: int, n: int, k: int, itemsize: int) -> int:
+    """Output rows of the weight a linear is timed on at ``m`` rows: all ``n``, or a multiple of
+    2 panels under ``FLOP_CAP`` per call and ``BYTE_CAP`` of weight."""
+    cap = min(FLOP_CAP / (2 * m * k), BYTE_CAP / (k * itemsize))
+    if n <= cap:
+        return n
+    return max(2 * PANEL, int(cap) // (2 * PANEL) * (2 * PANEL))
 
 
 def bucket_index(m: int) -> int:
@@ -201,9 +215,7 @@ class OpChooser:
         us: dict[str, dict[str, float]] = {}
         rejected: dict[str, str] = {}
         for m in BUCKETS:
-            cols = n  # cut to (a multiple of 2 panels) under FLOP_CAP for large batches
-            if 2 * m * n * k > FLOP_CAP:
-                cols = max(2 * PANEL, int(FLOP_CAP / (2 * m * k)) // (2 * PANEL) * (2 * PANEL))
+            cols = timed_columns(m, n, k, dtype.itemsize)
             w = (torch.randn(cols, k, generator=gen) / math.sqrt(k)).to(dtype)
             x = torch.randn(m, k, generator=gen).to(dtype)
             ref = torch.nn.functional.linear(x.float(), w.float())

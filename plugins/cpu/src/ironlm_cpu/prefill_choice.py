@@ -83,9 +83,8 @@ def choose_prefill_rows(
         t = seqs * tokens
         q = torch.randn(t, layer.num_heads, layer.head_dim, generator=gen).to(dtype)
         kv = torch.randn(t, layer.num_kv_heads, layer.head_dim, generator=gen).to(dtype)
-        torch_path = prepare(0, batch, q, kv)
         meas = tuner.measure(
-            {"c": prepare(tokens, batch, q, kv), "torch": torch_path}, torch_path(),
+            {"c": prepare(tokens, batch, q, kv), "torch": prepare(0, batch, q, kv)}, "torch",
             rtol=rtol, atol=atol,
         )  # fmt: skip
         label = f"{seqs}x{tokens}"
