@@ -144,16 +144,20 @@ def test_measure_can_take_a_candidates_output_as_the_reference(tmp_path: Path) -
 
     tuner = KernelTuner(GENERIC, tmp_path, min_seconds=0.0)
     x = torch.randn(4, 8)
-    calls = {"ref": 0}
+    order: list[str] = []
 
-    def ref() -> torch.Tensor:
-        calls["ref"] += 1
-        return x * 2
+    def call(name: str, factor: float) -> torch.Tensor:
+        order.append(name)
+        return x * factor
 
-    meas = tuner.measure({"good": lambda: x * 2, "wrong": lambda: x * 3, "ref": ref}, "ref",
-                         rtol=1e-5, atol=1e-5)  # fmt: skip
+    meas = tuner.measure(
+        {"good": lambda: call("good", 2), "wrong": lambda: call("wrong", 3),
+         "ref": lambda: call("ref", 2)}, "ref", rtol=1e-5, atol=1e-5,
+    )  # fmt: skip
     assert set(meas.us) == {"good", "ref"} and "disagrees" in meas.rejected["wrong"]
-    assert calls["ref"] == 1 + ROUNDS
+    # the reference, the other two checked against it, then the timed rounds (good first)
+    assert order[:4] == ["ref", "good", "wrong", "good"]
+    assert "wrong" not in order[3:]
 
 
 def test_timed_weight_is_cut_to_the_flop_and_byte_caps() -> None:
