@@ -43,6 +43,11 @@ def test_tp3_server_matches_one_rank_streaming_included(smollm2_dir: Path) -> No
                                            extra_body={"ignore_eos": True})
         assert "".join(c.choices[0].text for c in stream) == expected[3]
         assert httpx.get(server.url("/health")).status_code == 200
+        # the cpu platform's server default, 128 sequences a rank, plus 1024 waiting
+        too_many = httpx.post(server.url("/v1/completions"), timeout=60, json={
+            "model": model, "prompt": PROMPTS[0], "max_tokens": 1, "n": 1409})
+        assert too_many.status_code == 400
+        assert "n must be at most 1408" in too_many.json()["error"]["message"]
 
 
 def test_killed_worker_fails_requests_and_exits_the_server(smollm2_dir: Path) -> None:

@@ -85,6 +85,7 @@ class IronlmRunner:
             "kv_cache_bytes": int(bytes_per_block) * num_kv_blocks,
             "max_model_len": self.engine.max_model_len,
             "max_num_seqs": self.engine.config.max_num_seqs,
+            "max_num_batched_tokens": self.engine.config.max_num_batched_tokens,
             "dtype": self.engine.config.dtype,
             "detokenize": self.detokenize,
             "quantization": self.engine.config.quantization,

@@ -34,9 +34,12 @@ class EngineConfig:
     block_size: int | None = None  # None: the platform's default_block_size (16; npu 128)
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
-    max_num_seqs: int = 256
+    # None (both): the platform's defaults for the offline LLM or the server
+    # (Platform.scheduler_defaults; cpu: vLLM's 4096 tokens / 256 sequences offline, 2048 / 128
+    # serving); without chunked prefill the budget is at least max_model_len
+    max_num_seqs: int | None = None
     scheduling_policy: str = "fcfs"  # fcfs | priority (lower priority value runs first)
-    max_num_batched_tokens: int | None = None  # None: 2048 with chunked prefill, else max_model_len
+    max_num_batched_tokens: int | None = None
     # KV cache size: bytes for the KV cache (vLLM's kv_cache_memory). None: platform default
     # (cpu: 4 GiB like VLLM_CPU_KVCACHE_SPACE; devices: gpu_memory_utilization of free memory).
     kv_cache_memory: int | None = None
@@ -140,6 +143,17 @@ class EngineConfig:
             else:
                 ray_installed = importlib.util.find_spec("ray") is not None
                 self.distributed_executor_backend = "ray" if ray_installed else "mp"
+
+    def with_scheduler_limits(
+        self, tokens: int, seqs: int, max_model_len: int
+    ) -> EngineConfig:
+        """This config with ``max_num_batched_tokens`` and ``max_num_seqs`` fixed: the user's,
+        or the platform's defaults ``tokens`` / ``seqs`` when unset (a budget of at least
+        ``max_model_len`` without chunked prefill, vLLM's rule: every prompt fits one step)."""
+        if self.max_num_batched_tokens is None and not self.enable_chunked_prefill:
+            tokens = max(tokens, max_model_len)
+        return replace(self, max_num_batched_tokens=self.max_num_batched_tokens or tokens,
+                       max_num_seqs=self.max_num_seqs or seqs)
 
     def with_block_size(self, default: int) -> EngineConfig:
         """This config with ``block_size`` fixed: the user's, or ``default`` (the platform's

@@ -37,18 +37,25 @@ log = logging.getLogger("ironlm.engine")
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, pm: PluginManager | None = None) -> None:
+    def __init__(
+        self, config: EngineConfig, pm: PluginManager | None = None, serving: bool = False
+    ) -> None:
+        """``serving``: the engine serves the OpenAI API (the platform's scheduler defaults
+        for a server; otherwise those for the offline ``LLM``, vLLM's usage contexts)."""
         self.pm = pm or PluginManager()
         self.pm.check_compatible()
         # the front end's view of the platform the workers will select (same name, same host)
         platform = self.pm.select_platform(config.device)
         config = config.with_block_size(platform.default_block_size)
-        self.config = config
         source = resolve_model(config.model, config.trust_remote_code)
         self.tokenizer = source.load_tokenizer(config.tokenizer)
         if config.tokenizer_extension_path is not None:
             self.tokenizer = extend_tokenizer(self.tokenizer, config.tokenizer_extension_path)
         self.max_model_len = _max_model_len(config, source.max_position_embeddings)
+        config = config.with_scheduler_limits(
+            *platform.scheduler_defaults(serving, config.world_size), self.max_model_len
+        )
+        self.config = config
         self.vocab_size = int(source.hf_config.vocab_size)
         # generation_config may name more end-of-sequence ids than the tokenizer (Gemma's
         # <end_of_turn>): they stop generation like stop_token_ids, as in vLLM.
@@ -80,9 +87,7 @@ class LLMEngine:
                 "max_model_len."
             )
         self.executor.initialize_kv_cache(num_kv_blocks)
-        budget = config.max_num_batched_tokens or (
-            2048 if config.enable_chunked_prefill else max(self.max_model_len, 2048)
-        )
+        budget = config.max_num_batched_tokens
         if not config.enable_chunked_prefill and budget < self.max_model_len:
             raise ValueError(
                 f"max_num_batched_tokens ({budget}) is smaller than max_model_len "

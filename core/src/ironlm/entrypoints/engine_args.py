@@ -31,8 +31,11 @@ ENGINE_HELP: dict[str, str] = {
                   "128 on npu)",
     "enable_prefix_caching": "reuse KV blocks of shared prompt prefixes",
     "enable_chunked_prefill": "split long prefills across steps",
-    "max_num_seqs": "most sequences in one batch",
-    "max_num_batched_tokens": "token budget of one step (default: 2048 with chunked prefill)",
+    "max_num_seqs": "most sequences in one batch (default: the platform's for the server or "
+                    "the offline LLM: cpu 128 / 256 per rank, others 256)",
+    "max_num_batched_tokens": "token budget of one step (default: the platform's for the "
+                              "server or the offline LLM: cpu 2048 / 4096 per rank, others "
+                              "2048; at least max_model_len without chunked prefill)",
     "kv_cache_memory": "bytes for the KV cache, e.g. 512MiB, 4GiB (default: platform's)",
     "num_kv_blocks": "exact number of KV blocks (overrides the memory-based size)",
     "gpu_memory_utilization": "fraction of device memory the engine may use",

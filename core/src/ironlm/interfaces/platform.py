@@ -275,6 +275,13 @@ class Platform(ABC):
                 f"supported: {list(self.supported_block_sizes)}"
             )
 
+    def scheduler_defaults(self, serving: bool, world_size: int) -> tuple[int, int]:
+        """(max_num_batched_tokens, max_num_seqs) where the user sets neither: one step's token
+        budget (with chunked prefill) and the most sequences in a batch, for the OpenAI server
+        (``serving``) or the offline ``LLM``, with ``world_size`` ranks. vLLM picks these per
+        device and usage; default: 2048 tokens and 256 sequences for both."""
+        return 2048, 256
+
     def device(self, index: int = 0) -> torch.device:
         return torch.device(self.device_type, index) if self.device_type != "cpu" else torch.device("cpu")
 

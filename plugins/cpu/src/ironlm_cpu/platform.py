@@ -57,6 +57,15 @@ class CpuPlatform(Platform):
             return Availability.no(str(exc))
         return Availability.yes(f"{os.cpu_count()} CPU cores, kernels for {target.describe()}")
 
+    def scheduler_defaults(self, serving: bool, world_size: int) -> tuple[int, int]:
+        """vLLM's CPU defaults: 4096 tokens and 256 sequences a step for the offline ``LLM``,
+        2048 and 128 for the server, each times the ranks. The larger offline step needs
+        glibc's maps of large blocks off (``host_memory``): SmolLM2 float32's gate/up output
+        is 50 MB at 4096 tokens, and mapped fresh in each layer its pages cost more than the
+        one step gains over two (docs/performance.md)."""
+        tokens, seqs = (2048, 128) if serving else (4096, 256)
+        return tokens * world_size, seqs * world_size
+
     def memory_info(self, device_index: int = 0) -> tuple[int, int]:
         page = os.sysconf("SC_PAGE_SIZE")
         return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page

@@ -284,7 +284,7 @@ def run_server(args: argparse.Namespace) -> None:
         if server is not None:
             server.should_exit = True
 
-    engine = AsyncEngine(lambda: LLMEngine(config, pm), max_waiting=args.max_waiting_requests,
+    engine = AsyncEngine(lambda: LLMEngine(config, pm, serving=True), max_waiting=args.max_waiting_requests,
                          on_dead=engine_dead)
     try:
         engine.start()  # builds the engine on its own thread (see AsyncEngine)

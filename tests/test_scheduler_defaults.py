@@ -1,0 +1,77 @@
+"""Scheduler limits the user leaves unset (``max_num_batched_tokens``, ``max_num_seqs``) come
+from the platform, per usage as in vLLM: the cpu platform gives the offline ``LLM`` 4096 tokens
+and 256 sequences a step, the server 2048 and 128, times the ranks; other platforms 2048 / 256.
+The server side on the real model: tests/test_parallel_server.py (a 3-rank server's limit)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from ironlm import LLM, SamplingParams
+from ironlm.config import EngineConfig
+from ironlm.engine.llm_engine import LLMEngine
+from ironlm.interfaces.platform import Platform
+from ironlm_cpu.platform import CpuPlatform
+
+
+def test_unset_limits_take_the_defaults_and_set_ones_stay() -> None:
+    unset = EngineConfig(model="m").with_scheduler_limits(4096, 256, max_model_len=512)
+    assert (unset.max_num_batched_tokens, unset.max_num_seqs) == (4096, 256)
+    mine = EngineConfig(model="m", max_num_batched_tokens=64, max_num_seqs=3)
+    mine = mine.with_scheduler_limits(4096, 256, max_model_len=512)
+    assert (mine.max_num_batched_tokens, mine.max_num_seqs) == (64, 3)
+
+
+def test_without_chunked_prefill_the_default_budget_holds_a_whole_prompt() -> None:
+    config = EngineConfig(model="m", enable_chunked_prefill=False)
+    assert config.with_scheduler_limits(2048, 256, 8192).max_num_batched_tokens == 8192
+    assert config.with_scheduler_limits(2048, 256, 512).max_num_batched_tokens == 2048
+
+
+def test_platform_defaults_per_usage_and_world_size() -> None:
+    cpu = CpuPlatform()
+    assert cpu.scheduler_defaults(serving=False, world_size=1) == (4096, 256)
+    assert cpu.scheduler_defaults(serving=True, world_size=1) == (2048, 128)
+    assert cpu.scheduler_defaults(serving=True, world_size=3) == (6144, 384)
+    # the contract's default, for platforms that set none (cuda, npu)
+    assert Platform.scheduler_defaults(cpu, serving=False, world_size=2) == (2048, 256)
+
+
+@pytest.mark.parametrize(("serving", "limits"), [(False, (4096, 256)), (True, (2048, 128))])
+def test_the_engine_resolves_the_limits_before_its_workers_start(
+    tiny_llama_dir: Path, serving: bool, limits: tuple[int, int]
+) -> None:
+    config = EngineConfig(model=str(tiny_llama_dir), device="cpu", max_model_len=256,
+                          kv_cache_memory=8 << 20, enforce_eager=True)
+    engine = LLMEngine(config, serving=serving)
+    try:
+        assert (engine.config.max_num_batched_tokens, engine.config.max_num_seqs) == limits
+        assert (engine.scheduler.max_num_batched_tokens, engine.scheduler.max_num_seqs) == limits
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.real_model
+def test_offline_llm_prefills_4096_tokens_in_one_step(smollm2_dir: Path) -> None:
+    # 40 prompts of 64 tokens (2560; their KV 118 MB in float32): one step at the offline
+    # default, two at 2048
+    llm = LLM(str(smollm2_dir), dtype="float32", max_model_len=256, kv_cache_memory=160 << 20,
+              enforce_eager=True)
+    try:
+        engine = llm.engine
+        assert engine.config.max_num_batched_tokens == 4096
+        rng = random.Random(0)
+        params = SamplingParams(max_tokens=2, ignore_eos=True)
+        for i in range(40):
+            engine.add_request(str(i), {"prompt_token_ids": [rng.randrange(1000, 20000)
+                                                             for _ in range(64)]}, params)
+        first = engine.step()
+        assert len(first) == 40
+        assert all(len(o.outputs[0].token_ids) == 1 for o in first)
+        while engine.has_unfinished_requests():
+            engine.step()
+    finally:
+        llm.shutdown()
