@@ -14,16 +14,17 @@ unmapped at its free whatever the threshold, so ``M_MMAP_MAX`` 0 turns those map
 block comes from an arena. Blocks that large are a step's ordinary intermediates at larger
 budgets and models (SmolLM2's float32 gate/up output is 50 MB at 4096 tokens, Gemma 3 270M's
 67 MB at 2048). Zen 4, SmolLM2 float32, 64 x 64-token prompts in one 4096-token step, five
-batches a process: with mapping, 250,000-410,000 page faults (1-1.6 GB) in every batch when
-the engine runs on a thread of its own (the server), in some processes on the main thread too;
-without, 40,000-65,000 in the first batch, 0-30 in each after.
+batches a process: with the maps, 200,000-410,000 page faults (0.8-1.6 GB) in every batch
+when the engine runs on a thread of its own (the server), in some processes on the main
+thread too; without, 40,000-190,000 in the first batch or two, then 0-8,400 a batch.
 
 The price is memory the process keeps: up to ``TRIM_THRESHOLD`` of freed heap is not returned
 to the kernel (the engine reaches that high-water mark in every prefill step anyway), and
 every block comes from the heap, so heap space freed below live blocks is not returned
-either. With ``LLM`` in a user's own process the settings hold for that whole
-process. ``IRONLM_CPU_MALLOC=0`` leaves glibc's defaults; other C libraries are left alone (an
-allocator preloaded over glibc's, jemalloc or tcmalloc, does not read these settings).
+either (peak RSS 0-40 MB higher in the runs above). With ``LLM`` in a user's own process the
+settings hold for that whole process. ``IRONLM_CPU_MALLOC=0`` leaves glibc's defaults; other
+C libraries are left alone (an allocator preloaded over glibc's, jemalloc or tcmalloc, does
+not read these settings).
 """
 
 from __future__ import annotations
@@ -45,9 +46,9 @@ TRIM_THRESHOLD = 256 << 20
 
 
 def tune_malloc() -> bool:
-    """Set glibc's mmap and trim thresholds, and no maps of their own for large blocks, for this
-    process (see the module doc); True when
-    they were set, False where the environment opts out or the C library is not glibc."""
+    """Set glibc's mmap and trim thresholds, and no maps of their own for large blocks, for
+    this process (see the module doc); True when they were set, False where the environment
+    opts out or the C library is not glibc."""
     if os.environ.get(ENV_VAR, "1") == "0":
         logger.info("cpu platform: %s=0, glibc's malloc thresholds left as they are", ENV_VAR)
         return False

@@ -61,8 +61,8 @@ class CpuPlatform(Platform):
         """vLLM's CPU defaults: 4096 tokens and 256 sequences a step for the offline ``LLM``,
         2048 and 128 for the server, each times the ranks. The larger offline step needs
         glibc's maps of large blocks off (``host_memory``): SmolLM2 float32's gate/up output
-        is 50 MB at 4096 tokens, and mapped fresh in each layer its pages cost more than the
-        one step gains over two (docs/performance.md)."""
+        is 50 MB at 4096 tokens, and mapped fresh in each layer its pages made a process's
+        first 4096-token batch slower than two 2048-token steps (docs/performance.md)."""
         tokens, seqs = (2048, 128) if serving else (4096, 256)
         return tokens * world_size, seqs * world_size
 

@@ -284,8 +284,8 @@ def run_server(args: argparse.Namespace) -> None:
         if server is not None:
             server.should_exit = True
 
-    engine = AsyncEngine(lambda: LLMEngine(config, pm, serving=True), max_waiting=args.max_waiting_requests,
-                         on_dead=engine_dead)
+    engine = AsyncEngine(lambda: LLMEngine(config, pm, serving=True),
+                         max_waiting=args.max_waiting_requests, on_dead=engine_dead)
     try:
         engine.start()  # builds the engine on its own thread (see AsyncEngine)
         app = build_app(engine, args, pm)
