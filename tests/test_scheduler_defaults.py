@@ -75,3 +75,15 @@ def test_offline_llm_prefills_4096_tokens_in_one_step(smollm2_dir: Path) -> None
             engine.step()
     finally:
         llm.shutdown()
+
+
+def test_a_budget_below_max_model_len_without_chunked_prefill_is_refused_first(
+    tiny_llama_dir: Path,
+) -> None:
+    # one KV block would be refused too, once the workers measured the cache: the budget's
+    # error comes before any worker starts
+    config = EngineConfig(model=str(tiny_llama_dir), device="cpu", max_model_len=256,
+                          enable_chunked_prefill=False, max_num_batched_tokens=64,
+                          num_kv_blocks=1, enforce_eager=True)
+    with pytest.raises(ValueError, match=r"max_num_batched_tokens \(64\) is smaller"):
+        LLMEngine(config)

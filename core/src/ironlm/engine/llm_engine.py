@@ -56,6 +56,13 @@ class LLMEngine:
             *platform.scheduler_defaults(serving, config.world_size), self.max_model_len
         )
         self.config = config
+        budget = config.max_num_batched_tokens  # known now: refused before any worker starts
+        if not config.enable_chunked_prefill and budget < self.max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens ({budget}) is smaller than max_model_len "
+                f"({self.max_model_len}) without chunked prefill; enable chunked prefill or "
+                "raise max_num_batched_tokens"
+            )
         self.vocab_size = int(source.hf_config.vocab_size)
         # generation_config may name more end-of-sequence ids than the tokenizer (Gemma's
         # <end_of_turn>): they stop generation like stop_token_ids, as in vLLM.
@@ -87,13 +94,6 @@ class LLMEngine:
                 "max_model_len."
             )
         self.executor.initialize_kv_cache(num_kv_blocks)
-        budget = config.max_num_batched_tokens
-        if not config.enable_chunked_prefill and budget < self.max_model_len:
-            raise ValueError(
-                f"max_num_batched_tokens ({budget}) is smaller than max_model_len "
-                f"({self.max_model_len}) without chunked prefill; enable chunked prefill or "
-                "raise max_num_batched_tokens"
-            )
         num_swap_blocks = self._init_swap_space()
         self.block_manager = BlockManager(
             num_kv_blocks, config.block_size, config.enable_prefix_caching, num_swap_blocks,
