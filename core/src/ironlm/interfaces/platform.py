@@ -298,6 +298,11 @@ class Platform(ABC):
         if local_world_size > 1:
             torch.set_num_threads(max(1, usable_cores() // local_world_size))
 
+    def before_engine_thread(self) -> None:
+        """Called once on the OpenAI server's main thread before it starts the thread that
+        builds and runs the engine (``configure_process`` then runs on that thread, in the
+        worker): for process settings that a thread takes when it starts. Default: none."""
+
     def device_count(self) -> int | None:
         """Devices of this platform on this machine, each of which holds one rank; None when
         ranks are not bound to devices (any number of ranks can share the host, as on cpu).

@@ -16,7 +16,7 @@ from ironlm.interfaces.graphs import GraphCapture
 from ironlm.interfaces.model import ModelContext
 from ironlm.interfaces.platform import Availability, LayerOps, Platform, usable_cores
 
-from ironlm_cpu.host_memory import tune_malloc
+from ironlm_cpu.host_memory import share_main_arena, tune_malloc
 from ironlm_cpu.isa import ENV_VAR, IsaTarget, IsaUnavailable, compiler, host_cpu, host_target
 
 logger = logging.getLogger(__name__)
@@ -89,6 +89,12 @@ class CpuPlatform(Platform):
                 "IRONLM_CPU_ISA=generic" if os.environ.get(ENV_VAR)
                 else f"this CPU ({host_cpu().model}) has no AVX2 + FMA",
             )
+
+    def before_engine_thread(self) -> None:
+        """The server's engine thread allocates from glibc's main arena, as the offline
+        ``LLM``'s engine on the main thread does: a thread arena hands its heaps back, so a
+        prefill step's large intermediates would fault in fresh pages (``host_memory``)."""
+        share_main_arena()
 
     def device_count(self) -> int | None:
         return None  # ranks share the host's cores

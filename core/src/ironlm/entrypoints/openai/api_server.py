@@ -286,6 +286,7 @@ def run_server(args: argparse.Namespace) -> None:
 
     engine = AsyncEngine(lambda: LLMEngine(config, pm, serving=True),
                          max_waiting=args.max_waiting_requests, on_dead=engine_dead)
+    platform.before_engine_thread()  # on this thread: settings a new thread takes at its start
     try:
         engine.start()  # builds the engine on its own thread (see AsyncEngine)
         app = build_app(engine, args, pm)
