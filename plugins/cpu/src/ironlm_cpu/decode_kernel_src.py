@@ -15,6 +15,7 @@ SOURCE = VEXP_SOURCE + r"""
 #include <stdlib.h>
 #include <string.h>
 #include <omp.h>
+#include <pthread.h>
 
 /* 8 floats; alignment 4 so loads from cache rows need not be 32-byte aligned */
 typedef float v8 __attribute__((vector_size(32), aligned(4)));
@@ -411,6 +412,41 @@ static void item(const job_t *j, int bf16, int s, int hk0, int hk1, float *score
 }
 """ + SPLIT_SOURCE + r"""
 
+/* A thread's scratch, kept across calls and grown to the largest asked (it follows the
+   longest context): no malloc per call in each thread of the team, which would all take one
+   lock where the process's threads share glibc's main arena (the server, ``host_memory``).
+   Freed when the thread ends. */
+typedef struct { size_t bytes; char *mem; } scratch_t;
+static pthread_key_t scratch_key;
+static int scratch_key_ok;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static void scratch_free(void *p) {
+    free(((scratch_t *)p)->mem);
+    free(p);
+}
+static void scratch_key_init(void) {
+    scratch_key_ok = pthread_key_create(&scratch_key, scratch_free) == 0;
+}
+static char *thread_scratch(size_t bytes) {
+    pthread_once(&scratch_once, scratch_key_init);
+    if (!scratch_key_ok) return NULL;
+    scratch_t *s = pthread_getspecific(scratch_key);
+    if (s == NULL) {
+        s = calloc(1, sizeof *s);
+        if (s == NULL || pthread_setspecific(scratch_key, s) != 0) {
+            free(s);
+            return NULL;
+        }
+    }
+    if (bytes > s->bytes) {
+        free(s->mem);
+        s->mem = aligned_alloc(64, bytes);
+        s->bytes = s->mem != NULL ? bytes : 0;
+    }
+    return s->mem;
+}
+#define SCRATCH_ROUND(b) (((b) + 63) / 64 * 64)
+
 /* Returns 0 on success, 1 when a thread could not allocate its scratch. Work items are
    (sequence, KV-head range), handed out dynamically (prefill rows: in contiguous runs, below;
    runs of 8+ prompt rows go to tiles first, ``prefill_bf16_src`` / ``prefill_f32_src``); the
@@ -462,18 +498,27 @@ static int paged_decode(const job_t *j, int bf16, int threads) {
     #pragma omp parallel num_threads(threads > work ? (work > 0 ? work : 1) : threads) \
         reduction(|: failed)
     {
-        float *scores = malloc(sizeof(float) * (size_t)h * max_len);
-        v8 *acc = malloc(sizeof(float) * (size_t)h * d);
-        float *qbuf = bf16 ? malloc(sizeof(float) * (size_t)h * d) : NULL;
-        float *buf = bf16 ? malloc(sizeof(float) * (size_t)j->bs * d) : NULL;
-        int ok = scores != NULL && acc != NULL && (!bf16 || (qbuf != NULL && buf != NULL));
-        void *kt = NULL; /* a tile's transposed keys: d elements of the cache's dtype a key */
-        float *sc = NULL;
-        if (tiles > 0) {
-            kt = malloc((size_t)pf_ml * esize * d);
-            sc = malloc(sizeof(float) * (size_t)PF_ROWS * (h / h_kv) * pf_ml);
-            ok = ok && kt != NULL && sc != NULL;
-        }
+        /* scores, acc; bf16: qbuf, buf; tiles: kt (a tile's transposed keys: d elements of
+           the cache's dtype a key), sc; each piece 64-byte aligned in the thread's scratch */
+        const size_t sizes[6] = {
+            SCRATCH_ROUND(sizeof(float) * (size_t)h * max_len),
+            SCRATCH_ROUND(sizeof(float) * (size_t)h * d),
+            bf16 ? SCRATCH_ROUND(sizeof(float) * (size_t)h * d) : 0,
+            bf16 ? SCRATCH_ROUND(sizeof(float) * (size_t)j->bs * d) : 0,
+            tiles > 0 ? SCRATCH_ROUND((size_t)pf_ml * esize * d) : 0,
+            tiles > 0 ? SCRATCH_ROUND(sizeof(float) * (size_t)PF_ROWS * (h / h_kv) * pf_ml) : 0,
+        };
+        char *piece[6];
+        char *mem = thread_scratch(sizes[0] + sizes[1] + sizes[2] + sizes[3] + sizes[4] +
+                                   sizes[5]);
+        size_t at = 0;
+        for (int i = 0; i < 6; at += sizes[i], i++)
+            piece[i] = mem != NULL && sizes[i] > 0 ? mem + at : NULL;
+        float *scores = (float *)piece[0], *qbuf = (float *)piece[2], *buf = (float *)piece[3];
+        v8 *acc = (v8 *)piece[1];
+        void *kt = piece[4];
+        float *sc = (float *)piece[5];
+        const int ok = mem != NULL;
         #pragma omp for schedule(dynamic, 1) nowait
         for (int it = 0; it < tiles * h_kv; it++) {
             if (!ok) continue;
@@ -484,8 +529,6 @@ static int paged_decode(const job_t *j, int bf16, int threads) {
 #endif
                 pf32_tile(j, r0, r1, hk, (float *)kt, sc, pf_ml);
         }
-        free(kt);
-        free(sc);
         if (!ok) failed = 1;
         if (runs > 1) {
             if (split_rows(j, bf16, runs, part, stats, ok, scores, acc, qbuf, buf)) failed = 1;
@@ -530,10 +573,6 @@ static int paged_decode(const job_t *j, int bf16, int threads) {
                     item(j, bf16, seq[i], hk0[i], hk1[i], scores, acc, qbuf, buf);
             }
         }
-        free(scores);
-        free(acc);
-        free(qbuf);
-        free(buf);
     }
     free(starts);
     free(ends);
