@@ -34,8 +34,9 @@ thread starts, puts every later thread on the main arena, which the settings abo
 Zen 4, ``ironlm serve`` in float32 at its 2048-token budget, requests of 64 x 64-token
 prompts (``max_tokens`` 1): after the first request Gemma 3 270M (67 MB gate/up output)
 faulted 0-50,000 pages a request, SmolLM2 8-101,000; on the main arena 0-8,200 and 0-3,100,
-peak RSS 170-230 and ~135 MB lower. The threads then take one lock for their mallocs (the
-engine's are a few hundred a step).
+peak RSS 170-230 and ~135 MB lower. The threads then take one lock for their mallocs: the
+engine's are a few hundred a step, and the C kernels' OpenMP teams allocate nothing per call
+(the paged-attention kernel keeps each thread's scratch, ``decode_kernel_src``).
 """
 
 from __future__ import annotations
