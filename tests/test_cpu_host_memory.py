@@ -18,51 +18,35 @@ from server_utils import TESTS_DIR, RemoteServer
 
 GLIBC = platform.libc_ver()[0] == "glibc"
 
-# a block of argv[1] MiB allocated, written and freed, twice, after tune_malloc: with the
-# settings the heap keeps the block, so the second round faults in no fresh pages
+# a block of argv[1] MiB allocated, written and freed, twice, after tune_malloc, on the main
+# thread or (argv[2] "thread") a thread started after it and after the server's hook where
+# argv[3] is "hook": where the heap keeps the block, the second round faults in no fresh pages
+# (a thread arena's heaps are at most 64 MB: a 96 MiB block there is mapped fresh each time)
 _SCRIPT = """
-import ctypes, resource, sys
-from ironlm_cpu.host_memory import tune_malloc
-libc = ctypes.CDLL(None)
-libc.malloc.restype = ctypes.c_void_p
-libc.free.argtypes = [ctypes.c_void_p]
-print(tune_malloc())
-faults = []
-size = int(sys.argv[1]) << 20
-for _ in range(2):
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    p = libc.malloc(size)
-    ctypes.memset(p, 1, size)
-    libc.free(p)
-    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-print(faults[1])
-"""
-
-
-# the same on a thread started after tune_malloc (and the server's hook when argv[1] is 1): a
-# thread arena's heaps are at most 64 MB, so a 96 MiB block is mapped fresh at each malloc
-_THREAD_SCRIPT = """
 import ctypes, resource, sys, threading
 from ironlm_cpu.host_memory import tune_malloc
 from ironlm_cpu.platform import CpuPlatform
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
 libc.free.argtypes = [ctypes.c_void_p]
-tune_malloc()
-if sys.argv[1] == "1":
+print(tune_malloc())
+if sys.argv[3] == "hook":
     CpuPlatform().before_engine_thread()
 faults = []
-def work():
-    size = 96 << 20
+def rounds():
+    size = int(sys.argv[1]) << 20
     for _ in range(2):
         before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
         p = libc.malloc(size)
         ctypes.memset(p, 1, size)
         libc.free(p)
         faults.append(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before)
-thread = threading.Thread(target=work)
-thread.start()
-thread.join()
+if sys.argv[2] == "thread":
+    thread = threading.Thread(target=rounds)
+    thread.start()
+    thread.join()
+else:
+    rounds()
 print(faults[1])
 """
 
@@ -78,7 +62,7 @@ def _run(script: str, *args: str, **env: str) -> list[str]:
 @pytest.mark.skipif(not GLIBC, reason="the settings are glibc's")
 @pytest.mark.parametrize("mib", [24, 48])  # under and over glibc's 32 MB mmap threshold cap
 def test_freed_blocks_stay_in_the_heap(mib: int) -> None:
-    out = _run(_SCRIPT, str(mib))
+    out = _run(_SCRIPT, str(mib), "main", "-")
     assert out[0] == "True"
     assert int(out[1]) < 100  # fresh pages would be 256 a MiB: 6,000 / 12,000 faults
 
@@ -86,7 +70,7 @@ def test_freed_blocks_stay_in_the_heap(mib: int) -> None:
 @pytest.mark.skipif(not GLIBC, reason="the settings are glibc's")
 def test_without_the_settings_a_large_block_is_mapped_fresh() -> None:
     # the measurement above can tell: glibc's defaults map a 48 MiB block at each malloc
-    out = _run(_SCRIPT, "48", **{ENV_VAR: "0"})
+    out = _run(_SCRIPT, "48", "main", "-", **{ENV_VAR: "0"})
     assert out[0] == "False"
     assert int(out[1]) > 6000
 
@@ -100,7 +84,7 @@ def test_the_environment_opts_out() -> None:
 @pytest.mark.skipif(not GLIBC, reason="the settings are glibc's")
 @pytest.mark.parametrize("hook", [True, False])
 def test_a_thread_started_after_the_servers_hook_keeps_its_blocks(hook: bool) -> None:
-    faults = int(_run(_THREAD_SCRIPT, "1" if hook else "0")[0])
+    faults = int(_run(_SCRIPT, "96", "thread", "hook" if hook else "-")[1])
     if hook:
         assert faults < 100
     else:  # the measurement can tell: 24,576 fresh pages
