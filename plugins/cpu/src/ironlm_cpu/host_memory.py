@@ -58,16 +58,22 @@ MMAP_THRESHOLD = 32 << 20  # the largest glibc takes on 64-bit: larger blocks st
 TRIM_THRESHOLD = 256 << 20
 
 
+def _glibc() -> ctypes.CDLL | None:
+    """This process's C library where the settings apply: None where the environment opts out
+    or the C library is not glibc."""
+    if os.environ.get(ENV_VAR, "1") == "0":
+        logger.info("cpu platform: %s=0, glibc's malloc settings left as they are", ENV_VAR)
+        return None
+    return ctypes.CDLL(None) if platform.libc_ver()[0] == "glibc" else None
+
+
 def tune_malloc() -> bool:
     """Set glibc's mmap and trim thresholds, and no maps of their own for large blocks, for
     this process (see the module doc); True when they were set, False where the environment
     opts out or the C library is not glibc."""
-    if os.environ.get(ENV_VAR, "1") == "0":
-        logger.info("cpu platform: %s=0, glibc's malloc thresholds left as they are", ENV_VAR)
+    libc = _glibc()
+    if libc is None:
         return False
-    if platform.libc_ver()[0] != "glibc":
-        return False
-    libc = ctypes.CDLL(None)
     ok = libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
     ok = libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1 and ok
     ok = libc.mallopt(M_MMAP_MAX, 0) == 1 and ok  # no block is mapped on its own (above)
@@ -80,9 +86,10 @@ def tune_malloc() -> bool:
 def share_main_arena() -> bool:
     """Threads started from now on allocate from glibc's main arena (see the module doc);
     True when set, False where the environment opts out or the C library is not glibc."""
-    if os.environ.get(ENV_VAR, "1") == "0" or platform.libc_ver()[0] != "glibc":
+    libc = _glibc()
+    if libc is None:
         return False
-    ok = ctypes.CDLL(None).mallopt(M_ARENA_MAX, 1) == 1
+    ok = libc.mallopt(M_ARENA_MAX, 1) == 1
     if not ok:
         logger.warning("cpu platform: glibc refused M_ARENA_MAX; the engine thread's prefill "
                        "intermediates may fault in fresh pages")
