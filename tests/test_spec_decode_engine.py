@@ -18,6 +18,7 @@ import torch
 from test_spec_decode_unit import chi_square_pvalue
 
 from ironlm import LLM, GuidedDecodingParams, SamplingParams
+from ironlm.interfaces.truncation import truncate
 
 NGRAM = {"speculative_model": "[ngram]", "num_speculative_tokens": 4,
          "ngram_prompt_lookup_max": 3}
@@ -177,13 +178,17 @@ def small_vocab_pair(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: P
             _write_tiny(root / "draft", tiny_llama_dir, 1, tied=False, vocab=1000))
 
 
-def test_sampling_keeps_the_target_distribution(small_vocab_pair: tuple[Path, Path]) -> None:
+@pytest.mark.parametrize("limits", [{}, {"top_k": 4, "min_p": 0.1}], ids=["whole", "cut"])
+def test_sampling_keeps_the_target_distribution(small_vocab_pair: tuple[Path, Path],
+                                                limits: dict[str, Any]) -> None:
     """Four tokens from 6 allowed ones at temperature 0.5, over 800 seeded requests; the first
     token comes from the prompt's step, the next ones from one verification of 2 drafts. With
     n-gram drafts (point masses) and with a draft model (its own distribution, unlike the
     target's), the frequencies of (x1, x2) and (x2, x3) fit the target's exact probabilities
     (from HF transformers) by chi-square tests; plain sampling is checked the same way. Fixed
-    seeds: the outcome is deterministic."""
+    seeds: the outcome is deterministic. "cut": each row's top-k / min-p set (the reference
+    definition on HF's logits; the platform's ``LayerOps.truncated_logits`` in the engine),
+    and no token outside it."""
     from transformers import LlamaForCausalLM
 
     target, draft = small_vocab_pair
@@ -195,7 +200,10 @@ def test_sampling_keeps_the_target_distribution(small_vocab_pair: tuple[Path, Pa
     def dist(contexts: list[list[int]]) -> torch.Tensor:  # (len(contexts), 6)
         with torch.no_grad():
             logits = hf(torch.tensor([prompt + c for c in contexts])).logits[:, -1, allowed]
-        return torch.softmax(logits / temp, dim=-1)
+        rows = len(contexts)
+        cut = truncate(logits / temp, [limits.get("top_k", -1)] * rows, [1.0] * rows,
+                       [limits.get("min_p", 0.0)] * rows)
+        return torch.softmax(cut, dim=-1)
 
     p1 = dist([[]])[0]
     p2 = dist([[a] for a in allowed])  # [x1, x2]
@@ -204,7 +212,7 @@ def test_sampling_keeps_the_target_distribution(small_vocab_pair: tuple[Path, Pa
     joint23 = (p1[:, None, None] * p2[:, :, None] * p3).sum(dim=0).reshape(-1)
     n = 800
     params = [SamplingParams(temperature=temp, seed=i, max_tokens=4, ignore_eos=True,
-                             allowed_token_ids=allowed) for i in range(n)]
+                             allowed_token_ids=allowed, **limits) for i in range(n)]
     prompts = [{"prompt_token_ids": prompt}] * n
     configs = {"plain": {}, "ngram": {**NGRAM, "num_speculative_tokens": 2},
                "draft": {"speculative_model": str(draft), "num_speculative_tokens": 2}}
@@ -216,6 +224,8 @@ def test_sampling_keeps_the_target_distribution(small_vocab_pair: tuple[Path, Pa
             x = [allowed.index(t) for t in o.outputs[0].token_ids]
             pairs12[x[0] * 6 + x[1]] += 1
             pairs23[x[1] * 6 + x[2]] += 1
+        # (chi_square_pvalue pools cells of probability 0 away: none may be drawn)
+        assert int(pairs12[joint12 == 0].sum()) == 0 and int(pairs23[joint23 == 0].sum()) == 0
         assert chi_square_pvalue(pairs12, joint12) > 1e-3, (name, pairs12.tolist())
         assert chi_square_pvalue(pairs23, joint23) > 1e-3, (name, pairs23.tolist())
         if name != "plain":  # drafts were verified, and both verdicts happened

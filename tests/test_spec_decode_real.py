@@ -4,6 +4,7 @@ draft model (its first 4 layers) equal plain decoding, offline and streamed by t
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -88,3 +89,28 @@ def test_server_streams_the_plain_greedy_text(kind: str, smollm2_dir: Path,
     assert 0 < values["spec_decode_draft_acceptance_rate"] <= 1
     assert values["spec_decode_mean_accepted_length"] > 1
     assert values["spec_decode_target_time_seconds_total"] > 0
+
+
+def test_sampled_drafts_stay_inside_each_rows_set(smollm2_dir: Path) -> None:
+    """n-gram drafts verified by sampling with top-k, top-p and min-p (the platform's
+    ``LayerOps.truncated_logits`` over the verification rows): every emitted token lies in its
+    row's set, read from the raw log-probabilities the request reports (temperature 1, so the
+    sets are those of the raw distribution), and drafts were accepted."""
+    llm = LLM(str(smollm2_dir), **KW, **_spec("ngram", Path()))
+    checks = [
+        (SamplingParams(top_k=3, logprobs=20, seed=1, max_tokens=32),
+         lambda lp, tid: lp[tid].rank <= 3),
+        (SamplingParams(top_p=0.8, logprobs=20, seed=2, max_tokens=32),
+         lambda lp, tid: sum(math.exp(v.logprob) for v in lp.values()
+                             if v.rank is not None and v.rank < lp[tid].rank) < 0.8 + 1e-5),
+        (SamplingParams(min_p=0.2, logprobs=20, seed=3, max_tokens=32),
+         lambda lp, tid: math.exp(lp[tid].logprob) >= 0.2 * max(
+             math.exp(v.logprob) for v in lp.values()) - 1e-6),
+    ]
+    for params, inside in checks:
+        for out in llm.chat(_chats()[:2], params, use_tqdm=False):
+            tokens, logprobs = out.outputs[0].token_ids, out.outputs[0].logprobs or []
+            assert len(logprobs) == len(tokens) > 0
+            for tid, lp in zip(tokens, logprobs):
+                assert inside(lp, tid), params
+    assert llm.engine.stats()["spec_decode_num_accepted_tokens"] > 0

@@ -189,10 +189,24 @@ class LayerOps:
         top_k largest, then the top-p nucleus under the softmax of what top-k kept, then the
         tokens whose probability is at least min_p times the largest
         (``ironlm.interfaces.truncation``): same u, same token up to the rounding of the sums
-        and of a cut that lands within rounding of a boundary. By default: the reference
-        truncation, then this platform's ``categorical``."""
-        x = truncated_logits(logits, scale, top_k, top_p, min_p)
+        and of a cut that lands within rounding of a boundary. By default: this platform's
+        ``truncated_logits``, then its ``categorical``."""
+        x = self.truncated_logits(logits, scale, top_k, top_p, min_p)
         return self.categorical(x, torch.ones_like(scale), u)
+
+    def truncated_logits(
+        self,
+        logits: torch.Tensor,  # (B, V) float32, -inf where a token is ruled out
+        scale: torch.Tensor,  # (B, 1) float32, each row's inverse temperature
+        top_k: torch.Tensor,  # (B, 1) int64, V where a row has no top-k
+        top_p: torch.Tensor,  # (B, 1) float32, 1 where a row has no top-p
+        min_p: torch.Tensor,  # (B, 1) float32, 0 where a row has no min-p
+    ) -> torch.Tensor:  # (B, V) float32
+        """logits * scale with every token outside each row's top-k / top-p / min-p set
+        (``truncated_categorical``'s) at -inf: the distributions speculative decoding verifies
+        drafts against, whole. Same set up to a cut within rounding of a boundary; ties at a
+        cut keep as many tokens, not necessarily the same ones."""
+        return truncated_logits(logits, scale, top_k, top_p, min_p)
 
     def rotary(
         self,

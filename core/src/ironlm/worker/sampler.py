@@ -15,8 +15,7 @@ import torch
 from ironlm.interfaces.platform import LayerOps
 from ironlm.interfaces.step import SampledToken
 from ironlm.sampling_params import SamplingParams
-from ironlm.interfaces.truncation import truncate
-from ironlm.worker.draw_inputs import limit_tensors, limits, truncates, uniforms
+from ironlm.worker.draw_inputs import limit_tensors, truncates, uniforms
 
 _NEG_INF = float("-inf")
 
@@ -167,7 +166,11 @@ class Sampler:
         greedy = [s.params.sampling_type_greedy for s in states]
         if all(greedy):
             return x
-        return truncate(x / self._temperatures(x, states, greedy), *limits(states))
+        scale = 1.0 / self._temperatures(x, states, greedy)
+        if not truncates(states):
+            return x * scale
+        top_k, top_p, min_p = limit_tensors(states, x.shape[1], x.device)
+        return self.ops.truncated_logits(x, scale, top_k, top_p, min_p)
 
     def _process(
         self, x: torch.Tensor, states: list[SamplingState], allowed: torch.Tensor | None

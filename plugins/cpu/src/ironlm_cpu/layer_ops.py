@@ -171,6 +171,18 @@ class CpuLayerOps(LayerOps):
                 logits[left], scale[left], top_k[left], top_p[left], min_p[left], u[left])
         return drawn
 
+    def truncated_logits(
+        self, logits: torch.Tensor, scale: torch.Tensor, top_k: torch.Tensor,
+        top_p: torch.Tensor, min_p: torch.Tensor,
+    ) -> torch.Tensor:
+        if not (self.logits.fits(logits) and bool((scale > 0).all())):
+            return super().truncated_logits(logits, scale, top_k, top_p, min_p)
+        out, left = self.logits.truncated_logits(logits, scale, top_k, top_p, min_p)
+        if bool(left.any()):  # NaN / infinite rows, too wide a set: the reference, row by row
+            out[left] = super().truncated_logits(
+                logits[left], scale[left], top_k[left], top_p[left], min_p[left])
+        return out
+
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         if self.fused.gated_act_fits(gate_up):
             return self.fused.gated_act(gate_up, gelu=False)

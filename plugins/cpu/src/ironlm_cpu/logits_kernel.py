@@ -330,12 +330,14 @@ class LogitsKernel(KernelLibrary):
             "cpu_logits", _SOURCE,
             {"ironlm_lse_argmax_f32": ([ptr, i64, i64, i64, ptr, ptr, i32, i32], i32),
              "ironlm_draw_f32": ([ptr, i64, i64, i64, ptr, ptr, ptr, ptr, i32], i32),
-             "ironlm_truncated_draw_f32": ([ptr, i64, i64, i64] + [ptr] * 7 + [i32], i32)},
+             "ironlm_truncated_draw_f32": ([ptr, i64, i64, i64] + [ptr] * 7 + [i32], i32),
+             "ironlm_truncate_f32": ([ptr, i64, i64, i64] + [ptr] * 5 + [i64, ptr, i32], i32)},
             "C logits reductions", target=target,
         )  # fmt: skip
         self._fn = None if self.lib is None else self.lib.ironlm_lse_argmax_f32
         self._draw = None if self.lib is None else self.lib.ironlm_draw_f32
         self._truncated = None if self.lib is None else self.lib.ironlm_truncated_draw_f32
+        self._truncate = None if self.lib is None else self.lib.ironlm_truncate_f32
 
     def fits(self, logits: torch.Tensor) -> bool:
         return (
@@ -395,3 +397,24 @@ class LogitsKernel(KernelLibrary):
                   scale.data_ptr(), top_k.data_ptr(), top_p.data_ptr(), min_p.data_ptr(),
                   u.data_ptr(), sums.data_ptr(), out.data_ptr(), threads)  # fmt: skip
         return out
+
+    def truncated_logits(
+        self, logits: torch.Tensor, scale: torch.Tensor, top_k: torch.Tensor,
+        top_p: torch.Tensor, min_p: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``LayerOps.truncated_logits`` on rows ``fits`` takes (positive scale) -> ((B, V)
+        float32, (B,) bool rows left to the caller: a row with limits that holds a NaN or no
+        finite value, or whose set needs more candidates than the kernel holds)."""
+        assert self._truncate is not None, self.reason
+        rows, v = logits.shape
+        col = {"dtype": torch.float32}
+        scale, top_p, min_p = (t.reshape(rows).to(**col).contiguous()
+                               for t in (scale, top_p, min_p))
+        top_k = top_k.reshape(rows).to(torch.int64).contiguous()
+        out = torch.empty(rows, v, dtype=torch.float32)
+        bad = torch.empty(rows, dtype=torch.int32)
+        threads = torch.get_num_threads() if rows >= PARALLEL_ROWS else 1
+        self.call(self._truncate, logits.data_ptr(), rows, v, logits.stride(0),
+                  scale.data_ptr(), top_k.data_ptr(), top_p.data_ptr(), min_p.data_ptr(),
+                  out.data_ptr(), out.stride(0), bad.data_ptr(), threads)  # fmt: skip
+        return out, bad != 0
