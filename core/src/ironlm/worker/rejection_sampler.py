@@ -49,36 +49,41 @@ class RejectionSampler:
         allowed_mask: torch.Tensor | None = None,  # (R, V) bool, per row
     ) -> list[list[SampledToken]]:
         row_states: list[SamplingState] = []
+        firsts: list[int] = []  # each request's first row
         for g in groups:
+            firsts.append(len(row_states))
             row_states += [g.state.extended(g.drafts[:j]) for j in range(len(g.drafts) + 1)]
         if logits.shape[0] != len(row_states):
             raise ValueError(f"{logits.shape[0]} logit rows for {len(row_states)} verify rows")
         if allowed_mask is not None and allowed_mask.shape != logits.shape:
             raise ValueError("guided mask does not match the verification rows")
         x = self.sampler.final_logits(logits, row_states, allowed_mask)
-        probs = None
-        if not all(g.state.params.sampling_type_greedy for g in groups):
-            probs = torch.softmax(x, dim=-1)  # (R, V) target distributions after every rule
-        chosen: list[list[int]] = []
-        rows_of: list[list[int]] = []  # logit row that produced each emitted token
-        first = 0
-        for g in groups:
-            k = len(g.drafts)
-            rows = list(range(first, first + k + 1))
-            if g.state.params.sampling_type_greedy:
-                tokens = self._greedy(x[rows[0] : rows[-1] + 1], g.drafts)
-            else:
-                assert probs is not None
-                tokens = self._sampled(probs[rows[0] : rows[-1] + 1], g)
-            chosen.append(tokens)
-            rows_of.append(rows[: len(tokens)])
-            first += k + 1
+        chosen: list[list[int]] = [[] for _ in groups]
+        greedy = [i for i, g in enumerate(groups) if g.state.params.sampling_type_greedy]
+        sampled = [i for i, g in enumerate(groups) if not g.state.params.sampling_type_greedy]
+        # each row's argmax (greedy requests) and log-normaliser (sampled ones: p = exp(x - lse)
+        # where one value is wanted, no (R, V) softmax), in the platform's one pass
+        lse, best = self.sampler.ops.logsumexp_argmax(x, argmax=bool(greedy),
+                                                      logsumexp=bool(sampled))
+        if greedy:
+            assert best is not None
+            best_list = best.tolist()  # (R,)
+            for i in greedy:
+                rows = best_list[firsts[i] : firsts[i] + len(groups[i].drafts) + 1]
+                chosen[i] = self._greedy(rows, groups[i].drafts)
+        if sampled:
+            assert lse is not None
+            tokens = self._sampled(x, lse, [firsts[i] for i in sampled],
+                                   [groups[i] for i in sampled])
+            for i, t in zip(sampled, tokens):
+                chosen[i] = t
+        rows_of = [list(range(f, f + len(t))) for f, t in zip(firsts, chosen)]
         return self._outputs(logits, groups, chosen, rows_of)
 
     @staticmethod
-    def _greedy(x: torch.Tensor, drafts: list[int]) -> list[int]:
-        """x: (k + 1, V) processed logits; the drafts that match the argmax, then the argmax."""
-        best = x.argmax(dim=-1).tolist()
+    def _greedy(best: list[int], drafts: list[int]) -> list[int]:
+        """best: the argmax of each of a request's k + 1 rows; the drafts that match it, then
+        the argmax of the row after them."""
         out = []
         for j, d in enumerate(drafts):
             if best[j] != d:
@@ -88,55 +93,79 @@ class RejectionSampler:
         return out
 
     @staticmethod
-    def _sampled(p: torch.Tensor, g: SpecRows) -> list[int]:
-        """p: (k + 1, V) target distributions of one request."""
-        k = len(g.drafts)
-        gen = g.state.generator
-        out: list[int] = []
-        if k:
-            d = torch.tensor(g.drafts, dtype=torch.long, device=p.device)
-            p_d = p[:k].gather(1, d.unsqueeze(1)).squeeze(1)  # (k,)
-            q_d = (
-                g.draft_probs.to(p.device).gather(1, d.unsqueeze(1)).squeeze(1)
-                if g.draft_probs is not None else torch.ones_like(p_d)
-            )  # fmt: skip
-            u = torch.rand(k, generator=gen, device=p.device)
+    def _sampled(x: torch.Tensor, lse: torch.Tensor, firsts: list[int],
+                 groups: list[SpecRows]) -> list[list[int]]:
+        """x: (R, V) final logits, lse (R,) their log-normalisers (p_j = softmax(x_j)); the
+        sampling requests and their first rows -> each one's tokens. Every draft's p_j(d_j) in
+        one gather and one comparison with its uniform (drawn from the request's own generator,
+        before its last draw, as alone), then one draw over the rows that end the requests:
+        the residual max(0, p_j - q_j) at the first rejection (the draw is by running total:
+        no renormalising), or p_{k+1}."""
+        dev = x.device
+        ks = [len(g.drafts) for g in groups]
+        at = [f + j for f, k in zip(firsts, ks) for j in range(k)]
+        drafts = [d for g in groups for d in g.drafts]
+        accepted: list[bool] = []
+        if drafts:
+            p_d = (x[at, drafts] - lse[at]).exp()  # (D,)
+            q_d = torch.cat([
+                g.draft_probs.to(dev)[list(range(k)), g.drafts] if g.draft_probs is not None
+                else torch.ones(k, dtype=p_d.dtype, device=dev)
+                for g, k in zip(groups, ks) if k
+            ])  # fmt: skip
+            u = torch.cat([torch.rand(k, generator=g.state.generator, device=dev)
+                           for g, k in zip(groups, ks) if k])  # fmt: skip
             accepted = (u * q_d < p_d).tolist()  # u < p/q, without dividing by q = 0
-            for j in range(k):
-                if not accepted[j]:
-                    q = (
-                        g.draft_probs[j].to(p.device) if g.draft_probs is not None
-                        else torch.nn.functional.one_hot(d[j], p.shape[1]).to(p.dtype)
-                    )  # fmt: skip
-                    residual = (p[j] - q).clamp(min=0)
-                    total = residual.sum()
-                    # p == q exactly leaves nothing; then the draft was kept for sure (u < 1)
-                    row = residual / total if float(total) > 0 else p[j]
-                    out.append(int(draw(row.unsqueeze(0), [g.state])[0]))
-                    return out
-                out.append(g.drafts[j])
-        out.append(int(draw(p[k].unsqueeze(0), [g.state])[0]))
+        out: list[list[int]] = []
+        last_rows: list[int] = []  # the row each request's last token is drawn from
+        rejected: list[tuple[int, SpecRows, int]] = []  # (index in last_rows, request, draft)
+        flat = 0
+        for f, g, k in zip(firsts, groups, ks):
+            kept = 0
+            while kept < k and accepted[flat + kept]:
+                kept += 1
+            flat += k
+            out.append(g.drafts[:kept])
+            if kept < k:
+                rejected.append((len(last_rows), g, kept))
+            last_rows.append(f + kept)
+        p = torch.softmax(x[last_rows], dim=-1)  # (G, V)
+        w = p.clone()
+        for m, g, j in rejected:
+            if g.draft_probs is not None:
+                w[m] = (w[m] - g.draft_probs[j].to(dev)).clamp(min=0)
+            else:  # a point mass: p_j without the draft
+                w[m, g.drafts[j]] = 0.0
+        empty = w.sum(dim=-1) <= 0  # p == q exactly: then the draft was kept for sure (u < 1)
+        if bool(empty.any()):
+            w[empty] = p[empty]
+        for tokens, t in zip(out, draw(w, [g.state for g in groups]).tolist()):
+            tokens.append(int(t))
         return out
 
-    @staticmethod
     def _outputs(
+        self,
         logits: torch.Tensor,
         groups: list[SpecRows],
         chosen: list[list[int]],
         rows_of: list[list[int]],
     ) -> list[list[SampledToken]]:
-        """Logprobs under the raw distribution of each token's own row; record the tokens."""
+        """Logprobs under the raw distribution of each token's own row (where a request reports
+        them: x[t] - logsumexp(x) of every row in one pass; the top ones from its rows'
+        log-softmax); record the tokens."""
         flat_rows = [r for rows in rows_of for r in rows]
         flat_toks = [t for toks in chosen for t in toks]
-        idx = torch.tensor(flat_rows, dtype=torch.long, device=logits.device)
-        sub = logits[idx]  # (E, V)
-        lp = (sub.gather(1, torch.tensor(flat_toks, device=logits.device).unsqueeze(1)).squeeze(1)
-              - torch.logsumexp(sub, dim=-1)).tolist()  # fmt: skip
+        lp: list[float | None] = [None] * len(flat_toks)
+        if any(g.state.params.reports_logprobs for g in groups):
+            lse, _ = self.sampler.ops.logsumexp_argmax(logits, argmax=False)
+            assert lse is not None
+            lp = (logits[flat_rows, flat_toks] - lse[flat_rows]).tolist()
         out: list[list[SampledToken]] = []
         at = 0
         for g, toks in zip(groups, chosen):
             k_top = g.state.params.logprobs
-            lps = torch.log_softmax(sub[at : at + len(toks)], dim=-1) if k_top is not None else None
+            lps = (torch.log_softmax(logits[rows_of[len(out)]], dim=-1) if k_top is not None
+                   else None)  # fmt: skip
             emitted = []
             for j, t in enumerate(toks):
                 top = top_logprobs(lps[j], t, k_top) if lps is not None and k_top is not None else None
