@@ -162,10 +162,9 @@ class RejectionSampler:
             lp = (logits[flat_rows, flat_toks] - lse[flat_rows]).tolist()
         out: list[list[SampledToken]] = []
         at = 0
-        for g, toks in zip(groups, chosen):
+        for g, toks, rows in zip(groups, chosen, rows_of):
             k_top = g.state.params.logprobs
-            lps = (torch.log_softmax(logits[rows_of[len(out)]], dim=-1) if k_top is not None
-                   else None)  # fmt: skip
+            lps = torch.log_softmax(logits[rows], dim=-1) if k_top is not None else None
             emitted = []
             for j, t in enumerate(toks):
                 top = top_logprobs(lps[j], t, k_top) if lps is not None and k_top is not None else None
