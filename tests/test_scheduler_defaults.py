@@ -1,6 +1,7 @@
 """Scheduler limits the user leaves unset (``max_num_batched_tokens``, ``max_num_seqs``) come
 from the platform, per usage as in vLLM: the cpu platform gives the offline ``LLM`` 4096 tokens
-and 256 sequences a step, the server 2048 and 128, times the ranks; other platforms 2048 / 256.
+and 256 sequences a step, the server 2048 and 128, times the ranks; the cuda platform vLLM's GPU
+values by device memory and name; platforms that set none 2048 / 256.
 The server side on the real model: tests/test_parallel_server.py (a 3-rank server's limit)."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
 
 from ironlm import LLM, SamplingParams
 from ironlm.config import EngineConfig
@@ -36,8 +38,33 @@ def test_platform_defaults_per_usage_and_world_size() -> None:
     assert cpu.scheduler_defaults(serving=False, world_size=1) == (4096, 256)
     assert cpu.scheduler_defaults(serving=True, world_size=1) == (2048, 128)
     assert cpu.scheduler_defaults(serving=True, world_size=3) == (6144, 384)
-    # the contract's default, for platforms that set none (cuda, npu)
+    # the contract's default, for platforms that set none (npu)
     assert Platform.scheduler_defaults(cpu, serving=False, world_size=2) == (2048, 256)
+
+
+@pytest.mark.parametrize(("memory_gib", "name", "serving", "limits"), [
+    (80, "NVIDIA H100 80GB HBM3", False, (16384, 1024)),
+    (80, "NVIDIA H100 80GB HBM3", True, (8192, 1024)),
+    (141, "NVIDIA H200", True, (8192, 1024)),
+    (80, "NVIDIA A100-SXM4-80GB", False, (8192, 256)),  # vLLM keeps the A100 on the smaller
+    (80, "NVIDIA A100-SXM4-80GB", True, (2048, 256)),
+    (24, "NVIDIA L4", False, (8192, 256)),
+    (69.9, "NVIDIA H100 NVL", True, (2048, 256)),  # below vLLM's 70 GiB line
+])
+def test_cuda_takes_vllms_gpu_defaults_by_device_memory(
+    memory_gib: float, name: str, serving: bool, limits: tuple[int, int]
+) -> None:
+    from ironlm_cuda.platform import batch_defaults
+
+    assert batch_defaults(int(memory_gib * 2**30), name, serving) == limits
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
+def test_cuda_without_a_device_in_this_process_takes_the_smaller_defaults() -> None:
+    from ironlm_cuda.platform import CudaPlatform
+
+    assert CudaPlatform().scheduler_defaults(serving=True, world_size=1) == (2048, 256)
+    assert CudaPlatform().scheduler_defaults(serving=False, world_size=4) == (8192, 256)
 
 
 @pytest.mark.parametrize(("serving", "limits"), [(False, (4096, 256)), (True, (2048, 128))])

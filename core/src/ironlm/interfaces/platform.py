@@ -293,7 +293,7 @@ class Platform(ABC):
         """(max_num_batched_tokens, max_num_seqs) where the user sets neither: one step's token
         budget (with chunked prefill) and the most sequences in a batch, for the OpenAI server
         (``serving``) or the offline ``LLM``, with ``world_size`` ranks. vLLM picks these per
-        device and usage; default: 2048 tokens and 256 sequences for both."""
+        device and usage; default: 2048 tokens and 256 sequences for both (what the npu keeps)."""
         return 2048, 256
 
     def device(self, index: int = 0) -> torch.device:
