@@ -160,27 +160,43 @@ def test_truncated_draw_reads_nothing_outside_its_row(kernel: LogitsKernel, at: 
 
 
 class _Recording(LayerOps):
+    """The reference ops, noting which truncating op was called with what."""
+
     def __init__(self) -> None:
-        self.seen: list[tuple[torch.Tensor, ...]] = []
+        self.seen: list[tuple[str, tuple[torch.Tensor, ...]]] = []
 
     def truncated_categorical(self, logits: torch.Tensor, scale: torch.Tensor,
                               top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
                               u: torch.Tensor) -> torch.Tensor:
-        self.seen.append((scale, top_k, top_p, min_p))
+        self.seen.append(("draw", (scale, top_k, top_p, min_p)))
         return super().truncated_categorical(logits, scale, top_k, top_p, min_p, u)
+
+    def truncated_logits(self, logits: torch.Tensor, scale: torch.Tensor, top_k: torch.Tensor,
+                         top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+        self.seen.append(("logits", (scale, top_k, top_p, min_p)))
+        return super().truncated_logits(logits, scale, top_k, top_p, min_p)
 
 
 def test_the_sampler_hands_each_rows_limits_to_the_platform() -> None:
+    # the draw (plain sampling) and the whole rows (speculative decoding's final_logits)
     vocab = 500
     params = [SamplingParams(temperature=0.5, top_k=7), SamplingParams(temperature=2.0),
               SamplingParams(temperature=1.0, top_p=0.9, min_p=0.1), SamplingParams(temperature=0)]
     states = [SamplingState.create(p, 0, [1], vocab, torch.device("cpu")) for p in params]
-    ops = _Recording()
-    Sampler(ops)(torch.randn(4, vocab), states)
-    (scale, top_k, top_p, min_p), = ops.seen
-    assert scale.squeeze(1).tolist() == [2.0, 0.5, 1.0, 1.0]  # greedy rows: 1
-    assert top_k.squeeze(1).tolist() == [7, vocab, vocab, vocab]
-    assert top_p.squeeze(1).tolist() == pytest.approx([1.0, 1.0, 0.9, 1.0])
-    assert min_p.squeeze(1).tolist() == pytest.approx([0.0, 0.0, 0.1, 0.0])
-    Sampler(ops)(torch.randn(4, vocab), states[1:2])  # no row truncates: the plain draw
-    assert len(ops.seen) == 1
+    x = torch.randn(4, vocab)
+    # (the default draw truncates through the platform's truncated_logits)
+    for ops_called, call in ((["draw", "logits"], lambda s: Sampler(s)(x, states)),
+                             (["logits"], lambda s: Sampler(s).final_logits(x, states, None))):
+        ops = _Recording()
+        got = call(ops)
+        assert [name for name, _ in ops.seen] == ops_called
+        scale, top_k, top_p, min_p = ops.seen[0][1]
+        assert scale.squeeze(1).tolist() == [2.0, 0.5, 1.0, 1.0]  # greedy rows: 1
+        assert top_k.squeeze(1).tolist() == [7, vocab, vocab, vocab]
+        assert top_p.squeeze(1).tolist() == pytest.approx([1.0, 1.0, 0.9, 1.0])
+        assert min_p.squeeze(1).tolist() == pytest.approx([0.0, 0.0, 0.1, 0.0])
+    assert int(torch.isfinite(got[0]).sum()) == 7
+    ops = _Recording()  # no row truncates: the plain draw, the scaled rows
+    Sampler(ops)(x[1:2], states[1:2])
+    assert torch.equal(Sampler(ops).final_logits(x[1:2], states[1:2], None), x[1:2] * 0.5)
+    assert ops.seen == []

@@ -1,17 +1,14 @@
 """The cpu plugin's C truncation of whole rows (``LayerOps.truncated_logits``: the logits
 speculative decoding verifies drafts against) against the reference
-(``ironlm.interfaces.truncation``), on every build this CPU runs, and the sampler reaching it
-from ``final_logits``. The engine-level check (speculative sampling with top-k / min-p keeps
-the target's distribution) is in test_spec_decode_engine.py."""
+(``ironlm.interfaces.truncation``), on every build this CPU runs. The sampler reaching it from
+``final_logits``: test_cpu_truncated_draw.py; speculative sampling with top-k / min-p keeping
+the target's distribution: test_spec_decode_engine.py; on SmolLM2: test_spec_decode_real.py."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from ironlm.interfaces.platform import LayerOps
 from ironlm.interfaces.truncation import truncated_logits
-from ironlm.sampling_params import SamplingParams
-from ironlm.worker.sampler import Sampler, SamplingState
 from ironlm_cpu.layer_ops import CpuLayerOps
 from ironlm_cpu.logits_kernel import LogitsKernel
 from ironlm_cpu.truncated_draw import CAND_CAP
@@ -85,31 +82,3 @@ def test_truncation_reads_nothing_outside_its_row(kernel: LogitsKernel, at: str)
             got, left = kernel.truncated_logits(row.view(1, 17), torch.ones(1, 1), *limits)
             want = truncated_logits(row.view(1, 17).clone(), torch.ones(1, 1), *limits)
             assert not left.any() and torch.equal(got, want), (k, p, m)
-
-
-class _Recording(LayerOps):
-    def __init__(self) -> None:
-        self.seen: list[tuple[torch.Tensor, ...]] = []
-
-    def truncated_logits(self, logits: torch.Tensor, scale: torch.Tensor, top_k: torch.Tensor,
-                         top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
-        self.seen.append((scale, top_k, top_p, min_p))
-        return super().truncated_logits(logits, scale, top_k, top_p, min_p)
-
-
-def test_final_logits_hand_each_rows_limits_to_the_platform() -> None:
-    vocab = 500
-    params = [SamplingParams(temperature=0.5, top_k=7), SamplingParams(temperature=2.0),
-              SamplingParams(temperature=1.0, top_p=0.9, min_p=0.1), SamplingParams(temperature=0)]
-    states = [SamplingState.create(p, 0, [1], vocab, torch.device("cpu")) for p in params]
-    ops = _Recording()
-    x = torch.randn(4, vocab)
-    got = Sampler(ops).final_logits(x, states, None)
-    (scale, top_k, top_p, min_p), = ops.seen
-    assert scale.squeeze(1).tolist() == [2.0, 0.5, 1.0, 1.0]  # greedy rows: 1
-    assert top_k.squeeze(1).tolist() == [7, vocab, vocab, vocab]
-    assert top_p.squeeze(1).tolist() == pytest.approx([1.0, 1.0, 0.9, 1.0])
-    assert min_p.squeeze(1).tolist() == pytest.approx([0.0, 0.0, 0.1, 0.0])
-    assert int(torch.isfinite(got[0]).sum()) == 7
-    got = Sampler(ops).final_logits(x[1:2], states[1:2], None)  # no row truncates: scaled
-    assert len(ops.seen) == 1 and torch.equal(got, x[1:2] * 0.5)

@@ -385,10 +385,7 @@ class LogitsKernel(KernelLibrary):
         the kernel holds (``truncated_draw.CAND_CAP``); the caller's reference draws those."""
         assert self._truncated is not None, self.reason
         rows, v = logits.shape
-        col = {"dtype": torch.float32}
-        scale, top_p, min_p = (t.reshape(rows).to(**col).contiguous()
-                               for t in (scale, top_p, min_p))
-        top_k = top_k.reshape(rows).to(torch.int64).contiguous()
+        scale, top_k, top_p, min_p = _limit_rows(rows, scale, top_k, top_p, min_p)
         u = u.reshape(rows).to(torch.float64).contiguous()
         sums = torch.empty(rows, -(-v // BLOCK), dtype=torch.float64)
         out = torch.empty(rows, dtype=torch.int64)
@@ -407,10 +404,7 @@ class LogitsKernel(KernelLibrary):
         finite value, or whose set needs more candidates than the kernel holds)."""
         assert self._truncate is not None, self.reason
         rows, v = logits.shape
-        col = {"dtype": torch.float32}
-        scale, top_p, min_p = (t.reshape(rows).to(**col).contiguous()
-                               for t in (scale, top_p, min_p))
-        top_k = top_k.reshape(rows).to(torch.int64).contiguous()
+        scale, top_k, top_p, min_p = _limit_rows(rows, scale, top_k, top_p, min_p)
         out = torch.empty(rows, v, dtype=torch.float32)
         bad = torch.empty(rows, dtype=torch.int32)
         threads = torch.get_num_threads() if rows >= PARALLEL_ROWS else 1
@@ -418,3 +412,13 @@ class LogitsKernel(KernelLibrary):
                   scale.data_ptr(), top_k.data_ptr(), top_p.data_ptr(), min_p.data_ptr(),
                   out.data_ptr(), out.stride(0), bad.data_ptr(), threads)  # fmt: skip
         return out, bad != 0
+
+
+def _limit_rows(
+    rows: int, scale: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+    min_p: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The (B, 1) scale and limits as the C entry points read them: (B,) contiguous float32
+    scale, int64 top_k, float32 top_p and min_p."""
+    as_f32 = [t.reshape(rows).to(torch.float32).contiguous() for t in (scale, top_p, min_p)]
+    return as_f32[0], top_k.reshape(rows).to(torch.int64).contiguous(), as_f32[1], as_f32[2]
