@@ -71,7 +71,7 @@ def test_values_are_numbers_of_the_field_s_kind() -> None:
             default_sampling("vllm", None, bad)
     # a value the model's own file holds that SamplingParams refuses names the way out
     with pytest.raises(ValueError, match="--generation-config vllm"):
-        default_sampling("auto", GenerationConfig(repetition_penalty=2.5), {})
+        default_sampling("auto", GenerationConfig(repetition_penalty=-1.0), {})
 
 
 def test_flags_parse_into_the_engine_config() -> None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ironlm.worker.sampler import Sampler, SamplingState
-from ironlm.sampling_params import SamplingParams
+from ironlm.sampling_params import RequestOutputKind, SamplingParams
 from ironlm.interfaces import categorical
 from ironlm.interfaces import truncation
 
@@ -212,12 +212,20 @@ def test_logprobs_are_raw_log_softmax_with_ranks() -> None:
         ({"repetition_penalty": 0.0}, "repetition_penalty"),
         ({"min_p": 1.5}, "min_p"),
         ({"stop": [""]}, "stop"),
+        ({"repetition_penalty": float("inf")}, "repetition_penalty"),
+        ({"stop": ["x"], "detokenize": False}, "stop"),
+        ({"stop_token_ids": ["a"]}, "stop_token_ids"),
+        ({"n": 1, "best_of": 2, "output_kind": RequestOutputKind.DELTA}, "best_of"),
     ],
 )
 def test_invalid_values_name_the_field(kwargs: dict, field: str) -> None:  # type: ignore[type-arg]
     with pytest.raises(ValueError) as err:
         SamplingParams(**kwargs)
     assert str(err.value).startswith(field)
+
+
+def test_repetition_penalty_has_no_upper_limit() -> None:
+    assert SamplingParams(repetition_penalty=2.5).repetition_penalty == 2.5  # vLLM: > 0
 
 
 def test_top_k_zero_disables_as_later_vllm_spells_it() -> None:

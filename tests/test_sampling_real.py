@@ -138,6 +138,52 @@ def test_stop_strings_tokens_min_tokens_and_lengths(llm: LLM) -> None:
     assert len(tr.prompt_token_ids) == 4
 
 
+def test_stop_tokens_leave_their_text_out_and_min_tokens_hold_stop_strings(llm: LLM) -> None:
+    """As vLLM: a stop token id or EOS ends the request without its text unless
+    include_stop_str_in_output; stop strings count only after min_tokens tokens."""
+    tok = llm.get_tokenizer()
+    base = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=24),
+                        use_tqdm=False)[0].outputs[0]
+    text, ids = base.text, base.token_ids
+    i = ids.index(ids[5])  # its first occurrence
+    for include in (False, True):
+        st = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=24,
+                                                 stop_token_ids=[ids[5]],
+                                                 include_stop_str_in_output=include),
+                          use_tqdm=False)[0].outputs[0]
+        assert st.token_ids == ids[: i + 1] and st.stop_reason == ids[5]
+        assert st.text == tok.decode(ids[: i + 1 if include else i])
+    eos = tok.eos_token_id
+    for include in (False, True):
+        e = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=4,
+                                                logit_bias={eos: 100.0},
+                                                skip_special_tokens=False,
+                                                include_stop_str_in_output=include),
+                         use_tqdm=False)[0].outputs[0]
+        assert e.token_ids == [eos] and e.finish_reason == "stop"
+        assert e.text == (tok.decode([eos]) if include else "")
+    free = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=24, stop=[" "]),
+                        use_tqdm=False)[0].outputs[0]
+    held = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=24, stop=[" "],
+                                               min_tokens=3), use_tqdm=False)[0].outputs[0]
+    assert free.text == text[: text.index(" ")]
+    # the first space at or after the first 3 tokens' text ends it
+    assert held.text == text[: text.index(" ", len(tok.decode(ids[:3])))]
+    assert held.finish_reason == "stop" and len(held.token_ids) > 3
+
+
+def test_vllm_names_of_the_engine_and_argument_checks(llm: LLM) -> None:
+    assert llm.llm_engine is llm.engine  # vLLM's attribute name
+    assert llm.llm_engine.get_tokenizer() is llm.get_tokenizer()
+    with pytest.raises(ValueError, match="priority"):
+        llm.generate([PROMPT, PROMPT], SamplingParams(max_tokens=2), priority=[0],
+                     use_tqdm=False)
+    with pytest.raises(ValueError, match="^truncate_prompt_tokens value"):
+        llm.generate(PROMPT, SamplingParams(max_tokens=2, truncate_prompt_tokens=513),
+                     use_tqdm=False)
+    assert not llm.engine.has_unfinished_requests()
+
+
 def test_top_k_top_p_min_p_keep_samples_inside_their_sets(llm: LLM) -> None:
     for params, inside in [
         (SamplingParams(temperature=1.0, top_k=3, logprobs=20, seed=1, max_tokens=16),
@@ -260,4 +306,7 @@ def test_use_beam_search_in_sampling_params_runs_beam_search(llm: LLM) -> None:
     beams = llm.beam_search([prompt], BeamSearchParams(beam_width=3, max_tokens=5))[0]
     out = llm.generate(prompt, SamplingParams(use_beam_search=True, best_of=3, n=2,
                                               temperature=0.0, max_tokens=5), use_tqdm=False)[0]
-    assert [o.text for o in out.outputs] == [s.text for s in beams.sequences[:2]]
+    best = beams.sequences[:2]
+    assert [o.token_ids for o in out.outputs] == [s.tokens[len(out.prompt_token_ids):] for s in best]
+    # as vLLM's LLM.beam_search, a beam's text is its whole sequence's, prompt included
+    assert [prompt + o.text for o in out.outputs] == [s.text for s in best]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -115,8 +116,9 @@ class SamplingParams:
             raise bad("presence_penalty", f"must be in [-2, 2], got {self.presence_penalty}.")
         if not -2.0 <= self.frequency_penalty <= 2.0:
             raise bad("frequency_penalty", f"must be in [-2, 2], got {self.frequency_penalty}.")
-        if not 0.0 < self.repetition_penalty <= 2.0:
-            raise bad("repetition_penalty", f"must be in (0, 2], got {self.repetition_penalty}.")
+        if not (0.0 < self.repetition_penalty and math.isfinite(self.repetition_penalty)):
+            raise bad("repetition_penalty", f"must be a positive finite number, got "
+                      f"{self.repetition_penalty}.")
         if self.temperature < 0.0:
             raise bad("temperature", f"must be non-negative, got {self.temperature}.")
         if not 0.0 < self.top_p <= 1.0:
@@ -142,6 +144,14 @@ class SamplingParams:
             raise bad("truncate_prompt_tokens", f"must be >= 1, got {self.truncate_prompt_tokens}")
         if any(not s for s in self.stop or []):
             raise bad("stop", "cannot contain an empty string.")
+        if self.stop and not self.detokenize:
+            raise bad("stop", "strings are only supported when detokenize is True. Set "
+                      "detokenize=True to use stop.")
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in self.stop_token_ids):
+            raise bad("stop_token_ids", f"must contain only integers, got "
+                      f"{self.stop_token_ids!r}.")
+        if self.best_of != self.n and self.output_kind == RequestOutputKind.DELTA:
+            raise bad("best_of", "must equal n to use output_kind=DELTA.")
         if self.use_beam_search:
             if self.best_of == 1:
                 raise bad("best_of", "must be greater than 1 when using beam search.")

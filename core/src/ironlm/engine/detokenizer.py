@@ -48,9 +48,10 @@ class IncrementalDetokenizer:
             return self._backend.decode(ids, skip_special_tokens=self._skip_special)
         return self.tokenizer.decode(ids, **self.decode_kwargs)
 
-    def add_token(self, token_id: int) -> str | None:
+    def add_token(self, token_id: int, check_stop: bool = True) -> str | None:
         """Append one token; returns the stop string it completed, if any (and then truncates
-        ``text`` at the stop string, unless include_stop_str_in_output)."""
+        ``text`` at the stop string, unless include_stop_str_in_output). ``check_stop`` False:
+        no stop string is looked for in this token's text (tokens within ``min_tokens``)."""
         self.token_ids.append(token_id)
         prefix = self._decode(self.token_ids[self.prefix_offset : self.read_offset])
         full = self._decode(self.token_ids[self.prefix_offset :])
@@ -61,7 +62,7 @@ class IncrementalDetokenizer:
         self.text += new_text
         self.prefix_offset = max(0, len(self.token_ids) - _CONTEXT_TOKENS)
         self.read_offset = len(self.token_ids)
-        return self._check_stop(before)
+        return self._check_stop(before) if check_stop else None
 
     def _check_stop(self, before: int) -> str | None:
         if not self.stop:
@@ -106,7 +107,7 @@ class WholeDetokenizer(IncrementalDetokenizer):
         super().__init__(tokenizer, [], [], False, skip_special_tokens,
                          spaces_between_special_tokens)
 
-    def add_token(self, token_id: int) -> str | None:
+    def add_token(self, token_id: int, check_stop: bool = True) -> str | None:
         self.token_ids.append(token_id)
         return None  # no stop strings to find
 

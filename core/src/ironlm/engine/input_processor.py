@@ -48,6 +48,12 @@ class InputProcessor:
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
             raise ValueError("prompt token ids must be integers")
         if params.truncate_prompt_tokens is not None:
+            if params.truncate_prompt_tokens > self.max_model_len:
+                raise ValueError(
+                    f"truncate_prompt_tokens value ({params.truncate_prompt_tokens}) is greater "
+                    f"than max_model_len ({self.max_model_len}). Please, select a smaller "
+                    "truncation size."
+                )
             ids = ids[-params.truncate_prompt_tokens :]
         if not ids:
             raise ValueError("The decoder prompt cannot be empty (prompt has 0 tokens)")

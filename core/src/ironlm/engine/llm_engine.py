@@ -207,6 +207,10 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def get_tokenizer(self) -> Any:
+        """The tokenizer the engine uses (vLLM's ``LLMEngine.get_tokenizer``)."""
+        return self.tokenizer
+
     # -- LoRA adapters (vLLM's engine methods) --------------------------------------------------
     def add_lora(self, lora_request: LoRARequest) -> bool:
         """Register an adapter and check it can run (ValueError naming the problem); it is

@@ -218,14 +218,20 @@ class OutputProcessor:
         if tok.top_logprobs is not None:
             req.logprobs.append(self._logprob_dict(tok.top_logprobs))
         status: RequestStatus | None = None
-        stop_str = detok.add_token(tok.token_id) if detok is not None else None
         n_out = len(req.output_token_ids)
+        # As vLLM: an EOS or stop token id ends the request without its text (unless
+        # include_stop_str_in_output), and neither it nor stop strings count within min_tokens
+        eos = not p.ignore_eos and tok.token_id == req.eos_token_id
+        stop_token = n_out >= p.min_tokens and (eos or tok.token_id in (p.stop_token_ids or []))
+        stop_str = None
+        if detok is not None and not (stop_token and not p.include_stop_str_in_output):
+            stop_str = detok.add_token(tok.token_id, not stop_token and n_out > p.min_tokens)
         if stop_str is not None:
             status, req.stop_reason = RequestStatus.FINISHED_STOPPED, stop_str
-        elif n_out >= p.min_tokens and not p.ignore_eos and tok.token_id == req.eos_token_id:
+        elif stop_token:
             status = RequestStatus.FINISHED_STOPPED
-        elif n_out >= p.min_tokens and tok.token_id in (p.stop_token_ids or []):
-            status, req.stop_reason = RequestStatus.FINISHED_STOPPED, tok.token_id
+            if not eos:
+                req.stop_reason = tok.token_id
         elif self._grammar_done(req):
             status = RequestStatus.FINISHED_STOPPED
         elif req.grammar_error is not None:

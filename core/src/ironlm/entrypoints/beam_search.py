@@ -96,10 +96,16 @@ class BeamSearch:
             pool = self.done[i] + self.live[i]
             pool.sort(key=lambda s: -beam_score(s, self.eos, self.params.length_penalty))
             best = pool[: self.params.beam_width]
-            for s in best:
-                s.text = tokenizer.decode(s.tokens[len(prompt_ids):], skip_special_tokens=True)
+            for s in best:  # as vLLM's LLM.beam_search: the prompt's text and the beam's
+                s.text = tokenizer.decode(s.tokens)
             out.append(BeamSearchOutput(best))
         return out
+
+
+def completion_text(tokenizer: Any, seq: BeamSearchSequence, prompt_len: int) -> str:
+    """A beam's generated text alone, special tokens skipped (``generate`` with
+    ``use_beam_search`` and the server's beam search answer with it)."""
+    return tokenizer.decode(seq.tokens[prompt_len:], skip_special_tokens=True)
 
 
 def run_beam_search(

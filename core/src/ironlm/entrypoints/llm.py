@@ -39,6 +39,11 @@ class LLM:
         self.engine = LLMEngine(config, plugin_manager)
         self._ids = itertools.count()
 
+    @property
+    def llm_engine(self) -> LLMEngine:
+        """The engine, under vLLM's name for it (``llm.llm_engine.get_tokenizer()``)."""
+        return self.engine
+
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer
 
@@ -64,6 +69,9 @@ class LLM:
         loras = _per_prompt_lora(lora_request, len(batch))
         if any(p.use_beam_search for p in params):
             return self._generate_beams(batch, params, loras)
+        if priority is not None and len(priority) != len(batch):
+            raise ValueError(f"The lengths of prompts ({len(batch)}) and priority "
+                             f"({len(priority)}) must be the same.")
         params = [_final_only(p) for p in params]
         ids = []
         try:
@@ -137,7 +145,7 @@ class LLM:
         loras: list[LoRARequest | None],
     ) -> list[RequestOutput]:  # fmt: skip
         """SamplingParams(use_beam_search=True): beam width best_of, the n best beams."""
-        from ironlm.entrypoints.beam_search import run_beam_search
+        from ironlm.entrypoints.beam_search import completion_text, run_beam_search
         from ironlm.outputs import CompletionOutput
 
         if not all(p.use_beam_search for p in params):
@@ -152,7 +160,8 @@ class LLM:
             prompt_ids = self.engine.inputs.process(prompt, SamplingParams()).token_ids
             outs = [
                 CompletionOutput(
-                    index=i, text=s.text or "", token_ids=s.tokens[len(prompt_ids):],
+                    index=i, text=completion_text(self.get_tokenizer(), s, len(prompt_ids)),
+                    token_ids=s.tokens[len(prompt_ids):],
                     cumulative_logprob=s.cum_logprob, finish_reason=s.finish_reason,
                 )
                 for i, s in enumerate(out.sequences[: p.n])

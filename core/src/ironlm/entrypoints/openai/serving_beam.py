@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import AsyncIterator
 
-from ironlm.entrypoints.beam_search import BeamSearch
+from ironlm.entrypoints.beam_search import BeamSearch, completion_text
 from ironlm.entrypoints.openai.errors import APIError
 from ironlm.entrypoints.openai.protocol import SamplingFields
 from ironlm.entrypoints.openai.request_inputs import EnginePrompt
@@ -68,7 +68,8 @@ async def beam_search(
     start = len(prompt.token_ids)
     yield RequestOutput(
         request_id=request_id, prompt=prompt.text, prompt_token_ids=prompt.token_ids,
-        outputs=[CompletionOutput(index=i, text=s.text or "", token_ids=s.tokens[start:],
+        outputs=[CompletionOutput(index=i, text=completion_text(state.tokenizer, s, start),
+                                  token_ids=s.tokens[start:],
                                   cumulative_logprob=s.cum_logprob, finish_reason=s.finish_reason)
                  for i, s in enumerate(best)],
         finished=True,
