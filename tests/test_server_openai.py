@@ -71,6 +71,8 @@ def test_health_version_models_plugins(server: RemoteServer, http: httpx.Client,
     bare = httpx.get(server.url("/health"), timeout=5)  # no key needed
     assert bare.status_code == 200
     assert bare.headers["x-ironlm-test-middleware"] == "1"  # --middleware was loaded
+    assert httpx.get(server.url("/ping"), timeout=5).status_code == 200  # vLLM's alias
+    assert httpx.post(server.url("/ping"), timeout=5).status_code == 200
     assert http.get("/version").json()["version"]
     models = client.models.list()
     assert [m.id for m in models.data] == [MODEL, "smollm2-alias"]
@@ -200,16 +202,20 @@ def test_chat_stream_n2_roles_and_usage(client: openai.OpenAI) -> None:
         model=MODEL, messages=CHAT, max_tokens=5, n=2, temperature=1.0, seed=3, stream=True,
         stream_options={"include_usage": True, "continuous_usage_stats": True}))
     per_choice: dict[int, list[Any]] = {0: [], 1: []}
+    counts: dict[int, list[int]] = {0: [], 1: []}  # each chunk's usage, by its choice
     for c in chunks:
         for ch in c.choices:
             per_choice[ch.index].append(ch)
+            counts[ch.index].append(c.usage.completion_tokens)
         assert c.usage is not None  # continuous usage stats: on every chunk
     for deltas in per_choice.values():
         assert deltas[0].delta.role == "assistant"  # the role comes first
         assert sum(1 for d in deltas if d.finish_reason) == 1
         assert deltas[-1].finish_reason in ("stop", "length")
+    # as vLLM: a choice's chunk counts that choice's tokens, the last chunk every choice's
+    assert all(n == sorted(n) and n[0] == 0 and 1 <= n[-1] <= 5 for n in counts.values())
     assert chunks[-1].choices == []
-    assert chunks[-1].usage.completion_tokens == chunks[-2].usage.completion_tokens
+    assert chunks[-1].usage.completion_tokens == counts[0][-1] + counts[1][-1]
 
 
 def test_chat_stream_equals_non_stream(client: openai.OpenAI) -> None:
@@ -368,6 +374,7 @@ OUT_OF_RANGE = [
     ("allowed_token_ids", [10**7], {}),
     ("stop_token_ids", [-1], {}),
     ("truncate_prompt_tokens", 0, {}),
+    ("truncate_prompt_tokens", MAX_MODEL_LEN + 1, {}),  # vLLM: more than max_model_len
 ]
 
 
@@ -386,6 +393,7 @@ def test_out_of_range_completion_params(client: openai.OpenAI, field: str, value
     ({"top_logprobs": 3}, "top_logprobs"),  # without logprobs=true
     ({"logprobs": True, "top_logprobs": 100}, "top_logprobs"),  # over --max-logprobs
     ({"max_completion_tokens": 0}, "max_completion_tokens"),
+    ({"truncate_prompt_tokens": MAX_MODEL_LEN + 1}, "truncate_prompt_tokens"),
     ({"temperature": 9.0, "top_p": 0.0}, "top_p"),
     ({"messages": [{"content": "no role"}]}, "messages"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages"),

@@ -5,6 +5,7 @@ runs with a Hermes-style --chat-template; "auto" uses the hermes parser."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Iterator, Literal
 
@@ -166,11 +167,23 @@ def test_auto_with_hermes_parser(client: openai.OpenAI) -> None:
     assert [c.function.name for c in out.message.tool_calls] == ["get_weather"]
     assert json.loads(out.message.tool_calls[0].function.arguments) == {
         "city": "Paris", "unit": "celsius"}
-    frags = [tc for c in client.chat.completions.create(stream=True, **kwargs)
-             if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    chunks = [c.choices[0] for c in client.chat.completions.create(stream=True, **kwargs)
+              if c.choices]
+    frags = [tc for ch in chunks for tc in (ch.delta.tool_calls or [])]
     assert frags[0].function.name == "get_weather" and frags[0].id
     assert json.loads("".join(f.function.arguments or "" for f in frags)) == {
         "city": "Paris", "unit": "celsius"}
+    # as vLLM: no empty chunk while the parser holds text back
+    assert all(ch.delta.role or ch.delta.content is not None or ch.delta.tool_calls
+               or ch.finish_reason for ch in chunks)
+    # a complete call, then text up to max_tokens: still "tool_calls" in auto mode (vLLM)
+    cut = dict(kwargs, extra_body={"guided_regex": re.escape(forced) + "( ok){200}"})
+    out = client.chat.completions.create(**cut).choices[0]
+    assert out.finish_reason == "tool_calls"
+    assert [c.function.name for c in out.message.tool_calls] == ["get_weather"]
+    last = [c.choices[0].finish_reason for c in client.chat.completions.create(
+        stream=True, **cut) if c.choices and c.choices[0].finish_reason]
+    assert last == ["tool_calls"]
 
 
 def test_tool_round_trip_history(client: openai.OpenAI) -> None:

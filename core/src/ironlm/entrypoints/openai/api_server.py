@@ -103,6 +103,8 @@ def _parse(raw: bytes, model: type[M] | None) -> Any:
 
 # -- routes --------------------------------------------------------------------------------
 @router.get("/health")
+@router.get("/ping")  # vLLM's SageMaker-style liveness route, GET and POST, as /health
+@router.post("/ping")
 async def health(request: Request) -> Response:
     if not _server(request).engine.is_alive:
         raise APIError("the engine loop is not running", 503)

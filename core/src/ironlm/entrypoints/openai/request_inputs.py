@@ -52,10 +52,16 @@ class EnginePrompt:
 def tokenize_prompt(
     tokenizer: Any, prompt: str | list[int], add_special_tokens: bool,
     truncate_prompt_tokens: int | None = None, vocab_size: int | None = None,
-    field: str = "prompt",
+    field: str = "prompt", max_model_len: int | None = None,
 ) -> EnginePrompt:
     """Token ids of a text or token-id prompt (400 naming ``field`` when it is empty or holds
-    an id outside the vocabulary)."""
+    an id outside the vocabulary; naming truncate_prompt_tokens when that exceeds
+    ``max_model_len``, as vLLM)."""
+    if truncate_prompt_tokens is not None and max_model_len is not None \
+            and truncate_prompt_tokens > max_model_len:
+        raise APIError(f"truncate_prompt_tokens value ({truncate_prompt_tokens}) is greater "
+                       f"than max_model_len ({max_model_len}). Please, select a smaller "
+                       "truncation size.", 400, param="truncate_prompt_tokens")
     if isinstance(prompt, str):
         ids = list(tokenizer(prompt, add_special_tokens=add_special_tokens).input_ids)
         text: str | None = prompt
@@ -162,8 +168,8 @@ async def tokenize_prompts(state: ServerState, prompts: list[str | list[int]],
                            field: str = "prompt") -> list[EnginePrompt]:
     """Every prompt of a request tokenized on the tokenizer pool (off the event loop)."""
     def run(tok: Any) -> list[EnginePrompt]:
-        return [tokenize_prompt(tok, p, add_special_tokens, truncate, state.vocab_size, field)
-                for p in prompts]
+        return [tokenize_prompt(tok, p, add_special_tokens, truncate, state.vocab_size, field,
+                                state.max_model_len) for p in prompts]
 
     assert state.tokenizers is not None
     return await state.tokenizers.run(run)

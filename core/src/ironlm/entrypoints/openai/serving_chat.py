@@ -139,11 +139,16 @@ def _render(tokenizer: Any, state: ServerState, req: ChatCompletionRequest) -> t
         documents=req.documents, chat_template_kwargs=req.chat_template_kwargs,
     )
     return text, tokenize_prompt(tokenizer, text, req.add_special_tokens,
-                                 req.truncate_prompt_tokens)
+                                 req.truncate_prompt_tokens, max_model_len=state.max_model_len)
 
 
-def _finish_reason(reason: str | None, called: bool) -> str | None:
-    return "tool_calls" if called and reason == "stop" else reason
+def _finish_reason(reason: str | None, called: bool, mode: str) -> str | None:
+    """"tool_calls" where calls came out: always in auto mode (vLLM: also when the text ran
+    into max_tokens after a complete call), on a stop for a required or named call (one cut
+    by max_tokens and closed stays "length", docs/structured-output.md)."""
+    if reason is None or not called:
+        return reason
+    return "tool_calls" if reason == "stop" or mode == "auto" else reason
 
 
 def _response(ctx: _Ctx, final: RequestOutput) -> ChatCompletionResponse:
@@ -166,7 +171,7 @@ def _response(ctx: _Ctx, final: RequestOutput) -> ChatCompletionResponse:
             message=message,
             logprobs=chat_logprobs(o.token_ids, o.logprobs or [], ctx.num_top, ctx.name)
             if ctx.num_top is not None else None,
-            finish_reason=_finish_reason(o.finish_reason, bool(calls)),
+            finish_reason=_finish_reason(o.finish_reason, bool(calls), ctx.plan.mode),
             stop_reason=o.stop_reason,
             sentence_length=len(o.text),
             cum_log_probs=o.cumulative_logprob,
@@ -227,8 +232,8 @@ async def _stream(
     choices = [_ChoiceStream(ctx) for _ in range(req.n)]
     prompt_tokens = len(first.prompt_token_ids)
 
-    def usage() -> dict[str, Any]:
-        return UsageInfo.of(prompt_tokens, sum(ch.sent_tokens for ch in choices)).model_dump()
+    def usage(completion_tokens: int) -> dict[str, Any]:
+        return UsageInfo.of(prompt_tokens, completion_tokens).model_dump()
 
     def chunk(choice: ChatStreamChoice | None) -> str:
         body: dict[str, Any] = {
@@ -236,8 +241,11 @@ async def _stream(
             "model": ctx.model, "system_fingerprint": ctx.state.system_fingerprint,
             "choices": [choice.model_dump()] if choice is not None else [],
         }
-        if include_usage:
-            body["usage"] = usage() if (continuous or choice is None) else None
+        if include_usage:  # as vLLM: a choice's chunk counts its own tokens, the last all
+            if choice is None:
+                body["usage"] = usage(sum(ch.sent_tokens for ch in choices))
+            else:
+                body["usage"] = usage(choices[choice.index].sent_tokens) if continuous else None
         return sse(body)
 
     async def outputs() -> AsyncIterator[RequestOutput]:
@@ -265,10 +273,15 @@ async def _stream(
                     positions = (o.logprobs or [])[ch.sent_tokens:]
                     logprobs = chat_logprobs(new_ids, positions, ctx.num_top, ctx.name)
                 delta = ch.delta(new_text, finished)
-                ch.sent_text, ch.sent_tokens, ch.done = len(o.text), len(o.token_ids), finished
+                ch.sent_text = len(o.text)
+                if not finished and delta.content is None and delta.tool_calls is None \
+                        and new_text:
+                    continue  # the tool parser holds the text back: no empty chunk (vLLM);
+                    # its tokens' logprobs go out with the next chunk
+                ch.sent_tokens, ch.done = len(o.token_ids), finished
                 yield chunk(ChatStreamChoice(
                     index=o.index, delta=delta, logprobs=logprobs,
-                    finish_reason=_finish_reason(o.finish_reason, bool(ch.ids)),
+                    finish_reason=_finish_reason(o.finish_reason, bool(ch.ids), ctx.plan.mode),
                     stop_reason=o.stop_reason if finished else None,
                 ))
         if include_usage:

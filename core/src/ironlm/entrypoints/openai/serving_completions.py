@@ -170,8 +170,10 @@ async def _stream(
             "model": ctx.model, "system_fingerprint": ctx.state.system_fingerprint,
             "choices": [choice],
         }
-        if include_usage:
-            body["usage"] = usage() if continuous else None
+        if include_usage:  # as vLLM: a choice's chunk counts its prompt and its own tokens
+            idx = choice["index"]
+            body["usage"] = UsageInfo.of(prompt_tokens[idx // req.n], generated[idx]
+                                         ).model_dump() if continuous else None
         return sse(body)
 
     async def outputs() -> AsyncIterator[tuple[int, RequestOutput]]:
