@@ -139,3 +139,24 @@ def test_the_kernel_passes_the_choice_check(dtype: torch.dtype, tmp_path: Path) 
     cpu._choose_prefill(layer, torch.zeros(1, 9, 64, dtype=dtype),
                         torch.zeros(2, 1, 16, 3, 64, dtype=dtype))  # fmt: skip
     assert "rejected" not in cpu.prefill_path, cpu.prefill_path
+
+
+def test_the_first_forward_takes_the_paths_later_ones_take(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The choice is made inside the first forward, after that step's metadata was built; the
+    metadata is rebuilt so the first step already runs the chosen paths: the same prompt gives
+    the same numbers on its first step as on any later one (a seeded request repeats)."""
+    monkeypatch.setenv("IRONLM_CPU_KERNELS", "decode_attention=c,prefill_attention=c")
+    cpu = CpuPagedAttentionBackend()
+    if not cpu.libraries():
+        pytest.skip(cpu.decode_path)
+    batch = _batch([0, 10], [30, 1])
+    gen = torch.Generator().manual_seed(3)
+    layer = AttentionLayerSpec(0, 6, 2, 64, 64**-0.5, None)
+    cache = torch.randn(2, int(batch.block_tables.max()) + 1, 16, 2, 64, generator=gen)
+    q, k, v = (torch.randn(batch.num_tokens, h, 64, generator=gen).to(torch.bfloat16)
+               for h in (6, 2, 2))
+    cache = cache.to(torch.bfloat16)
+    first = cpu.forward(layer, q, k, v, cache.clone(), cpu.build_metadata(batch))
+    assert cpu._row_keys > 0  # the prompt runs as kernel rows from now on
+    again = cpu.forward(layer, q, k, v, cache.clone(), cpu.build_metadata(batch))
+    assert torch.equal(first, again)

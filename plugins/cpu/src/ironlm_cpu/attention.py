@@ -110,6 +110,10 @@ class CpuPagedAttentionBackend(AttentionBackend):
             self._decode_c = self._choose_decode(layer, q, kv_cache)
             if self._decode_c and _kernel_fits(layer, q, kv_cache):
                 self._row_keys = self._choose_prefill(layer, q, kv_cache)
+            # this step's metadata was built before the choice: rebuilt in place, so that
+            # every layer of the first step runs as every later step will (the same paths,
+            # the same numbers: a seeded request repeats its tokens)
+            metadata.buckets = self.build_metadata(metadata.batch).buckets
         native = self._decode_c is not False and _kernel_fits(layer, q, kv_cache)
         c_write = self._kernel is not None and PagedDecodeKernel.write_kv_fits(kv_cache, k, v)
         if metadata.graph and not (native and c_write):
