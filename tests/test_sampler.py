@@ -199,6 +199,7 @@ def test_logprobs_are_raw_log_softmax_with_ranks() -> None:
     "kwargs, field",
     [
         ({"temperature": -0.1}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
         ({"top_p": 0.0}, "top_p"),
         ({"top_p": 1.5}, "top_p"),
         ({"top_k": -2}, "top_k"),

@@ -119,7 +119,7 @@ class SamplingParams:
         if not (0.0 < self.repetition_penalty and math.isfinite(self.repetition_penalty)):
             raise bad("repetition_penalty", f"must be a positive finite number, got "
                       f"{self.repetition_penalty}.")
-        if self.temperature < 0.0:
+        if not self.temperature >= 0.0:  # NaN too: it would run as greedy
             raise bad("temperature", f"must be non-negative, got {self.temperature}.")
         if not 0.0 < self.top_p <= 1.0:
             raise bad("top_p", f"must be in (0, 1], got {self.top_p}.")
