@@ -38,6 +38,7 @@ class RemoteServer:
         env: dict[str, str] | None = None,
         start_timeout: float = 300.0,
         api_key: str | None = None,
+        key_env: str | None = None,  # pass api_key in this environment variable, not --api-key
     ) -> None:
         self.port = free_port()
         self.api_key = api_key
@@ -50,11 +51,13 @@ class RemoteServer:
             p for p in (str(TESTS_DIR), full_env.get("PYTHONPATH", "")) if p
         )
         full_env.update(env or {})
+        if api_key is not None and key_env is not None:
+            full_env[key_env] = api_key
         cmd = [
             sys.executable, "-m", "ironlm.entrypoints.openai.api_server", str(model),
             "--host", "127.0.0.1", "--port", str(self.port), *args,
         ]
-        if api_key is not None:
+        if api_key is not None and key_env is None:
             cmd += ["--api-key", api_key]
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
                                      env=full_env)

@@ -29,18 +29,22 @@ CHAT = [{"role": "user", "content": "Name one colour."}]
 
 
 @pytest.fixture(scope="module")
-def server(smollm2_dir: Path) -> Iterator[RemoteServer]:
+def server(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RemoteServer]:
     # A small step budget keeps engine steps short on this 2-core CPU box, so aborts (applied
-    # between steps) take effect quickly after the disconnect burst.
+    # between steps) take effect quickly after the disconnect burst. Some flags come as vLLM
+    # users write them: from a --config YAML file, in --snake_case, and the key in VLLM_API_KEY.
+    config = tmp_path_factory.mktemp("config") / "serve.yaml"
+    config.write_text(f"max_model_len: {MAX_MODEL_LEN}\nkv-cache-memory: 128MiB\n"
+                      f"served-model-name: [{MODEL}, smollm2-alias]\n"
+                      "disable-log-stats: true\nenable-prefix-caching: true\n"
+                      "max-num-seqs: 999\n")  # the command line's --max_num_seqs wins
     args = [
-        "--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-memory", "128MiB",
-        "--max-num-seqs", "32", "--max-num-batched-tokens", "64",
-        "--served-model-name", MODEL, "smollm2-alias",
+        "--config", str(config), "--max_num_seqs", "32", "--max-num-batched-tokens", "64",
         "--max-request-body-size", "1MiB", "--max-log-len", "40",
-        "--middleware", "server_utils.header_middleware", "--disable-log-stats",
+        "--middleware", "server_utils.header_middleware",
         "--dtype", "float32",  # whatever the CPU's auto dtype: embeddings compared across batches
     ]
-    with RemoteServer(smollm2_dir, args, api_key=API_KEY) as srv:
+    with RemoteServer(smollm2_dir, args, api_key=API_KEY, key_env="VLLM_API_KEY") as srv:
         yield srv
 
 
@@ -86,7 +90,7 @@ def test_completion_basic_and_alias(client: openai.OpenAI) -> None:
     out = client.completions.create(model="smollm2-alias", prompt=PROMPT, max_tokens=5,
                                     temperature=0)
     assert out.id.startswith("cmpl-") and out.object == "text_completion"
-    assert out.model == MODEL  # the first served name is reported
+    assert out.model == "smollm2-alias"  # as vLLM: the served name the request used
     assert len(out.choices) == 1 and out.choices[0].text
     assert out.choices[0].finish_reason == "length"
     assert out.usage.completion_tokens == 5

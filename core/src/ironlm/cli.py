@@ -11,6 +11,7 @@ from importlib.metadata import EntryPoint
 
 from ironlm.commands import download_cmd, plugins_cmd, quantize_cmd, serve_cmd
 from ironlm.commands.extensions import add_extension_commands
+from ironlm.entrypoints.openai.cli_args import expand_argv
 
 
 class Cli:
@@ -21,7 +22,8 @@ class Cli:
         self.parser = argparse.ArgumentParser(prog="ironlm",
                                               description="IronLM LLM serving engine")
         sub = self.parser.add_subparsers(dest="command", required=True)
-        for module in (serve_cmd, plugins_cmd, download_cmd, quantize_cmd):
+        self.serve_parser = serve_cmd.add_parser(sub)
+        for module in (plugins_cmd, download_cmd, quantize_cmd):
             module.add_parser(sub)
         self.unavailable = add_extension_commands(sub, commands)
 
@@ -30,6 +32,11 @@ class Cli:
         if argv and argv[0] in self.unavailable:
             print(f"ironlm {argv[0]}: {self.unavailable[argv[0]]}", file=sys.stderr)
             return 2
+        if argv and argv[0] == "serve":  # vLLM's --foo_bar spelling and --config FILE
+            try:
+                argv = ["serve", *expand_argv(argv[1:], self.serve_parser)]
+            except (ValueError, OSError) as exc:
+                self.serve_parser.error(str(exc))
         args = self.parser.parse_args(argv)
         return int(args.func(args) or 0)
 

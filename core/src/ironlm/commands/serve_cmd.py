@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """The ``serve`` parser (``Cli`` expands vLLM's underscores and --config for it)."""
     from ironlm.entrypoints.openai.cli_args import make_arg_parser
 
     p = sub.add_parser(
@@ -20,6 +21,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     make_arg_parser(p)
     p.set_defaults(func=run)
+    return p
 
 
 def run(args: argparse.Namespace) -> int:

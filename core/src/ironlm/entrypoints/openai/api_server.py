@@ -32,7 +32,7 @@ from ironlm.entrypoints.openai import (
     serving_models,
     serving_tokenize,
 )
-from ironlm.entrypoints.openai.cli_args import engine_config_from_args, make_parser
+from ironlm.entrypoints.openai.cli_args import engine_config_from_args, expand_argv, make_parser
 from ironlm.entrypoints.openai.errors import APIError, install_error_handlers, validation_error
 from ironlm.entrypoints.openai.metrics import fresh_stats, log_stats_forever
 from ironlm.entrypoints.openai.middleware import (
@@ -249,7 +249,7 @@ def build_app(
     # add_middleware wraps the app: the last added runs first (CORS, size, key, user's).
     for path in args.middleware or []:
         load_middleware(app, path)
-    api_key = args.api_key or os.environ.get("IRONLM_API_KEY")
+    api_key = args.api_key or os.environ.get("IRONLM_API_KEY") or os.environ.get("VLLM_API_KEY")
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=args.max_request_body_size)
@@ -327,7 +327,12 @@ def serve(args: argparse.Namespace, prog: str = "ironlm serve") -> int:
 
 def main(argv: list[str] | None = None) -> int:
     prog = "python -m ironlm.entrypoints.openai.api_server"
-    return serve(make_parser(prog).parse_args(argv), prog)
+    parser = make_parser(prog)
+    try:
+        argv = expand_argv(sys.argv[1:] if argv is None else list(argv), parser)
+    except (ValueError, OSError) as exc:
+        parser.error(str(exc))
+    return serve(parser.parse_args(argv), prog)
 
 
 __all__ = ["StartupError", "build_app", "main", "parse_body", "run_server", "serve"]

@@ -72,10 +72,10 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     api = parser.add_argument_group("OpenAI API")
     api.add_argument("--api-key", default=None,
                      help="require this key (Bearer) on /v1/* and /generate; also read from "
-                     "IRONLM_API_KEY")
+                     "IRONLM_API_KEY, then vLLM's VLLM_API_KEY")
     api.add_argument("--served-model-name", nargs="+", default=None,
-                     help="model name(s) the API accepts; the first is reported in responses "
-                     "(default: --model)")
+                     help="model name(s) the API accepts; responses report the name a request "
+                     "used, the first when it named none (default: --model)")
     api.add_argument("--chat-template", default=None,
                      help="chat template file, or the template text itself")
     api.add_argument("--response-role", default="assistant",
@@ -107,6 +107,55 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     if not model:
         raise ValueError("a model is required: ironlm serve MODEL (or --model MODEL)")
     return EngineConfig(model=model, **engine_kwargs(args))
+
+
+def expand_argv(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """vLLM's command-line conventions, applied before ``parser`` parses ``argv``:
+    ``--foo_bar`` is ``--foo-bar``, and ``--config FILE`` reads flags from a YAML mapping
+    (``max-model-len: 512``, ``enforce-eager: true``, lists for several values) that the
+    command line's own flags override; ``false`` is ``--no-FLAG`` where the parser has it,
+    else the flag is left out (as vLLM). ValueError for a config that is not such a mapping,
+    OSError for one that cannot be read."""
+    out = []
+    for arg in argv:
+        if arg.startswith("--") and len(arg) > 2:
+            name, eq, value = arg.partition("=")
+            arg = name.replace("_", "-") + eq + value
+        out.append(arg)
+    path = None
+    for i, arg in enumerate(out):
+        if arg == "--config" and i + 1 < len(out):
+            path, out = out[i + 1], out[:i] + out[i + 2:]
+            break
+        if arg.startswith("--config="):
+            path, out = arg.partition("=")[2], out[:i] + out[i + 1:]
+            break
+    if path is None:
+        return out
+    import yaml
+
+    with open(path, encoding="utf-8") as f:
+        config = yaml.safe_load(f) or {}
+    if not isinstance(config, dict):
+        raise ValueError(f"--config {path}: a YAML mapping of flag names to values is needed")
+    flags: list[str] = []
+    for key, value in config.items():
+        flag = "--" + str(key).replace("_", "-")
+        if value is True:
+            flags.append(flag)
+        elif value is False:
+            # argparse lists its option strings only in this attribute
+            if "--no-" + flag[2:] in parser._option_string_actions:
+                flags.append("--no-" + flag[2:])
+        elif isinstance(value, list):
+            flags += [flag, *(str(v) for v in value)]
+        elif isinstance(value, dict):
+            flags += [flag, json.dumps(value)]
+        else:
+            flags += [flag, str(value)]
+    # before the first flag of the command line (after a leading MODEL): later flags win
+    at = next((i for i, a in enumerate(out) if a.startswith("-")), len(out))
+    return out[:at] + flags + out[at:]
 
 
 def make_parser(prog: str = "ironlm serve") -> argparse.ArgumentParser:

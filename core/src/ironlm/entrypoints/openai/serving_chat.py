@@ -114,7 +114,7 @@ async def create_chat_completion(
         and isinstance(last.get("content"), str) else ""
     as_ids = bool(req.return_tokens_as_token_ids or state.options.return_tokens_as_token_ids)
     ctx = _Ctx(state, req, random_id("chatcmpl"), int(time.time()), role, echo, plan, num_top,
-               TokenNamer(state.tokenizer, as_ids), state.response_model(lora))
+               TokenNamer(state.tokenizer, as_ids), state.response_model(lora, req.model))
     state.log_request(ctx.request_id, text, prompt.token_ids, params)
     gen = tracked(
         beam_search(state, ctx.request_id, prompt, beams, req.n, req.priority, lora)

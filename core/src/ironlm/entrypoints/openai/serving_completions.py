@@ -94,7 +94,7 @@ async def create_completion(
     await compile_guided(state, guided, req.guided_decoding_backend, guided_field(req))
     as_ids = bool(req.return_tokens_as_token_ids or state.options.return_tokens_as_token_ids)
     ctx = _Ctx(state, req, random_id("cmpl"), int(time.time()), prompts,
-               TokenNamer(state.tokenizer, as_ids), state.response_model(lora))
+               TokenNamer(state.tokenizer, as_ids), state.response_model(lora, req.model))
     gens = []
     for i, (p, sp) in enumerate(zip(prompts, params)):
         rid = f"{ctx.request_id}-{i}"

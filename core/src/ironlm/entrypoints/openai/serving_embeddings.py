@@ -53,7 +53,8 @@ async def create_embedding(
     num_tokens = sum(len(p.token_ids) for p in prompts)
     return await respond(
         request, gens,
-        build=lambda finals: _response(state, req, finals, num_tokens, state.response_model(lora)),
+        build=lambda finals: _response(state, req, finals, num_tokens,
+                                       state.response_model(lora, req.model)),
     )
 
 

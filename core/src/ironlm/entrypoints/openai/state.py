@@ -86,7 +86,7 @@ class ServerState:
 
     @property
     def model_name(self) -> str:
-        """The name reported in responses: the first --served-model-name."""
+        """The first --served-model-name: what responses report when a request names none."""
         return self.options.served_model_names[0]
 
     @property
@@ -105,9 +105,12 @@ class ServerState:
             f"The model `{name}` does not exist.", 404, param="model", code="model_not_found"
         )
 
-    def response_model(self, lora: LoRARequest | None) -> str:
-        """The model name responses report: the adapter's, or the first served name."""
-        return lora.lora_name if lora is not None else self.model_name
+    def response_model(self, lora: LoRARequest | None, requested: str | None) -> str:
+        """The model name responses report, as vLLM: the adapter's, the served name the
+        request used, or (none given) the first served name."""
+        if lora is not None:
+            return lora.lora_name
+        return requested if requested in self.options.served_model_names else self.model_name
 
     def new_tracker(self, n: int = 1, best_of: int | None = None) -> RequestTracker:
         return RequestTracker(self.metrics, n, best_of)
