@@ -1,9 +1,9 @@
 """KV cache of one worker: how many blocks fit the budget, and the per-layer tensors.
 
 The budget is decided once, here, from the engine config: ``num_kv_blocks`` (exact), else
-``kv_cache_memory`` bytes, else the platform's default (cpu: 4 GiB like vLLM's
-VLLM_CPU_KVCACHE_SPACE, at most a quarter of RAM; devices: ``gpu_memory_utilization`` of the
-device's memory minus what is already used).
+``kv_cache_memory`` bytes (each rank's), else the platform's default (cpu: 4 GiB like vLLM's
+VLLM_CPU_KVCACHE_SPACE, at most a quarter of RAM shared by the ranks; devices:
+``gpu_memory_utilization`` of the device's memory minus what is already used).
 """
 
 from __future__ import annotations
@@ -47,8 +47,10 @@ class KVCache:
         if cfg.kv_cache_memory is not None:
             return cfg.kv_cache_memory
         if self.platform.device_type == "cpu":
+            # every rank allocates its own: the ranks of one machine share its quarter of RAM
+            # (six ranks of 4 GiB killed a 24 GiB host's workers)
             _, total = self.platform.memory_info()
-            return min(CPU_DEFAULT_KV_BYTES, total // 4)
+            return min(CPU_DEFAULT_KV_BYTES, total // (4 * cfg.world_size))
         self.platform.synchronize()
         free, total = self.platform.memory_info(self.device_index)
         return int(total * cfg.gpu_memory_utilization) - (total - free)
