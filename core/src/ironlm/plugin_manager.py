@@ -361,8 +361,8 @@ class PluginManager:
         if speculative_model.startswith("[") and speculative_model.endswith("]"):
             name = speculative_model[1:-1]
             if name not in reg:
-                named = [f"[{e.name}]" for e in reg if not e.obj.needs_model]
-                by_path = [e.name for e in reg if e.obj.needs_model]
+                named = sorted(f"[{e.name}]" for e in reg if not e.obj.needs_model)
+                by_path = sorted(e.name for e in reg if e.obj.needs_model)
                 raise UnknownNameError(
                     f"unknown speculative_model {speculative_model!r}; installed speculative "
                     f"proposers named in brackets: {', '.join(named) or 'none'}; given a "
