@@ -17,6 +17,15 @@ class ProcessedPrompt:
     token_ids: list[int]
 
 
+def check_truncation(truncate_prompt_tokens: int | None, max_model_len: int) -> None:
+    """vLLM's refusal of a truncation longer than the model (ValueError naming the field)."""
+    if truncate_prompt_tokens is not None and truncate_prompt_tokens > max_model_len:
+        raise ValueError(
+            f"truncate_prompt_tokens value ({truncate_prompt_tokens}) is greater than "
+            f"max_model_len ({max_model_len}). Please, select a smaller truncation size."
+        )
+
+
 class InputProcessor:
     def __init__(self, tokenizer: Any, vocab_size: int, max_model_len: int, max_logprobs: int) -> None:
         self.tokenizer = tokenizer
@@ -48,12 +57,7 @@ class InputProcessor:
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
             raise ValueError("prompt token ids must be integers")
         if params.truncate_prompt_tokens is not None:
-            if params.truncate_prompt_tokens > self.max_model_len:
-                raise ValueError(
-                    f"truncate_prompt_tokens value ({params.truncate_prompt_tokens}) is greater "
-                    f"than max_model_len ({self.max_model_len}). Please, select a smaller "
-                    "truncation size."
-                )
+            check_truncation(params.truncate_prompt_tokens, self.max_model_len)
             ids = ids[-params.truncate_prompt_tokens :]
         if not ids:
             raise ValueError("The decoder prompt cannot be empty (prompt has 0 tokens)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from ironlm.engine.input_processor import check_truncation
 from ironlm.entrypoints.openai.errors import APIError, from_value_error
 from ironlm.entrypoints.openai.state import ServerState
 from ironlm.entrypoints.openai.protocol import (
@@ -57,11 +58,11 @@ def tokenize_prompt(
     """Token ids of a text or token-id prompt (400 naming ``field`` when it is empty or holds
     an id outside the vocabulary; naming truncate_prompt_tokens when that exceeds
     ``max_model_len``, as vLLM)."""
-    if truncate_prompt_tokens is not None and max_model_len is not None \
-            and truncate_prompt_tokens > max_model_len:
-        raise APIError(f"truncate_prompt_tokens value ({truncate_prompt_tokens}) is greater "
-                       f"than max_model_len ({max_model_len}). Please, select a smaller "
-                       "truncation size.", 400, param="truncate_prompt_tokens")
+    if max_model_len is not None:
+        try:
+            check_truncation(truncate_prompt_tokens, max_model_len)
+        except ValueError as exc:
+            raise APIError(str(exc), 400, param="truncate_prompt_tokens") from None
     if isinstance(prompt, str):
         ids = list(tokenizer(prompt, add_special_tokens=add_special_tokens).input_ids)
         text: str | None = prompt
