@@ -39,6 +39,7 @@ class RemoteServer:
         start_timeout: float = 300.0,
         api_key: str | None = None,
         key_env: str | None = None,  # pass api_key in this environment variable, not --api-key
+        more_keys: tuple[str, ...] = (),  # --api-key takes these too (vLLM: several keys)
     ) -> None:
         self.port = free_port()
         self.api_key = api_key
@@ -58,7 +59,7 @@ class RemoteServer:
             "--host", "127.0.0.1", "--port", str(self.port), *args,
         ]
         if api_key is not None and key_env is None:
-            cmd += ["--api-key", api_key]
+            cmd += ["--api-key", api_key, *more_keys]
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
                                      env=full_env)
         try:

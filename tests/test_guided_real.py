@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 from test_guided_cases import GRAMMARS, REGEXES, SCHEMAS, check_grammar_text
 
-from ironlm import LLM, GuidedDecodingParams, SamplingParams
+from ironlm import LLM, GuidedDecodingParams, SamplingParams, StructuredOutputsParams
 from ironlm.plugin_manager import PluginManager
 from ironlm.registry import UnknownNameError
 
@@ -74,7 +74,7 @@ def test_regex_choice_and_n3(guided_llm: tuple[str, LLM]) -> None:
     choices = ["positive", "negative", "neutral"]
     out = llm.generate(_chat_prompt(llm, "Sentiment of: I love this!"),
                        SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=8,
-                                      guided_decoding=GuidedDecodingParams(choice=choices)),
+                                      structured_outputs=StructuredOutputsParams(choice=choices)),
                        use_tqdm=False)[0]
     assert len(out.outputs) == 3 and all(o.text in choices for o in out.outputs)
 

@@ -44,3 +44,87 @@ def test_a_bad_config_is_a_usage_error(tmp_path: Path) -> None:
         with pytest.raises(SystemExit) as exit_info:
             Cli().run(["serve", "m", "--config", bad])
         assert exit_info.value.code == 2
+
+
+def test_vllm_short_flags_and_human_readable_integers() -> None:
+    config = engine_config_from_args(_parse(
+        ["m", "-q", "awq", "--max-model-len", "2k", "--max-num-batched-tokens", "4K"]))
+    assert (config.quantization, config.max_model_len, config.max_num_batched_tokens) == \
+        ("awq", 2000, 4096)
+    assert engine_config_from_args(_parse(["m", "--max-model-len", "25.6k"])).max_model_len \
+        == 25600
+    for bad in ("1.5K", "lots"):  # vLLM: no decimals with a binary suffix
+        with pytest.raises(SystemExit):
+            _parse(["m", "--max-model-len", bad])
+
+
+def test_kv_cache_memory_bytes_is_vllms_name_of_the_budget() -> None:
+    config = engine_config_from_args(_parse(["m", "--kv-cache-memory-bytes", "2G"]))
+    assert (config.kv_cache_memory, config.kv_cache_memory_bytes) == (2 << 30, None)
+    assert engine_config_from_args(
+        _parse(["m", "--kv-cache-memory-bytes", "2g"])).kv_cache_memory == 2 * 10**9
+    with pytest.raises(ValueError, match="not both"):
+        engine_config_from_args(_parse(["m", "--kv-cache-memory", "1GiB",
+                                        "--kv-cache-memory-bytes", "1G"]))
+
+
+def test_speculative_config_json_becomes_the_speculative_fields() -> None:
+    def spec(text: str):  # type: ignore[no-untyped-def]
+        return engine_config_from_args(_parse(["m", "--speculative-config", text]))
+
+    ngram = spec('{"method": "ngram", "num_speculative_tokens": 4}')
+    assert (ngram.speculative_model, ngram.num_speculative_tokens, ngram.ngram_prompt_lookup_min,
+            ngram.ngram_prompt_lookup_max, ngram.speculative_config) == ("[ngram]", 4, 5, 5, None)
+    one = spec('{"model": "[ngram]", "num_speculative_tokens": 2, "prompt_lookup_max": 3}')
+    assert (one.ngram_prompt_lookup_min, one.ngram_prompt_lookup_max) == (3, 3)  # vLLM's rule
+    draft = spec('{"model": "/d", "num_speculative_tokens": 3, "max_model_len": 256, '
+                 '"disable_by_batch_size": 4}')
+    assert (draft.speculative_model, draft.speculative_max_model_len,
+            draft.speculative_disable_by_batch_size) == ("/d", 256, 4)
+    assert spec('{"method": "eagle", "num_speculative_tokens": 2}').speculative_model \
+        == "[eagle]"  # a proposer plugin by name: the engine refuses one it lacks
+    for bad, match in (('{"method": "ngram", "num_speculative_tokens": 2, "draft_tensor_'
+                        'parallel_size": 1}', "draft_tensor_parallel_size"),
+                       ('{"method": "draft_model", "num_speculative_tokens": 2}', "draft 'model'"),
+                       ('{"method": "ngram"}', "num_speculative_tokens")):
+        with pytest.raises(ValueError, match=match):
+            spec(bad)
+    with pytest.raises(ValueError, match="use one form"):
+        engine_config_from_args(_parse(["m", "--speculative-model", "[ngram]",
+                                        "--speculative-config", '{"method": "ngram"}']))
+
+
+def test_frontend_flags_of_vllm() -> None:
+    args = _parse(["m", "--api-key", "k1", "k2", "--enable-log-requests",
+                   "--enable-prompt-tokens-details", "--disable-uvicorn-access-log",
+                   "--tokenizer-mode", "hf", "--hf-overrides", '{"rope_theta": 1.0}'])
+    assert args.api_key == ["k1", "k2"] and args.enable_log_requests
+    assert args.enable_prompt_tokens_details and args.disable_uvicorn_access_log
+    config = engine_config_from_args(args)
+    assert (config.tokenizer_mode, config.hf_overrides) == ("hf", {"rope_theta": 1.0})
+    assert not _parse(["m"]).enable_log_requests  # vLLM's default since 0.10: not logged
+    assert engine_config_from_args(_parse(["m", "-O0"])).enforce_eager
+    assert not engine_config_from_args(_parse(["m", "-O3"])).enforce_eager
+    with pytest.raises(ValueError, match="no data parallelism"):
+        engine_config_from_args(_parse(["m", "-dp", "2"]))
+    with pytest.raises(ValueError, match="Hugging Face tokenizers only"):
+        engine_config_from_args(_parse(["m", "--tokenizer-mode", "mistral"]))
+    with pytest.raises(ValueError, match="transformers 5"):  # it would ignore use_fast=False
+        engine_config_from_args(_parse(["m", "--tokenizer-mode", "slow"]))
+
+
+def test_structured_outputs_config_names_the_backend() -> None:
+    config = engine_config_from_args(_parse(
+        ["m", "--structured-outputs-config", '{"backend": "outlines"}']))
+    assert (config.guided_decoding_backend, config.structured_outputs_config) == ("outlines", None)
+    for bad in ('{"backend": "xgrammar", "disable_any_whitespace": true}',
+                '{"reasoning_parser": "deepseek_r1"}'):
+        with pytest.raises(ValueError, match="not supported"):
+            engine_config_from_args(_parse(["m", "--structured-outputs-config", bad]))
+
+
+def test_max_model_len_auto() -> None:
+    for text in ("auto", "-1"):
+        assert engine_config_from_args(_parse(["m", "--max-model-len", text])).max_model_len == -1
+    with pytest.raises(ValueError, match="at least 1, or -1"):
+        engine_config_from_args(_parse(["m", "--max-model-len", "0"]))

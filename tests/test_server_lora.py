@@ -22,6 +22,7 @@ from server_utils import RemoteServer, run_serve_cli
 
 pytestmark = [pytest.mark.server, pytest.mark.real_model]
 KEY = "lora-key"
+SECOND_KEY = "another-key"  # --api-key takes several (vLLM); either one is accepted
 NAME = "smollm2"
 
 
@@ -36,7 +37,7 @@ def server(smollm2_dir: Path, smollm2_loras) -> RemoteServer:  # type: ignore[no
         "--disable-log-requests",
         "--dtype", "float32",  # whatever the CPU's auto dtype: streamed == non-streamed text
     ]
-    with RemoteServer(smollm2_dir, args, api_key=KEY,
+    with RemoteServer(smollm2_dir, args, api_key=KEY, more_keys=(SECOND_KEY,),
                       env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": " True "}) as srv:
         yield srv
 
@@ -123,6 +124,8 @@ def test_dynamic_load_needs_the_api_key(server: RemoteServer, smollm2_loras) -> 
     assert _post(server, "/v1/load_lora_adapter", body, key=None).status_code == 401
     assert _post(server, "/v1/unload_lora_adapter", {"lora_name": "pirate"},
                  key="wrong").status_code == 401
+    # the second key is as good as the first: a bad body is refused (400), not the key (401)
+    assert _post(server, "/v1/unload_lora_adapter", {}, key=SECOND_KEY).status_code == 400
 
 
 def _rank32_adapter(smollm2_dir: Path, out: Path) -> Path:

@@ -40,7 +40,8 @@ def server(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
                       "max-num-seqs: 999\n")  # the command line's --max_num_seqs wins
     args = [
         "--config", str(config), "--max_num_seqs", "32", "--max-num-batched-tokens", "64",
-        "--max-request-body-size", "1MiB", "--max-log-len", "40",
+        "--max-request-body-size", "1MiB", "--max-log-len", "40", "--enable-log-requests",
+        "--enable-prompt-tokens-details",
         "--middleware", "server_utils.header_middleware",
         "--dtype", "float32",  # whatever the CPU's auto dtype: embeddings compared across batches
     ]
@@ -80,6 +81,9 @@ def test_health_version_models_plugins(server: RemoteServer, http: httpx.Client,
     assert http.get("/version").json()["version"]
     models = client.models.list()
     assert [m.id for m in models.data] == [MODEL, "smollm2-alias"]
+    card = http.get("/v1/models").json()["data"][0]
+    assert card["max_model_len"] == MAX_MODEL_LEN
+    assert card["permission"][0]["object"] == "model_permission"  # vLLM's card has one
     rows = http.get("/v1/plugins").json()["data"]
     assert any(r["plugin"] == "ironlm" for r in rows)
     assert any(item["kind"] == "platform" for r in rows for item in r["registered"])
@@ -187,6 +191,45 @@ def test_echo_with_logprobs(client: openai.OpenAI, http: httpx.Client) -> None:
     assert c.logprobs.text_offset[0] == 0
 
 
+def test_cached_prompt_tokens_in_usage_and_requests_logged(server: RemoteServer,
+                                                           client: openai.OpenAI) -> None:
+    # --enable-prompt-tokens-details: a prompt seen before names the tokens the prefix cache
+    # served (whole 16-token blocks); --enable-log-requests logs it, cut at --max-log-len
+    prompt = "Once upon a time, in a kingdom by the sea, " * 6
+    kw = dict(model=MODEL, prompt=prompt, max_tokens=1, temperature=0)
+    first = client.completions.create(**kw).usage
+    again = client.completions.create(**kw).usage
+    assert first.prompt_tokens_details is None or first.prompt_tokens_details.cached_tokens == 0
+    assert again.prompt_tokens_details.cached_tokens >= 16
+    chat = [{"role": "user", "content": prompt}]
+    for _ in range(2):
+        usage = client.chat.completions.create(model=MODEL, messages=chat, max_tokens=1).usage
+    assert usage.prompt_tokens_details.cached_tokens >= 16
+    assert "Received request cmpl-" in server.log_text()
+    assert repr(prompt[:40]) in server.log_text()
+
+
+def test_echo_without_generation_scores_the_prompt(client: openai.OpenAI) -> None:
+    # vLLM: echo with max_tokens 0 returns the prompt and its logprobs, nothing generated (the
+    # legacy API's log-likelihood request); the prompt's logprobs are those of a generating echo
+    kw = dict(model=MODEL, prompt=PROMPT, temperature=0, echo=True, logprobs=1)
+    gen = client.completions.create(max_tokens=2, **kw).choices[0].logprobs
+    out = client.completions.create(max_tokens=0, **kw)
+    c = out.choices[0]
+    n_prompt = len(gen.tokens) - 2
+    assert c.text == PROMPT and c.finish_reason == "length"
+    assert c.logprobs.tokens == gen.tokens[:n_prompt]
+    assert c.logprobs.token_logprobs[0] is None
+    assert c.logprobs.token_logprobs[1:] == pytest.approx(gen.token_logprobs[1:n_prompt], abs=1e-4)
+    assert out.usage.prompt_tokens == n_prompt and out.usage.completion_tokens == 0
+    chunks = list(client.completions.create(max_tokens=0, stream=True, **kw))
+    assert "".join(ch.choices[0].text for ch in chunks) == PROMPT
+    assert sum(len(ch.choices[0].logprobs.tokens) for ch in chunks) == n_prompt
+    assert chunks[-1].choices[0].finish_reason == "length"
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):  # 0 needs echo
+        client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=0)
+
+
 # -- chat ----------------------------------------------------------------------------------
 def test_chat_basic_logprobs(client: openai.OpenAI) -> None:
     out = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=6,
@@ -285,6 +328,31 @@ def test_embeddings(client: openai.OpenAI, http: httpx.Client) -> None:
                                             "encoding_format": "base64"}).json()
     decoded = np.frombuffer(base64.b64decode(raw["data"][0]["embedding"]), dtype="<f4")
     assert np.allclose(decoded, vec)
+    assert floats["id"].startswith("embd-") and floats["created"] > 0
+    assert floats["usage"]["completion_tokens"] == 0
+    unit = http.post("/v1/embeddings", json={"model": MODEL, "input": "hello world",
+                                             "normalize": True}).json()["data"][0]["embedding"]
+    assert np.allclose(unit, vec / np.linalg.norm(vec), atol=1e-5)
+
+
+def test_embeddings_chat_form_full_context_and_truncation(http: httpx.Client) -> None:
+    # vLLM's chat form: the messages through the template, no special tokens added on top
+    chat = http.post("/v1/embeddings", json={"model": MODEL, "messages": CHAT}).json()
+    text = http.post("/tokenize", json={"messages": CHAT, "add_generation_prompt": False}).json()
+    same = http.post("/v1/embeddings", json={"model": MODEL, "input": text["tokens"]}).json()
+    assert chat["usage"]["prompt_tokens"] == text["count"]
+    assert np.allclose(chat["data"][0]["embedding"], same["data"][0]["embedding"], atol=1e-4)
+    both = http.post("/v1/embeddings", json={"model": MODEL, "messages": CHAT, "input": "x"})
+    assert _error(both, 400)["param"] == "input"
+    # an input may fill the context (nothing is generated after it), and -1 truncates to it
+    full = http.post("/v1/embeddings", json={"model": MODEL, "input": [1792] * MAX_MODEL_LEN})
+    assert full.status_code == 200, full.text
+    long = {"model": MODEL, "input": [1792] * (MAX_MODEL_LEN + 5)}
+    assert _error(http.post("/v1/embeddings", json=long), 400)["param"] == "input"
+    cut = http.post("/v1/embeddings", json={**long, "truncate_prompt_tokens": -1}).json()
+    assert cut["usage"]["prompt_tokens"] == MAX_MODEL_LEN
+    bad = http.post("/v1/embeddings", json={**long, "truncate_prompt_tokens": -2})
+    assert _error(bad, 400)["param"] == "truncate_prompt_tokens"
 
 
 def test_generate_legacy(http: httpx.Client) -> None:
@@ -306,7 +374,11 @@ def test_metrics_counters_move(server: RemoteServer, client: openai.OpenAI) -> N
     after = httpx.get(server.url("/metrics"), timeout=10).text
     for name in ("vllm:prompt_tokens_total", "vllm:generation_tokens_total",
                  "vllm:time_to_first_token_seconds_count",
-                 "vllm:e2e_request_latency_seconds_count"):
+                 "vllm:e2e_request_latency_seconds_count",
+                 "vllm:request_queue_time_seconds_count",
+                 "vllm:request_prefill_time_seconds_count",
+                 "vllm:request_decode_time_seconds_count",
+                 "vllm:request_inference_time_seconds_count"):
         assert metric(after, name) > metric(before, name, 0), name
     assert metric(after, "vllm:generation_tokens_total") - \
         metric(before, "vllm:generation_tokens_total", 0) == 3
@@ -315,9 +387,17 @@ def test_metrics_counters_move(server: RemoteServer, client: openai.OpenAI) -> N
         assert metric(after, name) == metric(before, name, 0) + 1, name
     assert metric(after, "vllm:request_generation_tokens_sum") - \
         metric(before, "vllm:request_generation_tokens_sum", 0) == 3
+    # the prompt was looked up in the prefix cache (vLLM's counters, in tokens)
+    assert metric(after, "vllm:prefix_cache_queries_total") > \
+        metric(before, "vllm:prefix_cache_queries_total")
+    assert metric(after, "vllm:prefix_cache_hits_total") >= \
+        metric(before, "vllm:prefix_cache_hits_total")
+    assert re.search(r'^vllm:request_success_total\{finished_reason="abort",[^}]*\} ', after,
+                     re.M)  # every finish reason is exported from the start, as vLLM
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting",
                  "vllm:num_requests_swapped", "vllm:num_preemptions_total",
-                 "vllm:gpu_cache_usage_perc", "vllm:cpu_cache_usage_perc",
+                 "vllm:gpu_cache_usage_perc", "vllm:kv_cache_usage_perc",
+                 "vllm:cpu_cache_usage_perc",
                  "vllm:gpu_prefix_cache_hit_rate", "ironlm:kv_cache_total_blocks",
                  "vllm:time_per_output_token_seconds_count"):
         metric(after, name)
@@ -378,6 +458,7 @@ OUT_OF_RANGE = [
     ("allowed_token_ids", [10**7], {}),
     ("stop_token_ids", [-1], {}),
     ("truncate_prompt_tokens", 0, {}),
+    ("truncate_prompt_tokens", -2, {}),  # vLLM: -1 (the model's length) or >= 1
     ("truncate_prompt_tokens", MAX_MODEL_LEN + 1, {}),  # vLLM: more than max_model_len
 ]
 

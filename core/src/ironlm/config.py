@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from ironlm.config_aliases import apply_vllm_aliases
+
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "float": torch.float32,
@@ -28,9 +30,15 @@ class EngineConfig:
     # a Python file defining extend_tokenizer(tokenizer) -> tokenizer, called once after the
     # tokenizer loads (engine/tokenizer_extension.py); None: the tokenizer as loaded
     tokenizer_extension_path: str | None = None
+    tokenizer_mode: str = "auto"  # auto / hf: the HF tokenizer (config_aliases.TOKENIZER_MODES)
     trust_remote_code: bool = False
+    # laid over the model's HF config before anything reads it (vLLM's hf_overrides): a
+    # nested object updates the sub-config of that name
+    hf_overrides: dict[str, Any] = field(default_factory=dict)
     dtype: str = "auto"  # auto | float32 | float16 | bfloat16 (and vLLM's aliases)
-    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    # None: the model's max_position_embeddings; -1 (vLLM's "auto"): that, or the longest
+    # context the KV cache holds when it holds less
+    max_model_len: int | None = None
     block_size: int | None = None  # None: the platform's default_block_size (16; npu 128)
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
@@ -43,6 +51,7 @@ class EngineConfig:
     # KV cache size: bytes for the KV cache (vLLM's kv_cache_memory). None: platform default
     # (cpu: 4 GiB like VLLM_CPU_KVCACHE_SPACE; devices: gpu_memory_utilization of free memory).
     kv_cache_memory: int | None = None
+    kv_cache_memory_bytes: int | None = None  # vLLM's name of kv_cache_memory (give one)
     num_kv_blocks: int | None = None  # exact override (vLLM's num_gpu_blocks_override)
     gpu_memory_utilization: float = 0.9
     # GiB of host memory (per rank) that preempted requests' KV is swapped to; when it is
@@ -55,6 +64,8 @@ class EngineConfig:
     attention_backend_options: dict[str, Any] = field(default_factory=dict)
     quantization: str | None = None
     guided_decoding_backend: str = "auto"
+    # vLLM's newer form of guided_decoding_backend: {"backend": name} (config_aliases.py)
+    structured_outputs_config: dict[str, Any] | None = None
     # None: "uni" for one rank; for more, "ray" when Ray is installed, otherwise "mp"
     distributed_executor_backend: str | None = None
     tensor_parallel_size: int = 1
@@ -76,6 +87,9 @@ class EngineConfig:
     speculative_disable_by_batch_size: int | None = None  # off while this many requests run
     ngram_prompt_lookup_max: int | None = None  # "[ngram]": longest suffix looked up (required)
     ngram_prompt_lookup_min: int | None = None  # "[ngram]": shortest suffix looked up (default 1)
+    # vLLM's newer form of the speculative flags above: {"method": "ngram" | "draft_model" |
+    # proposer name, "model", "num_speculative_tokens", ...} (config_aliases.py)
+    speculative_config: dict[str, Any] | None = None
     num_scheduler_steps: int = 1  # multi-step: most decode steps the runner runs per plan
     # Multi-LoRA serving (vLLM's names and defaults; see docs/lora.md)
     enable_lora: bool = False
@@ -103,10 +117,13 @@ class EngineConfig:
             if getattr(self, name) is not None and getattr(self, name) < 1 \
                     and name != "max_logprobs":
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.max_logprobs < 0:
-            raise ValueError(f"max_logprobs must be non-negative, got {self.max_logprobs}")
-        if self.max_model_len is not None and self.max_model_len < 1:
-            raise ValueError(f"max_model_len must be at least 1, got {self.max_model_len}")
+        if self.max_logprobs < -1:
+            raise ValueError(f"max_logprobs must be non-negative or -1 (no limit), got "
+                             f"{self.max_logprobs}")
+        if self.max_model_len is not None and self.max_model_len < 1 \
+                and self.max_model_len != -1:
+            raise ValueError(f"max_model_len must be at least 1, or -1 (the longest the KV "
+                             f"cache holds), got {self.max_model_len}")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise ValueError("max_num_batched_tokens must be at least 1")
         if not 0 < self.gpu_memory_utilization <= 1:
@@ -118,6 +135,7 @@ class EngineConfig:
             )
         if self.swap_space < 0:
             raise ValueError(f"swap_space must be non-negative (GiB), got {self.swap_space}")
+        apply_vllm_aliases(self)
         _check_speculative(self)
         if self.num_scheduler_steps < 1:
             raise ValueError(

@@ -60,6 +60,8 @@ class SamplingParams:
     # an optional backend name (GuidedDecodingParams.backend wins when set).
     guided_decoding: Any = None
     guided_decoding_backend: str | None = None
+    # vLLM's newer name of guided_decoding (StructuredOutputsParams); give one of the two
+    structured_outputs: Any = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     # Filled by the engine: token-id sequences of bad_words, and the eos id.
     _bad_words_token_ids: list[list[int]] = field(default_factory=list, repr=False)
@@ -76,6 +78,11 @@ class SamplingParams:
                 self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
             except (TypeError, ValueError):
                 raise ValueError("logit_bias must map token ids to numbers") from None
+        if self.structured_outputs is not None:
+            if self.guided_decoding is not None:
+                raise ValueError("structured_outputs and guided_decoding are two names of one "
+                                 "constraint: give one")
+            self.guided_decoding, self.structured_outputs = self.structured_outputs, None
         if isinstance(self.guided_decoding, GuidedDecodingParams):
             if self.guided_decoding.backend:
                 self.guided_decoding_backend = self.guided_decoding.backend
@@ -140,8 +147,10 @@ class SamplingParams:
             raise bad("logprobs", f"must be non-negative, got {self.logprobs}.")
         if self.prompt_logprobs is not None and self.prompt_logprobs < 0:
             raise bad("prompt_logprobs", f"must be non-negative, got {self.prompt_logprobs}.")
-        if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens < 1:
-            raise bad("truncate_prompt_tokens", f"must be >= 1, got {self.truncate_prompt_tokens}")
+        if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens < 1 \
+                and self.truncate_prompt_tokens != -1:
+            raise bad("truncate_prompt_tokens", "must be an integer >= 1 or -1 (the model's "
+                      f"length), got {self.truncate_prompt_tokens}")
         if any(not s for s in self.stop or []):
             raise bad("stop", "cannot contain an empty string.")
         if self.stop and not self.detokenize:
@@ -164,7 +173,10 @@ class SamplingParams:
                       "beam search.")
 
     def verify(self, vocab_size: int, max_logprobs: int) -> None:
-        """Checks that need the model: token ids inside the vocabulary, logprob limits."""
+        """Checks that need the model: token ids inside the vocabulary, logprob limits
+        (``max_logprobs`` -1: the vocabulary's size, as vLLM)."""
+        if max_logprobs == -1:
+            max_logprobs = vocab_size
         for name, n in (("logprobs", self.logprobs), ("prompt_logprobs", self.prompt_logprobs)):
             if n is not None and n > max_logprobs:
                 raise ValueError(f"{name} requested {n} logprobs, which is more than "
@@ -223,6 +235,12 @@ class GuidedDecodingParams:
             "disable_any_whitespace": self.disable_any_whitespace,
             "disable_additional_properties": self.disable_additional_properties,
         })
+
+
+class StructuredOutputsParams(GuidedDecodingParams):
+    """vLLM's newer name of GuidedDecodingParams (``SamplingParams(structured_outputs=...)``):
+    the same constraints and options; the backend is the engine's
+    (``guided_decoding_backend``) unless ``backend`` names one."""
 
 
 @dataclass

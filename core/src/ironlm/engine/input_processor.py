@@ -17,13 +17,17 @@ class ProcessedPrompt:
     token_ids: list[int]
 
 
-def check_truncation(truncate_prompt_tokens: int | None, max_model_len: int) -> None:
-    """vLLM's refusal of a truncation longer than the model (ValueError naming the field)."""
+def check_truncation(truncate_prompt_tokens: int | None, max_model_len: int) -> int | None:
+    """The prompt tokens to keep (the last ones; None: all): -1 is the model's length, as in
+    vLLM; a truncation longer than the model is refused (ValueError naming the field)."""
+    if truncate_prompt_tokens == -1:
+        return max_model_len
     if truncate_prompt_tokens is not None and truncate_prompt_tokens > max_model_len:
         raise ValueError(
             f"truncate_prompt_tokens value ({truncate_prompt_tokens}) is greater than "
             f"max_model_len ({max_model_len}). Please, select a smaller truncation size."
         )
+    return truncate_prompt_tokens
 
 
 class InputProcessor:
@@ -34,8 +38,11 @@ class InputProcessor:
         self.max_logprobs = max_logprobs
 
     def process(
-        self, prompt: PromptType, params: SamplingParams, add_special_tokens: bool = True
+        self, prompt: PromptType, params: SamplingParams, add_special_tokens: bool = True,
+        pooling: bool = False,
     ) -> ProcessedPrompt:
+        """Token ids of ``prompt``, checked. A pooling (embedding) prompt may fill the whole
+        context; a generating one leaves a position for its first token."""
         text: str | None
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
@@ -56,9 +63,9 @@ class InputProcessor:
             ids = self.tokenizer(text, add_special_tokens=add_special_tokens).input_ids
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
             raise ValueError("prompt token ids must be integers")
-        if params.truncate_prompt_tokens is not None:
-            check_truncation(params.truncate_prompt_tokens, self.max_model_len)
-            ids = ids[-params.truncate_prompt_tokens :]
+        keep = check_truncation(params.truncate_prompt_tokens, self.max_model_len)
+        if keep is not None:
+            ids = ids[-keep:]
         if not ids:
             raise ValueError("The decoder prompt cannot be empty (prompt has 0 tokens)")
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
@@ -66,7 +73,7 @@ class InputProcessor:
             raise ValueError(
                 f"Token id {bad[0]} is out of vocabulary (vocabulary size {self.vocab_size})"
             )
-        if len(ids) >= self.max_model_len:
+        if len(ids) > self.max_model_len - (0 if pooling else 1):
             raise ValueError(
                 f"The decoder prompt (length {len(ids)}) is longer than the maximum model "
                 f"length of {self.max_model_len}. Make sure that `max_model_len` is no smaller "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 
 from ironlm.config import EngineConfig
@@ -47,7 +48,10 @@ class LLMEngine:
         # the front end's view of the platform the workers will select (same name, same host)
         platform = self.pm.select_platform(config.device)
         config = config.with_block_size(platform.default_block_size)
-        source = resolve_model(config.model, config.trust_remote_code)
+        fit_to_cache = config.max_model_len == -1  # vLLM's "auto": capped by the KV cache
+        if fit_to_cache:
+            config = replace(config, max_model_len=None)
+        source = resolve_model(config.model, config.trust_remote_code, config.hf_overrides)
         self.tokenizer = source.load_tokenizer(config.tokenizer)
         if config.tokenizer_extension_path is not None:
             self.tokenizer = extend_tokenizer(self.tokenizer, config.tokenizer_extension_path)
@@ -85,6 +89,10 @@ class LLMEngine:
         self.executor: Executor = executor_cls(config, self.pm, Worker)
         self.executor.start()
         num_kv_blocks = self.executor.determine_num_kv_blocks()
+        if fit_to_cache and num_kv_blocks * config.block_size < self.max_model_len:
+            log.info("max_model_len auto: %d tokens, the most the KV cache holds (the model "
+                     "takes %d)", num_kv_blocks * config.block_size, self.max_model_len)
+            self.max_model_len = num_kv_blocks * config.block_size
         if num_kv_blocks * config.block_size < self.max_model_len:
             self.executor.shutdown()
             raise ValueError(
@@ -161,7 +169,7 @@ class LLMEngine:
         if lora_request is not None:
             self._check_adapter(lora_request)
         params = params.clone()
-        processed = self.inputs.process(prompt, params, add_special_tokens)
+        processed = self.inputs.process(prompt, params, add_special_tokens, pooling)
         if not params.ignore_eos:
             params.stop_token_ids = list(params.stop_token_ids or []) + [
                 t for t in self.extra_eos_ids if t not in (params.stop_token_ids or [])

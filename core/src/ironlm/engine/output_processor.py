@@ -286,6 +286,9 @@ class OutputProcessor:
         first = [c.first_token_time for c in group.children if c.first_token_time]
         last = [c.last_token_time for c in group.children if c.last_token_time]
         metrics = {"arrival_time": group.arrival}
+        scheduled = [c.first_scheduled_time for c in group.children if c.first_scheduled_time]
+        if scheduled:
+            metrics["first_scheduled_time"] = min(scheduled)
         if first:
             metrics["first_token_time"] = min(first)
         if last:

@@ -65,6 +65,7 @@ class Request:
     closing: ClosingState | None = None
     pooling: bool = False  # an embedding request: run the prompt, return its mean hidden state
     lora_request: LoRARequest | None = None  # the adapter it runs with (None: the base model)
+    first_scheduled_time: float | None = None  # monotonic; its time waiting ends here
     first_token_time: float | None = None
     last_token_time: float | None = None
     # Speculative decoding: drafts proposed after the last step, verified in the next one.

@@ -19,6 +19,7 @@ queue, until a running adapter's requests finish.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -208,6 +209,8 @@ class Scheduler:
                 out.num_proposals[req.request_id] = props
             if req.status == RequestStatus.WAITING:
                 req.num_cached_tokens = num_cached
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = time.monotonic()
             self.block_manager.record_lookup(req.num_tokens, num_cached)
             self.waiting.popleft()
             req.status = RequestStatus.RUNNING

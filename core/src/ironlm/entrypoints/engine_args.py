@@ -24,9 +24,16 @@ ENGINE_HELP: dict[str, str] = {
     "tokenizer": "tokenizer folder or name (default: the model's)",
     "tokenizer_extension_path": "Python file defining extend_tokenizer(tokenizer) -> "
                                 "tokenizer, called once after the tokenizer loads",
+    "tokenizer_mode": "auto or hf: the model's Hugging Face tokenizer (vLLM's other modes, "
+                      "mistral, custom, slow, are refused)",
     "trust_remote_code": "trust remote code of the model's HF config",
+    "hf_overrides": "JSON object laid over the model's HF config, e.g. "
+                    "'{\"max_position_embeddings\": 4096}' (an object value updates the "
+                    "sub-config of that name)",
     "dtype": "compute dtype: auto, float32, float16, bfloat16 (and half, float)",
-    "max_model_len": "context length (default: the model's max_position_embeddings)",
+    "max_model_len": "context length, e.g. 4096, 4k, 4K (default: the model's "
+                     "max_position_embeddings; auto or -1: that, or the longest context the KV "
+                     "cache holds when it holds less)",
     "block_size": "tokens per KV-cache block (default: the platform's: 16 on cpu and cuda, "
                   "128 on npu)",
     "enable_prefix_caching": "reuse KV blocks of shared prompt prefixes",
@@ -36,7 +43,10 @@ ENGINE_HELP: dict[str, str] = {
     "max_num_batched_tokens": "token budget of one step (default: the platform's for the "
                               "server or the offline LLM: cpu 2048 / 4096 per rank, others "
                               "2048; at least max_model_len without chunked prefill)",
-    "kv_cache_memory": "bytes for the KV cache, e.g. 512MiB, 4GiB (default: platform's)",
+    "kv_cache_memory": "bytes for the KV cache per rank, e.g. 512MiB, 4GiB (default: "
+                       "platform's)",
+    "kv_cache_memory_bytes": "vLLM's name of --kv-cache-memory, read as vLLM reads it: "
+                             "4G = 4 GiB, 4g = 4e9 bytes (give one of the two)",
     "num_kv_blocks": "exact number of KV blocks (overrides the memory-based size)",
     "gpu_memory_utilization": "fraction of device memory the engine may use",
     "swap_space": "GiB of host memory per rank that preempted requests' KV is swapped to "
@@ -48,11 +58,13 @@ ENGINE_HELP: dict[str, str] = {
     "attention_backend_options": "JSON object of options for the attention backend",
     "quantization": "quantization method plugin (e.g. the checkpoint's quant_method)",
     "guided_decoding_backend": "default guided-decoding backend plugin (auto: first available)",
+    "structured_outputs_config": "vLLM's newer form of --guided-decoding-backend: "
+                                 "'{\"backend\": \"xgrammar\"}'",
     "distributed_executor_backend": "executor plugin: uni, mp, ray (default: uni for one "
     "rank; for more, ray when Ray is installed, otherwise mp)",
     "tensor_parallel_size": "number of tensor-parallel ranks (each layer split over them)",
     "pipeline_parallel_size": "number of pipeline stages (the layers split over them)",
-    "max_logprobs": "most logprobs a request may ask for",
+    "max_logprobs": "most logprobs a request may ask for (-1: no limit)",
     "generation_config": "default sampling parameters: auto (from the model's "
                          "generation_config.json: a request's unset temperature, top_p, top_k, "
                          "min_p, repetition_penalty take its values, and max_new_tokens caps "
@@ -69,6 +81,12 @@ ENGINE_HELP: dict[str, str] = {
     "speculative_disable_by_batch_size": "no speculation while this many requests run",
     "ngram_prompt_lookup_max": "[ngram]: longest suffix looked up in the request (required)",
     "ngram_prompt_lookup_min": "[ngram]: shortest suffix looked up (None: 1)",
+    "speculative_config": "vLLM's JSON form of the speculative flags, e.g. "
+                          "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
+                          "\"prompt_lookup_max\": 3}' or '{\"model\": DRAFT, "
+                          "\"num_speculative_tokens\": 4}'; keys: method, model, "
+                          "num_speculative_tokens, max_model_len, disable_by_batch_size, "
+                          "prompt_lookup_max, prompt_lookup_min",
     "num_scheduler_steps": "the maximum number of forward steps per scheduler call",
     "enable_lora": "serve LoRA adapters (--lora-modules, requests naming an adapter)",
     "max_loras": "most adapters that run in one batch step (requests of others wait)",
@@ -79,6 +97,11 @@ ENGINE_HELP: dict[str, str] = {
     "are refused)",
 }
 _SIZE_FIELDS = {"kv_cache_memory"}
+# vLLM's integer flags that take 1k (1000) or 1K (1024) style values
+_HUMAN_INT_FIELDS = {"max_num_batched_tokens", "kv_cache_memory_bytes"}  # + max_model_len
+_HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)([kmgtKMGT]?)")
+_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 _SIZE = re.compile(r"^\s*([0-9.]+)\s*([kmgt]?)(i?b?)\s*$", re.I)
 
 
@@ -91,6 +114,28 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * factor)
 
 
+def human_readable_int(text: str) -> int:
+    """vLLM's integers: '2048', '1k' = 1000, '25.6k' = 25600, '1K' = 1024 (a binary suffix
+    takes no decimals)."""
+    m = _HUMAN_INT.fullmatch(text.strip())
+    if not m:
+        raise argparse.ArgumentTypeError(f"invalid integer {text!r} (e.g. 2048, 2k, 2K)")
+    number, suffix = m.groups()
+    if suffix in _DECIMAL:
+        return int(float(number) * _DECIMAL[suffix])
+    if "." in number:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: decimals go with a decimal suffix only (k, m, g, t), e.g. "
+            f"{number}{suffix.lower()}")
+    return int(number) * _BINARY.get(suffix, 1)
+
+
+def _length_or_auto(text: str) -> int:
+    """--max-model-len: a human-readable integer, or "auto" / -1 (vLLM: the longest context
+    the KV cache holds, when that is less than the model's)."""
+    return -1 if text.strip().lower() in ("auto", "-1") else human_readable_int(text)
+
+
 def _json_object(text: str) -> dict[str, Any]:
     value = json.loads(text)
     if not isinstance(value, dict):
@@ -99,7 +144,8 @@ def _json_object(text: str) -> dict[str, Any]:
 
 
 # vLLM's short aliases of engine flags.
-SHORT_FLAGS: dict[str, str] = {"tensor_parallel_size": "-tp", "pipeline_parallel_size": "-pp"}
+SHORT_FLAGS: dict[str, str] = {"tensor_parallel_size": "-tp", "pipeline_parallel_size": "-pp",
+                               "quantization": "-q"}
 
 
 def add_engine_args(
@@ -125,6 +171,10 @@ def add_engine_args(
                                help=help_text)
         elif f.name in _SIZE_FIELDS:
             group.add_argument(flag, type=parse_size, default=default, help=help_text)
+        elif f.name == "max_model_len":
+            group.add_argument(flag, type=_length_or_auto, default=default, help=help_text)
+        elif f.name in _HUMAN_INT_FIELDS:
+            group.add_argument(flag, type=human_readable_int, default=default, help=help_text)
         elif typing.get_origin(base) is dict or base is dict:
             group.add_argument(flag, type=_json_object, default=None, help=help_text)
         elif base in (int, float, str):

@@ -69,9 +69,12 @@ class ModelSource:
         return GenerationConfig.from_pretrained(str(self.path))
 
 
-def resolve_model(model: str, trust_remote_code: bool = False) -> ModelSource:
+def resolve_model(
+    model: str, trust_remote_code: bool = False, hf_overrides: dict[str, Any] | None = None
+) -> ModelSource:
     """Resolve ``model`` (a local HF folder with config.json, or a .gguf file) into a
-    ModelSource. ValueError when the path does not exist or holds no model."""
+    ModelSource, ``hf_overrides`` laid over its config. ValueError when the path does not
+    exist or holds no model."""
     path = Path(model).expanduser()
     if not path.exists():
         raise ValueError(
@@ -84,12 +87,28 @@ def resolve_model(model: str, trust_remote_code: bool = False) -> ModelSource:
             raise ValueError(f"model {model!r} is a file but not a .gguf file")
         from ironlm.model_loader.gguf_weights import load_gguf_config
 
-        config = load_gguf_config(path, trust_remote_code)
+        config = _override(load_gguf_config(path, trust_remote_code), hf_overrides)
         return _source(path, path, config, torch.float32, trust_remote_code)
     if not (path / "config.json").is_file():
         raise ValueError(f"model folder {model!r} has no config.json (not an HF model folder)")
     config = AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    config = _override(config, hf_overrides)
     return _source(path, None, config, _config_dtype(config), trust_remote_code)
+
+
+def _override(config: PretrainedConfig, overrides: dict[str, Any] | None) -> PretrainedConfig:
+    """``overrides`` laid over ``config`` (vLLM's hf_overrides): a value that is an object,
+    for a key naming a sub-config or an object (``rope_parameters``), updates its fields;
+    anything else is set."""
+    for key, value in (overrides or {}).items():
+        sub = getattr(config, key, None)
+        if isinstance(value, dict) and isinstance(sub, PretrainedConfig):
+            _override(sub, value)
+        elif isinstance(value, dict) and isinstance(sub, dict):
+            setattr(config, key, {**sub, **value})
+        else:
+            setattr(config, key, value)
+    return config
 
 
 def _source(

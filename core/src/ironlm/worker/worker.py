@@ -35,7 +35,8 @@ class Worker(WorkerBase):
     ) -> None:
         super().__init__(config, rank, plugins)
         self.plugins = plugins if plugins is not None else PluginManager()
-        self.source: ModelSource = resolve_model(config.model, config.trust_remote_code)
+        self.source: ModelSource = resolve_model(config.model, config.trust_remote_code,
+                                                 config.hf_overrides)
         self._platform: Platform | None = None
         self._runner: ModelRunner | None = None
         self._kv: KVCache | None = None

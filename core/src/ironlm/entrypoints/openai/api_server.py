@@ -208,7 +208,8 @@ def server_options(args: argparse.Namespace, model: str) -> ServerOptions:
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         tool_call_parser=args.tool_call_parser,
         max_log_len=args.max_log_len,
-        disable_log_requests=args.disable_log_requests,
+        log_requests=args.enable_log_requests and not args.disable_log_requests,
+        enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         disable_log_stats=args.disable_log_stats,
         lora_modules=list(getattr(args, "lora_modules", None) or []),
     )
@@ -249,9 +250,10 @@ def build_app(
     # add_middleware wraps the app: the last added runs first (CORS, size, key, user's).
     for path in args.middleware or []:
         load_middleware(app, path)
-    api_key = args.api_key or os.environ.get("IRONLM_API_KEY") or os.environ.get("VLLM_API_KEY")
-    if api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    env_key = os.environ.get("IRONLM_API_KEY") or os.environ.get("VLLM_API_KEY")
+    api_keys = list(args.api_key or ([env_key] if env_key else []))
+    if api_keys:
+        app.add_middleware(APIKeyMiddleware, api_keys=api_keys)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=args.max_request_body_size)
     app.add_middleware(
         CORSMiddleware, allow_origins=args.allowed_origins,
@@ -296,6 +298,7 @@ def run_server(args: argparse.Namespace) -> None:
         server = DrainingServer(uvicorn.Config(
             app, host=host, port=args.port,
             log_level=args.uvicorn_log_level, timeout_keep_alive=5,
+            access_log=not args.disable_uvicorn_access_log,
             ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile,
             ssl_ca_certs=args.ssl_ca_certs, ssl_cert_reqs=args.ssl_cert_reqs,
         ), engine, args.timeout_graceful_shutdown)

@@ -70,9 +70,9 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     cors.add_argument("--allowed-headers", type=_json_list, default=["*"],
                       help='JSON list of allowed headers (default: ["*"])')
     api = parser.add_argument_group("OpenAI API")
-    api.add_argument("--api-key", default=None,
-                     help="require this key (Bearer) on /v1/* and /generate; also read from "
-                     "IRONLM_API_KEY, then vLLM's VLLM_API_KEY")
+    api.add_argument("--api-key", nargs="+", default=None,
+                     help="require one of these keys (Bearer) on /v1/* and /generate; else "
+                     "the key in IRONLM_API_KEY, then vLLM's VLLM_API_KEY")
     api.add_argument("--served-model-name", nargs="+", default=None,
                      help="model name(s) the API accepts; responses report the name a request "
                      "used, the first when it named none (default: --model)")
@@ -82,6 +82,9 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                      help="role of generated chat messages when add_generation_prompt is true")
     api.add_argument("--return-tokens-as-token-ids", action="store_true",
                      help="show logprob tokens as 'token_id:<id>'")
+    api.add_argument("--enable-prompt-tokens-details", action="store_true",
+                     help="usage carries prompt_tokens_details.cached_tokens (prompt tokens "
+                     "the prefix cache served) when there are any")
     tools = parser.add_argument_group("tool calling")
     tools.add_argument("--enable-auto-tool-choice", action="store_true",
                        help='allow tool_choice "auto" (needs --tool-call-parser)')
@@ -92,12 +95,27 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     logs = parser.add_argument_group("logging")
     logs.add_argument("--max-log-len", type=int, default=None,
                       help="log at most this many prompt characters / token ids")
-    logs.add_argument("--disable-log-requests", action="store_true", help="do not log requests")
+    logs.add_argument("--enable-log-requests", action=argparse.BooleanOptionalAction,
+                      default=False, help="log each request's prompt and parameters "
+                      "(default: off, as vLLM since 0.10)")
+    logs.add_argument("--disable-log-requests", action="store_true",
+                      help="deprecated (vLLM's too): requests are logged only with "
+                      "--enable-log-requests")
+    logs.add_argument("--disable-uvicorn-access-log", action="store_true",
+                      help="no access-log line per HTTP request")
     logs.add_argument("--disable-log-stats", action=argparse.BooleanOptionalAction,
                       default=False, help="do not log engine stats every 10 s")
     eng = parser.add_argument_group("engine")
     eng.add_argument("--model", default=None, help=ENGINE_HELP["model"])
     add_engine_args(eng, skip=_FRONTEND_OWNED)
+    eng.add_argument("-O", "--optimization-level", type=int, choices=range(4), default=None,
+                     metavar="{0,1,2,3}",
+                     help="vLLM's optimization level: 0 is --enforce-eager; 1-3 leave "
+                     "IronLM's default (device graphs where the platform has them; IronLM "
+                     "compiles nothing)")
+    eng.add_argument("-dp", "--data-parallel-size", type=int, default=1,
+                     help="vLLM's data parallelism: only 1 (run one server per replica "
+                     "behind a load balancer; default: %(default)s)")
     return parser
 
 
@@ -106,7 +124,15 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     model = args.model_tag or args.model
     if not model:
         raise ValueError("a model is required: ironlm serve MODEL (or --model MODEL)")
-    return EngineConfig(model=model, **engine_kwargs(args))
+    if args.data_parallel_size != 1:
+        raise ValueError(
+            f"--data-parallel-size {args.data_parallel_size}: IronLM has no data parallelism; "
+            "run one server per replica behind a load balancer (and -tp / -pp within one)"
+        )
+    kwargs = engine_kwargs(args)
+    if args.optimization_level == 0:
+        kwargs["enforce_eager"] = True
+    return EngineConfig(model=model, **kwargs)
 
 
 def expand_argv(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:

@@ -3,9 +3,10 @@ under vLLM's names (``vllm:*``): dashboards, alerts and autoscalers written for 
 they are. A few IronLM extras with no vLLM equivalent keep the ``ironlm:`` prefix.
 
 Engine gauges (running / waiting / swapped requests, device and host KV usage, prefix-cache hit
-rate) and the preemption counter are read from the engine's stats at scrape time; request
-histograms (TTFT, inter-token latency, e2e, prompt / generation tokens, n, best_of) and token
-counters are fed by ``RequestTracker`` as outputs stream through the server.
+rate) and the preemption and prefix-cache counters are read from the engine's stats at scrape time; request
+histograms (TTFT, inter-token latency, e2e, prompt / generation tokens, n, best_of, and V1's
+queue / prefill / decode / inference phases from the engine's timestamps) and token counters
+are fed by ``RequestTracker`` as outputs stream through the server.
 With speculative decoding, vLLM's speculative metrics (draft acceptance rate, efficiency,
 drafted / accepted / emitted token counters) plus IronLM's mean accepted length, number of
 verifications and the seconds spent drafting and in the target are read from the engine's
@@ -31,7 +32,7 @@ _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.7
 _ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
                 5.0, 7.5, 10.0)
 _E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
-                60.0, 120.0, 240.0)
+                60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # vLLM V1's
 # vLLM's 1-2-5 series up to the context length (here: up to 128k tokens)
 _TOKEN_BUCKETS = tuple(m * 10**e for e in range(6) for m in (1, 2, 5) if m * 10**e <= 200_000)
 _N_BUCKETS = (1, 2, 5, 10, 20)
@@ -69,6 +70,8 @@ class ServerMetrics:
         self.kv_usage = gauge("vllm:gpu_cache_usage_perc",
                               "Device KV-cache usage (1 = 100%; the KV cache of the platform's "
                               "device, the CPU too).")
+        # the same reading under the name vLLM exports since 0.10 (the one above is its older)
+        self.kv_usage_v1 = gauge("vllm:kv_cache_usage_perc", "KV-cache usage (1 = 100%).")
         self.cpu_kv_usage = gauge("vllm:cpu_cache_usage_perc",
                                   "Host swap-space usage (1 = 100%).")
         self.prefix_hit_rate = gauge("vllm:gpu_prefix_cache_hit_rate",
@@ -76,6 +79,15 @@ class ServerMetrics:
         self.preemptions = Counter("vllm:num_preemptions", "Cumulative preemptions.", labels,
                                    registry=reg)
         self._preemptions_seen = 0
+        # vLLM's prefix-cache counters (prompt tokens looked up / found), following the
+        # engine's totals as the preemption counter does
+        self.prefix_query_counter = Counter(
+            "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+            labels, registry=reg)
+        self.prefix_hit_counter = Counter(
+            "vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", labels,
+            registry=reg)
+        self._prefix_seen = [0, 0]  # queries, hits
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prefill tokens processed.", labels,
                                      registry=reg)
         self.generation_tokens = Counter("vllm:generation_tokens", "Generated tokens.", labels,
@@ -95,12 +107,27 @@ class ServerMetrics:
         self.request_generation = histogram("vllm:request_generation_tokens",
                                             "Generated tokens per finished request.",
                                             _TOKEN_BUCKETS)
+        # vLLM V1's phases of a finished request, from the engine's timestamps: waiting
+        # (arrival -> first scheduled), prefill (-> first token), decode (-> last token),
+        # inference (first scheduled -> last token)
+        self.phases = {
+            phase: histogram(f"vllm:request_{phase}_time_seconds", doc, _E2E_BUCKETS)
+            for phase, doc in (
+                ("queue", "Seconds requests waited before they were first scheduled."),
+                ("prefill", "Seconds from first scheduled to first token."),
+                ("decode", "Seconds from first token to last token."),
+                ("inference", "Seconds from first scheduled to last token."),
+            )
+        }
         self.params_n = histogram("vllm:request_params_n", "The n of finished requests.",
                                   _N_BUCKETS)
         self.params_best_of = histogram("vllm:request_params_best_of",
                                         "The best_of of finished requests.", _N_BUCKETS)
-        for counter in (self.preemptions, self.prompt_tokens, self.generation_tokens):
+        for counter in (self.preemptions, self.prompt_tokens, self.generation_tokens,
+                        self.prefix_query_counter, self.prefix_hit_counter):
             counter.labels(model_name)  # exported as 0 from the start, as vLLM does
+        for reason in ("stop", "length", "abort"):
+            self.requests.labels(model_name, reason)
         # IronLM extras (no vLLM equivalent)
         self.kv_used = gauge("ironlm:kv_cache_used_blocks", "KV blocks in use.")
         self.kv_total = gauge("ironlm:kv_cache_total_blocks", "KV blocks in the cache.")
@@ -143,6 +170,7 @@ class ServerMetrics:
         self.waiting.labels(m).set(stats.get("num_waiting", 0))
         self.swapped.labels(m).set(stats.get("num_swapped", 0))
         self.kv_usage.labels(m).set(stats.get("kv_usage", 0.0))
+        self.kv_usage_v1.labels(m).set(stats.get("kv_usage", 0.0))
         self.cpu_kv_usage.labels(m).set(stats.get("swap_usage", 0.0))
         self.kv_used.labels(m).set(stats.get("num_used_blocks", 0))
         self.kv_total.labels(m).set(stats.get("num_kv_blocks", 0))
@@ -150,6 +178,11 @@ class ServerMetrics:
         self.prefix_queries.labels(m).set(queries)
         self.prefix_hits.labels(m).set(hits)
         self.prefix_hit_rate.labels(m).set(hits / queries if queries else 0.0)
+        for i, (counter, total) in enumerate(((self.prefix_query_counter, queries),
+                                              (self.prefix_hit_counter, hits))):
+            if total > self._prefix_seen[i]:
+                counter.labels(m).inc(total - self._prefix_seen[i])
+                self._prefix_seen[i] = total
         total = stats.get("num_preemptions", 0)
         if total > self._preemptions_seen:  # the engine counts; the counter follows
             self.preemptions.labels(m).inc(total - self._preemptions_seen)
@@ -218,12 +251,30 @@ class RequestTracker:
             m.request_generation.labels(name).observe(total)
             m.params_n.labels(name).observe(self.n)
             m.params_best_of.labels(name).observe(self.best_of)
+            for phase, seconds in _phases(out.metrics).items():
+                m.phases[phase].labels(name).observe(seconds)
             for o in out.outputs or [None]:
                 reason = (o.finish_reason if o is not None else None) or "stop"
                 m.requests.labels(name, reason).inc()
 
     def aborted(self) -> None:
         self.metrics.requests.labels(self.metrics.model_name, "abort").inc()
+
+
+def _phases(times: dict[str, float]) -> dict[str, float]:
+    """Seconds in each phase a finished request's engine timestamps cover (vLLM V1's)."""
+    arrival, scheduled = times.get("arrival_time"), times.get("first_scheduled_time")
+    first, last = times.get("first_token_time"), times.get("last_token_time")
+    out: dict[str, float] = {}
+    if arrival is not None and scheduled is not None:
+        out["queue"] = scheduled - arrival
+    if scheduled is not None and first is not None:
+        out["prefill"] = first - scheduled
+    if first is not None and last is not None:
+        out["decode"] = last - first
+    if scheduled is not None and last is not None:
+        out["inference"] = last - scheduled
+    return {phase: max(0.0, seconds) for phase, seconds in out.items()}
 
 
 async def tracked(

@@ -39,9 +39,9 @@ class APIKeyMiddleware:
     """Requires ``Authorization: Bearer <key>`` on /v1/* and /generate (not /health, /metrics,
     /version, /tokenize, ...: vLLM protects /v1 only; /generate is added here)."""
 
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
+    def __init__(self, app: ASGIApp, api_keys: list[str]) -> None:
         self.app = app
-        self.expected = api_key.encode()
+        self.expected = [key.encode() for key in api_keys]  # any one of them is accepted
 
     def _protected(self, scope: Scope) -> bool:
         path = _route_path(scope)
@@ -55,7 +55,9 @@ class APIKeyMiddleware:
         got = dict(scope.get("headers") or []).get(b"authorization", b"")
         scheme, _, token = got.strip().partition(b" ")
         # the scheme is case-insensitive (RFC 9110): "Bearer", "bearer", "BEARER"
-        if not (scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.expected)):
+        # every key compared, so the time taken does not tell which one came close
+        matches = [hmac.compare_digest(token.strip(), key) for key in self.expected]
+        if not (scheme.lower() == b"bearer" and any(matches)):
             message = "Missing API key: send 'Authorization: Bearer <key>'" if not got \
                 else "Incorrect API key provided."
             await _send_error(send, APIError(message, 401, code="invalid_api_key"))

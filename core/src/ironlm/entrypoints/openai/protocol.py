@@ -116,13 +116,21 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class EmbeddingRequest(_Request):
+    """``input`` (completions form) or ``messages`` (vLLM's chat form, through the template)."""
+
     model: str | None = None
-    input: PromptInput
+    input: PromptInput | None = None
+    messages: list[dict[str, Any]] | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
     user: str | None = None
-    add_special_tokens: bool = True
+    add_special_tokens: bool | None = None  # default: True for input, False for messages
+    add_generation_prompt: bool = False
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     truncate_prompt_tokens: int | None = None
+    normalize: bool = False  # True: each vector scaled to unit L2 norm
     priority: int = 0
 
 
@@ -155,12 +163,18 @@ class UsageInfo(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int | None = 0
     total_tokens: int = 0
+    prompt_tokens_details: dict[str, int] | None = None  # {"cached_tokens": N}
 
     @classmethod
-    def of(cls, prompt_tokens: int, completion_tokens: int) -> UsageInfo:
-        """The usage of a generation: the total is the sum of both counts."""
+    def of(cls, prompt_tokens: int, completion_tokens: int,
+           cached_tokens: int | None = None) -> UsageInfo:
+        """The usage of a generation: the total is the sum of both counts. ``cached_tokens``
+        (with --enable-prompt-tokens-details): prompt tokens the prefix cache served, shown
+        when there were any (vLLM)."""
+        details = {"cached_tokens": cached_tokens} if cached_tokens else None
         return cls(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                   total_tokens=prompt_tokens + completion_tokens)
+                   total_tokens=prompt_tokens + completion_tokens,
+                   prompt_tokens_details=details)
 
 
 class CompletionLogProbs(BaseModel):
@@ -295,7 +309,9 @@ class EmbeddingData(BaseModel):
 
 
 class EmbeddingResponse(BaseModel):
+    id: str
     object: str = "list"
+    created: int
     data: list[EmbeddingData]
     model: str
     usage: UsageInfo

@@ -58,9 +58,15 @@ def tokenize_prompt(
     """Token ids of a text or token-id prompt (400 naming ``field`` when it is empty or holds
     an id outside the vocabulary; naming truncate_prompt_tokens when that exceeds
     ``max_model_len``, as vLLM)."""
+    keep = truncate_prompt_tokens
+    if truncate_prompt_tokens is not None and (truncate_prompt_tokens < -1
+                                               or truncate_prompt_tokens == 0):
+        raise APIError("truncate_prompt_tokens must be an integer >= 1 or -1 (the model's "
+                       f"length), got {truncate_prompt_tokens}", 400,
+                       param="truncate_prompt_tokens")
     if max_model_len is not None:
         try:
-            check_truncation(truncate_prompt_tokens, max_model_len)
+            keep = check_truncation(truncate_prompt_tokens, max_model_len)
         except ValueError as exc:
             raise APIError(str(exc), 400, param="truncate_prompt_tokens") from None
     if isinstance(prompt, str):
@@ -73,8 +79,8 @@ def tokenize_prompt(
             if bad is not None:
                 raise APIError(f"{field} contains token id {bad}, which is out of vocabulary "
                                f"(vocabulary size {vocab_size})", 400, param=field)
-    if truncate_prompt_tokens is not None and truncate_prompt_tokens >= 1:
-        ids = ids[-truncate_prompt_tokens:]
+    if keep is not None and keep >= 1:  # -1 without max_model_len: kept whole
+        ids = ids[-keep:]
     if not ids:
         raise APIError("The prompt is empty (0 tokens).", 400, param=field)
     return EnginePrompt(text, ids)

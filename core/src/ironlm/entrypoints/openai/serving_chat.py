@@ -87,7 +87,7 @@ async def create_chat_completion(
             raise APIError("when using `top_logprobs`, `logprobs` must be set to true.", 400,
                            param="top_logprobs")
         limit = state.engine.engine.config.max_logprobs
-        if req.top_logprobs > limit:
+        if limit != -1 and req.top_logprobs > limit:  # -1: no limit
             raise APIError(f"top_logprobs requested {req.top_logprobs} logprobs, which is more "
                            f"than max_logprobs={limit}.", 400, param="top_logprobs")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None \
@@ -184,7 +184,7 @@ def _response(ctx: _Ctx, final: RequestOutput) -> ChatCompletionResponse:
         model=ctx.model,
         system_fingerprint=ctx.state.system_fingerprint,
         choices=choices,
-        usage=UsageInfo.of(prompt_tokens, completion_tokens),
+        usage=UsageInfo.of(prompt_tokens, completion_tokens, ctx.state.cached_tokens([final])),
         prompt_logprobs=prompt_logprobs_json(final.prompt_logprobs)
         if ctx.req.prompt_logprobs is not None else None,
     )
@@ -232,8 +232,11 @@ async def _stream(
     choices = [_ChoiceStream(ctx) for _ in range(req.n)]
     prompt_tokens = len(first.prompt_token_ids)
 
+    latest = [first]  # the newest output: its count of prompt tokens the cache served
+
     def usage(completion_tokens: int) -> dict[str, Any]:
-        return UsageInfo.of(prompt_tokens, completion_tokens).model_dump()
+        return UsageInfo.of(prompt_tokens, completion_tokens,
+                            ctx.state.cached_tokens(latest)).model_dump()
 
     def chunk(choice: ChatStreamChoice | None) -> str:
         body: dict[str, Any] = {
@@ -259,6 +262,7 @@ async def _stream(
             if ctx.echo:
                 yield chunk(ChatStreamChoice(index=i, delta=DeltaMessage(content=ctx.echo)))
         async for out in outputs():
+            latest[0] = out
             for o in out.outputs:
                 ch = choices[o.index]
                 if ch.done:

@@ -1,6 +1,9 @@
 """POST /v1/completions: one engine request per prompt, n choices each, streamed or not.
 
 Choice index = prompt index * n + sequence index (as OpenAI and vLLM number them).
+``echo`` with ``max_tokens: 0`` scores the prompt (vLLM's echo without generation: the legacy
+API's way to read a text's log-likelihood): the engine runs one step for the prompt's
+logprobs, and each choice is the prompt alone (the one token that step made is left out).
 """
 
 from __future__ import annotations
@@ -57,6 +60,10 @@ class _Ctx:
     name: TokenNamer
     model: str  # reported in responses: the adapter's name, or the served model's
 
+    @property
+    def echo_only(self) -> bool:
+        return _echo_only(self.req)
+
     def prompt_text(self, i: int) -> str:
         p = self.prompts[i]
         return p.text if p.text is not None else self.state.tokenizer.decode(p.token_ids)
@@ -67,7 +74,9 @@ async def create_completion(
 ) -> Response:
     lora = state.check_model(req.model)
     check_request(req)
-    check_max_tokens(req.max_tokens)
+    echo_only = _echo_only(req)
+    if not echo_only:
+        check_max_tokens(req.max_tokens)
     raw = split_prompts(req.prompt)
     if req.suffix is not None:
         if len(raw) != 1:
@@ -81,7 +90,8 @@ async def create_completion(
                                          req.truncate_prompt_tokens)
     guided = guided_spec(req)
     prompt_lps = req.prompt_logprobs or (req.logprobs if req.echo else None)
-    limits = [check_context_length(len(p.token_ids), req.max_tokens, state.max_model_len,
+    limits = [check_context_length(len(p.token_ids), 1 if echo_only else req.max_tokens,
+                                   state.max_model_len,
                                    state.default_sampling.get("max_tokens"))
               for p in prompts]
     beams = [beam_search_params(req, m, req.logprobs is not None) for m in limits] \
@@ -110,9 +120,16 @@ async def create_completion(
     )
 
 
+def _echo_only(req: CompletionRequest) -> bool:
+    """echo without generation: choices hold the prompt, not the token run alongside it."""
+    return req.echo and req.max_tokens == 0
+
+
 def _choice(ctx: _Ctx, prompt_idx: int, final: RequestOutput, o: CompletionOutput) -> CompletionChoice:
     req = ctx.req
     text, token_ids, positions = o.text, list(o.token_ids), list(o.logprobs or [])
+    if ctx.echo_only:
+        text, token_ids, positions = "", [], []
     if req.echo:
         text = ctx.prompt_text(prompt_idx) + text
         token_ids = list(final.prompt_token_ids) + token_ids
@@ -127,22 +144,23 @@ def _choice(ctx: _Ctx, prompt_idx: int, final: RequestOutput, o: CompletionOutpu
         stop_reason=o.stop_reason,
         prompt_logprobs=prompt_logprobs_json(final.prompt_logprobs)
         if req.prompt_logprobs is not None else None,
-        sentence_length=len(o.text),
-        cum_log_probs=o.cumulative_logprob,
+        sentence_length=0 if ctx.echo_only else len(o.text),
+        cum_log_probs=None if ctx.echo_only else o.cumulative_logprob,
     )
 
 
 def _response(ctx: _Ctx, finals: list[RequestOutput]) -> CompletionResponse:
     choices = [_choice(ctx, i, f, o) for i, f in enumerate(finals) for o in f.outputs]
     prompt_tokens = sum(len(f.prompt_token_ids) for f in finals)
-    completion_tokens = sum(len(o.token_ids) for f in finals for o in f.outputs)
+    completion_tokens = 0 if ctx.echo_only else \
+        sum(len(o.token_ids) for f in finals for o in f.outputs)
     return CompletionResponse(
         id=ctx.request_id,
         created=ctx.created,
         model=ctx.model,
         system_fingerprint=ctx.state.system_fingerprint,
         choices=choices,
-        usage=UsageInfo.of(prompt_tokens, completion_tokens),
+        usage=UsageInfo.of(prompt_tokens, completion_tokens, ctx.state.cached_tokens(finals)),
     )
 
 
@@ -161,8 +179,11 @@ async def _stream(
     prompt_tokens = [len(p.token_ids) for p in ctx.prompts]
     generated = [0] * num_choices
 
+    latest = list(firsts)  # per prompt, its newest output (cached prompt tokens)
+
     def usage() -> dict[str, Any]:
-        return UsageInfo.of(sum(prompt_tokens), sum(generated)).model_dump()
+        return UsageInfo.of(sum(prompt_tokens), sum(generated),
+                            ctx.state.cached_tokens(latest)).model_dump()
 
     def chunk(choice: dict[str, Any]) -> str:
         body: dict[str, Any] = {
@@ -184,6 +205,7 @@ async def _stream(
 
     try:
         async for pi, out in outputs():
+            latest[pi] = out
             for o in out.outputs:
                 idx = pi * req.n + o.index
                 if done[idx]:
@@ -193,10 +215,11 @@ async def _stream(
                     text = ctx.prompt_text(pi)
                     lp_ids = list(out.prompt_token_ids)
                     lp_pos = list(out.prompt_logprobs or [None] * len(lp_ids))
-                text += o.text[sent_text[idx]:]
-                lp_ids += o.token_ids[sent_tokens[idx]:]
-                lp_pos += (o.logprobs or [])[sent_tokens[idx]:]
-                if not text and len(o.token_ids) == sent_tokens[idx] and not o.finish_reason:
+                if not ctx.echo_only:
+                    text += o.text[sent_text[idx]:]
+                    lp_ids += o.token_ids[sent_tokens[idx]:]
+                    lp_pos += (o.logprobs or [])[sent_tokens[idx]:]
+                if not text and not lp_ids and not o.finish_reason:
                     continue
                 logprobs = None
                 if req.logprobs is not None:
@@ -205,11 +228,11 @@ async def _stream(
                     ).model_dump()
                 offset[idx] += len(text)
                 sent_text[idx], sent_tokens[idx] = len(o.text), len(o.token_ids)
-                generated[idx] = len(o.token_ids)
+                generated[idx] = 0 if ctx.echo_only else len(o.token_ids)
                 done[idx] = o.finish_reason is not None
                 choice = {"index": idx, "text": text, "logprobs": logprobs,
                           "finish_reason": o.finish_reason, "stop_reason": o.stop_reason}
-                if done[idx]:
+                if done[idx] and not ctx.echo_only:
                     choice.update(sentence_length=len(o.text),
                                   cum_log_probs=o.cumulative_logprob)
                 yield chunk(choice)

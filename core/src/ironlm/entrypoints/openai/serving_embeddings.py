@@ -1,13 +1,18 @@
-"""POST /v1/embeddings: mean-pooled last hidden states (``LLM.encode``), one per input."""
+"""POST /v1/embeddings: mean-pooled last hidden states (``LLM.encode``), one per input, or
+one for a chat (vLLM's ``messages`` form); ``normalize`` scales each to unit length."""
 
 from __future__ import annotations
 
 import base64
+import math
+import time
+from typing import Any
 
 import numpy as np
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from ironlm.entrypoints.openai.chat_prompt import render_chat_prompt
 from ironlm.entrypoints.openai.engine_response import respond
 from ironlm.entrypoints.openai.errors import APIError
 from ironlm.entrypoints.openai.metrics import tracked
@@ -17,7 +22,12 @@ from ironlm.entrypoints.openai.protocol import (
     EmbeddingResponse,
     UsageInfo,
 )
-from ironlm.entrypoints.openai.request_inputs import split_prompts, tokenize_prompts
+from ironlm.entrypoints.openai.request_inputs import (
+    EnginePrompt,
+    split_prompts,
+    tokenize_prompt,
+    tokenize_prompts,
+)
 from ironlm.entrypoints.openai.state import ServerState, random_id
 from ironlm.outputs import RequestOutput
 from ironlm.sampling_params import SamplingParams
@@ -30,15 +40,23 @@ async def create_embedding(
     if req.dimensions is not None:
         raise APIError("dimensions is not supported: embeddings have the model's hidden size",
                        400, param="dimensions")
-    prompts = await tokenize_prompts(state, split_prompts(req.input, "input"),
-                                     req.add_special_tokens, req.truncate_prompt_tokens,
-                                     field="input")
+    if (req.input is None) == (req.messages is None):
+        raise APIError("give exactly one of input and messages", 400, param="input")
+    if req.messages is not None:
+        assert state.tokenizers is not None
+        prompts = [await state.tokenizers.run(_chat_prompt, state, req)]
+    else:
+        assert req.input is not None
+        add_special = True if req.add_special_tokens is None else req.add_special_tokens
+        prompts = await tokenize_prompts(state, split_prompts(req.input, "input"), add_special,
+                                         req.truncate_prompt_tokens, field="input")
     for p in prompts:
-        if len(p.token_ids) >= state.max_model_len:
+        if len(p.token_ids) > state.max_model_len:
             raise APIError(
                 f"This model's maximum context length is {state.max_model_len} tokens. "
                 f"However, you requested {len(p.token_ids)} tokens in the input for embedding "
-                "generation. Please reduce the length of the input.", 400, param="input",
+                "generation. Please reduce the length of the input.", 400,
+                param="input" if req.messages is None else "messages",
             )
     request_id = random_id("embd")
     gens = []
@@ -53,25 +71,43 @@ async def create_embedding(
     num_tokens = sum(len(p.token_ids) for p in prompts)
     return await respond(
         request, gens,
-        build=lambda finals: _response(state, req, finals, num_tokens,
+        build=lambda finals: _response(req, finals, num_tokens, request_id,
                                        state.response_model(lora, req.model)),
     )
 
 
+def _chat_prompt(tokenizer: Any, state: ServerState, req: EmbeddingRequest) -> EnginePrompt:
+    assert req.messages is not None
+    text = render_chat_prompt(
+        tokenizer, req.messages, server_template=state.options.chat_template,
+        request_template=req.chat_template, add_generation_prompt=req.add_generation_prompt,
+        continue_final_message=req.continue_final_message,
+        chat_template_kwargs=req.chat_template_kwargs,
+    )
+    # the template holds the special tokens already (vLLM's default for this form)
+    return tokenize_prompt(tokenizer, text, bool(req.add_special_tokens),
+                           req.truncate_prompt_tokens, field="messages",
+                           max_model_len=state.max_model_len)
+
+
 def _response(
-    state: ServerState, req: EmbeddingRequest, finals: list[RequestOutput], num_tokens: int,
+    req: EmbeddingRequest, finals: list[RequestOutput], num_tokens: int, request_id: str,
     model: str,
 ) -> JSONResponse:  # fmt: skip
     data = []
     for i, out in enumerate(finals):
         if out.embedding is None:
             raise APIError("the engine returned no embedding", 500)
-        vec: list[float] | str = out.embedding
+        values = out.embedding
+        if req.normalize:
+            norm = math.sqrt(sum(v * v for v in values))
+            values = [v / max(norm, 1e-12) for v in values]
+        vec: list[float] | str = values
         if req.encoding_format == "base64":
-            vec = base64.b64encode(np.asarray(out.embedding, dtype="<f4").tobytes()).decode()
+            vec = base64.b64encode(np.asarray(values, dtype="<f4").tobytes()).decode()
         data.append(EmbeddingData(index=i, embedding=vec))
     return JSONResponse(EmbeddingResponse(
-        data=data, model=model,
-        usage=UsageInfo(prompt_tokens=num_tokens, completion_tokens=None,
+        id=request_id, created=int(time.time()), data=data, model=model,
+        usage=UsageInfo(prompt_tokens=num_tokens, completion_tokens=0,
                         total_tokens=num_tokens),
     ).model_dump(exclude_none=True))

@@ -17,7 +17,7 @@ from ironlm.entrypoints.openai.errors import APIError
 from ironlm.entrypoints.openai.lora_modules import LoRAModulePath
 from ironlm.entrypoints.openai.protocol import LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest
 from ironlm.entrypoints.openai.startup import StartupError
-from ironlm.entrypoints.openai.state import ServerState, log
+from ironlm.entrypoints.openai.state import ServerState, log, random_id
 from ironlm.lora.request import LoRARequest
 
 RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
@@ -28,17 +28,26 @@ def runtime_lora_updating() -> bool:
     return os.environ.get(RUNTIME_LORA_ENV, "0").strip().lower() in ("1", "true")
 
 
+def _permission(created: int) -> list[dict[str, Any]]:
+    """vLLM's model card permission entry (the OpenAI legacy shape, with its defaults)."""
+    return [{"id": random_id("modelperm"), "object": "model_permission", "created": created,
+             "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+             "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+             "organization": "*", "group": None, "is_blocking": False}]
+
+
 def model_cards(s: ServerState) -> list[dict[str, Any]]:
     """The served names, then every adapter with ``parent`` set to its base model."""
     cards = [
         {"id": name, "object": "model", "created": s.created, "owned_by": "ironlm",
-         "root": s.model_path, "parent": None, "max_model_len": s.max_model_len}
+         "root": s.model_path, "parent": None, "max_model_len": s.max_model_len,
+         "permission": _permission(s.created)}
         for name in s.options.served_model_names
     ]
     cards += [
         {"id": lora.lora_name, "object": "model", "created": s.created, "owned_by": "ironlm",
          "root": lora.lora_path, "parent": lora.base_model_name or s.model_name,
-         "max_model_len": s.max_model_len}
+         "max_model_len": s.max_model_len, "permission": _permission(s.created)}
         for lora in s.loras.values()
     ]
     return cards

@@ -11,7 +11,8 @@ from ironlm.entrypoints.openai.state import ServerState
 
 
 async def tokenize(state: ServerState, req: TokenizeRequest) -> dict[str, Any]:
-    """``{"count", "max_model_len", "tokens"[, "token_strs"]}``, computed on the tokenizer
+    """``{"count", "max_model_len", "tokens", "token_strs"}`` (the strings null unless asked
+    for, as vLLM), computed on the tokenizer
     pool (a huge prompt never stalls the event loop)."""
     state.check_model(req.model)
     if (req.prompt is None) == (req.messages is None):
@@ -34,7 +35,7 @@ def _tokenize(tokenizer: Any, state: ServerState, req: TokenizeRequest) -> dict[
         add_special = True if req.add_special_tokens is None else req.add_special_tokens
     ids = list(tokenizer(text, add_special_tokens=add_special).input_ids)
     body: dict[str, Any] = {"count": len(ids), "max_model_len": state.max_model_len,
-                            "tokens": ids}
+                            "tokens": ids, "token_strs": None}
     if req.return_token_strs:
         body["token_strs"] = tokenizer.convert_ids_to_tokens(ids)
     return body

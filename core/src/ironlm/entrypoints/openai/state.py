@@ -18,6 +18,7 @@ from ironlm.entrypoints.openai.metrics import RequestTracker, ServerMetrics
 from ironlm.entrypoints.openai.tokenizer_pool import TokenizerPool
 from ironlm.interfaces.tool_parser import ToolParser
 from ironlm.lora.request import LoRARequest
+from ironlm.outputs import RequestOutput
 from ironlm.plugin_manager import PluginManager
 
 log = logging.getLogger("ironlm.server")
@@ -34,7 +35,8 @@ class ServerOptions:
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
     max_log_len: int | None = None
-    disable_log_requests: bool = False
+    log_requests: bool = False  # vLLM's default since 0.10: off (--enable-log-requests)
+    enable_prompt_tokens_details: bool = False  # usage names the prompt's cached tokens
     disable_log_stats: bool = False
     lora_modules: list[LoRAModulePath] = field(default_factory=list)  # served from start-up
 
@@ -112,12 +114,19 @@ class ServerState:
             return lora.lora_name
         return requested if requested in self.options.served_model_names else self.model_name
 
+    def cached_tokens(self, outputs: list[RequestOutput]) -> int | None:
+        """Prompt tokens the prefix cache served for ``outputs`` (a request's prompts), for
+        usage's prompt_tokens_details; None unless --enable-prompt-tokens-details."""
+        if not self.options.enable_prompt_tokens_details:
+            return None
+        return sum(out.num_cached_tokens for out in outputs)
+
     def new_tracker(self, n: int = 1, best_of: int | None = None) -> RequestTracker:
         return RequestTracker(self.metrics, n, best_of)
 
     def log_request(self, request_id: str, prompt: str | None, token_ids: list[int],
                     params: Any) -> None:
-        if self.options.disable_log_requests:
+        if not self.options.log_requests:
             return
         n = self.options.max_log_len
         shown_prompt = prompt[:n] if (prompt is not None and n is not None) else prompt

@@ -1,0 +1,125 @@
+"""vLLM's newer spellings of engine arguments, folded into the fields EngineConfig runs on.
+
+vLLM renamed some arguments over its releases: ``kv_cache_memory_bytes`` is its name for the
+KV budget per rank, and ``speculative_config`` (a JSON object on the command line) replaced
+the ``--speculative-model`` family of flags. Users copy either form from vLLM's docs, so both
+are taken; each alias is moved into the older field and cleared, which keeps
+``EngineConfig.__post_init__`` (run again by every ``dataclasses.replace``) idempotent.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ironlm.config import EngineConfig
+
+TOKENIZER_MODES = ("auto", "hf")  # both: the tokenizer's fast backend, as vLLM's "hf"
+
+# speculative_config keys and the EngineConfig field each one sets
+_SPEC_FIELDS = {
+    "num_speculative_tokens": "num_speculative_tokens",
+    "max_model_len": "speculative_max_model_len",
+    "disable_by_batch_size": "speculative_disable_by_batch_size",
+    "prompt_lookup_max": "ngram_prompt_lookup_max",
+    "prompt_lookup_min": "ngram_prompt_lookup_min",
+}
+_OLD_SPEC_FIELDS = ("speculative_model", *_SPEC_FIELDS.values())
+
+
+def apply_vllm_aliases(cfg: EngineConfig) -> None:
+    """Move the aliases ``cfg`` was given into their fields (ValueError when both forms are
+    given, or for a value IronLM cannot honour)."""
+    if cfg.kv_cache_memory_bytes is not None:
+        if cfg.kv_cache_memory is not None:
+            raise ValueError("give kv_cache_memory or kv_cache_memory_bytes (vLLM's name of "
+                             "the same budget), not both")
+        cfg.kv_cache_memory, cfg.kv_cache_memory_bytes = cfg.kv_cache_memory_bytes, None
+    if cfg.tokenizer_mode == "slow":
+        raise ValueError(
+            "tokenizer_mode 'slow' is not supported: transformers 5 loads every tokenizer "
+            "with its fast (tokenizers) backend and ignores use_fast=False; use 'auto'"
+        )
+    if cfg.tokenizer_mode not in TOKENIZER_MODES:
+        raise ValueError(
+            f"tokenizer_mode {cfg.tokenizer_mode!r} is not supported: IronLM loads Hugging "
+            f"Face tokenizers only; choose one of {list(TOKENIZER_MODES)}"
+        )
+    if cfg.speculative_config is not None:
+        _apply_speculative_config(cfg, cfg.speculative_config)
+        cfg.speculative_config = None
+    if cfg.structured_outputs_config is not None:
+        _apply_structured_outputs_config(cfg, cfg.structured_outputs_config)
+        cfg.structured_outputs_config = None
+
+
+# StructuredOutputsConfig options and the value that leaves them off (vLLM's defaults); a
+# request may still ask for disable_* itself (structured_outputs options)
+_STRUCTURED_DEFAULTS: dict[str, Any] = {
+    "disable_fallback": False, "disable_any_whitespace": False,
+    "disable_additional_properties": False, "reasoning_parser": "",
+    "enable_in_reasoning": False,
+}
+
+
+def _apply_structured_outputs_config(cfg: EngineConfig, so: dict[str, Any]) -> None:
+    """vLLM's structured_outputs_config: its ``backend`` is guided_decoding_backend; its
+    server-wide options are taken at their defaults only (IronLM applies them per request)."""
+    if not isinstance(so, dict):
+        raise ValueError(f"structured_outputs_config must be a JSON object, got {so!r}")
+    unknown = sorted(set(so) - {"backend", *_STRUCTURED_DEFAULTS})
+    changed = sorted(k for k, v in so.items() if k in _STRUCTURED_DEFAULTS
+                     and v != _STRUCTURED_DEFAULTS[k])
+    if unknown or changed:
+        raise ValueError(
+            f"structured_outputs_config {unknown + changed} not supported: IronLM takes "
+            "'backend' here; disable_fallback, disable_any_whitespace and "
+            "disable_additional_properties go in each request's structured_outputs options"
+        )
+    if "backend" in so:
+        if cfg.guided_decoding_backend != "auto":
+            raise ValueError("structured_outputs_config's backend and guided_decoding_backend "
+                             "given: use one form")
+        cfg.guided_decoding_backend = so["backend"]
+
+def _apply_speculative_config(cfg: EngineConfig, spec: dict[str, Any]) -> None:
+    """vLLM's speculative_config onto the speculative fields. ``method``: "ngram" (also the
+    model "ngram" / "[ngram]"), "draft_model" or absent with a ``model`` path (a draft model),
+    or another proposer plugin's name. As vLLM: an ngram config without prompt_lookup_min /
+    max takes 5 for both, and one given alone stands for the other too."""
+    if not isinstance(spec, dict):
+        raise ValueError(f"speculative_config must be a JSON object, got {spec!r}")
+    given = [name for name in _OLD_SPEC_FIELDS if getattr(cfg, name) is not None]
+    if given:
+        raise ValueError(f"speculative_config and {', '.join(given)} given: use one form")
+    unknown = sorted(set(spec) - {"method", "model", *_SPEC_FIELDS})
+    if unknown:
+        raise ValueError(
+            f"speculative_config keys {unknown} are not supported; IronLM takes method, model, "
+            f"{', '.join(_SPEC_FIELDS)}"
+        )
+    method, model = spec.get("method"), spec.get("model")
+    if method is None and model in ("ngram", "[ngram]"):
+        method, model = "ngram", None
+    if method in ("ngram", "[ngram]"):
+        if model is not None:
+            raise ValueError("speculative_config: method 'ngram' takes no model")
+        cfg.speculative_model = "[ngram]"
+        lo, hi = spec.get("prompt_lookup_min"), spec.get("prompt_lookup_max")
+        if lo is None and hi is None:
+            lo = hi = 5
+        spec = {**spec, "prompt_lookup_min": hi if lo is None else lo,
+                "prompt_lookup_max": lo if hi is None else hi}
+    elif method in (None, "draft_model"):
+        if not isinstance(model, str) or not model:
+            raise ValueError("speculative_config needs a draft 'model' path (method "
+                             "'draft_model'), or method 'ngram'")
+        cfg.speculative_model = model
+    else:  # a proposer plugin by name; the engine lists the names it has when none matches
+        if model is not None:
+            raise ValueError(f"speculative_config: method {method!r} takes no model here "
+                             "(IronLM's proposer plugins are named by method alone)")
+        cfg.speculative_model = f"[{method}]"
+    for key, name in _SPEC_FIELDS.items():
+        if spec.get(key) is not None:
+            setattr(cfg, name, spec[key])

@@ -1,0 +1,51 @@
+"""vLLM's newer engine arguments on SmolLM2-135M-Instruct: hf_overrides (fields laid over the HF
+config before the engine and the workers read it: the context length the engine derives, the
+model's rope), max_model_len auto (-1: capped by the KV cache), kv_cache_memory_bytes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ironlm import LLM, SamplingParams
+
+pytestmark = pytest.mark.real_model
+
+KW = {"kv_cache_memory": 64 << 20, "dtype": "float32"}
+PROMPT = "The capital of France is"
+
+
+def test_overrides_reach_the_engine_and_the_model(smollm2_dir: Path) -> None:
+    greedy = SamplingParams(temperature=0, max_tokens=8)
+    plain = LLM(str(smollm2_dir), max_model_len=256, **KW)
+    want = plain.generate(PROMPT, greedy, use_tqdm=False)[0].outputs[0].token_ids
+    del plain
+    # no max_model_len given: the engine takes the overridden max_position_embeddings
+    short = LLM(str(smollm2_dir), hf_overrides={"max_position_embeddings": 300}, **KW)
+    assert short.llm_engine.max_model_len == 300
+    assert short.generate(PROMPT, greedy, use_tqdm=False)[0].outputs[0].token_ids == want
+    del short
+    # a rope base of 1 (SmolLM2: 100000) turns each dimension pair a whole radian per position: other tokens
+    # (transformers 5 keeps it in rope_parameters; an object value updates that object)
+    moved = LLM(str(smollm2_dir), max_model_len=256,
+                hf_overrides={"rope_parameters": {"rope_theta": 1.0}}, **KW)
+    assert moved.generate(PROMPT, greedy, use_tqdm=False)[0].outputs[0].token_ids != want
+    with pytest.raises(ValueError, match="not both"):
+        LLM(str(smollm2_dir), kv_cache_memory=1 << 26, kv_cache_memory_bytes=1 << 26)
+
+
+def test_max_model_len_auto_is_what_the_kv_cache_holds(smollm2_dir: Path) -> None:
+    # 16 MiB of float32 KV (45 KiB a token for SmolLM2) holds a few hundred tokens, far
+    # below the model's 8192 positions: auto takes the cache's length instead of refusing
+    llm = LLM(str(smollm2_dir), max_model_len=-1, kv_cache_memory_bytes=16 << 20,
+              dtype="float32")
+    engine = llm.llm_engine
+    cache_tokens = engine.block_manager.num_kv_blocks * engine.config.block_size
+    assert engine.max_model_len == cache_tokens < 8192
+    out = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 4
+    with pytest.raises(ValueError, match="longer than the maximum model length"):
+        llm.generate({"prompt_token_ids": [1792] * cache_tokens}, use_tqdm=False)
+    with pytest.raises(ValueError, match="max seq len"):  # an explicit length is not capped
+        LLM(str(smollm2_dir), max_model_len=4096, kv_cache_memory_bytes=16 << 20)
