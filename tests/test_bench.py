@@ -259,6 +259,17 @@ def test_bench_llama_cpp_baseline_missing_is_explained(
     assert not list(tmp_path.glob("*.json"))
 
 
+def test_bench_hf_overrides_with_a_baseline_is_refused(
+        tiny_llama_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # the baseline would load the model without the overrides: two different models
+    rc = ironlm_main([
+        "bench", "latency", "--model", str(tiny_llama_dir), "--baseline", "hf",
+        "--hf-overrides", '{"rope_theta": 5.0}', "--result-dir", str(tmp_path), *ENGINE,
+    ])
+    assert rc == 2 and "--hf-overrides" in capsys.readouterr().err
+    assert not list(tmp_path.glob("*.json"))
+
+
 @pytest.mark.parametrize("batched", [False, True])
 def test_bench_real_llama_cpp_both_modes(
         smollm2_dir: Path, tmp_path: Path, batched: bool) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ironlm import LLM, SamplingParams
+from ironlm import LLM, BeamSearchParams, SamplingParams
 
 pytestmark = pytest.mark.real_model
 
@@ -26,10 +26,10 @@ def test_overrides_reach_the_engine_and_the_model(smollm2_dir: Path) -> None:
     assert short.llm_engine.max_model_len == 300
     assert short.generate(PROMPT, greedy, use_tqdm=False)[0].outputs[0].token_ids == want
     del short
-    # a rope base of 1 (SmolLM2: 100000) turns each dimension pair a whole radian per position: other tokens
-    # (transformers 5 keeps it in rope_parameters; an object value updates that object)
-    moved = LLM(str(smollm2_dir), max_model_len=256,
-                hf_overrides={"rope_parameters": {"rope_theta": 1.0}}, **KW)
+    # a rope base of 1 (SmolLM2: 100000) turns each dimension pair a whole radian per
+    # position: other tokens
+    # (vLLM's recipes set rope_theta at the top; transformers 5 keeps it in rope_parameters)
+    moved = LLM(str(smollm2_dir), max_model_len=256, hf_overrides={"rope_theta": 1.0}, **KW)
     assert moved.generate(PROMPT, greedy, use_tqdm=False)[0].outputs[0].token_ids != want
     with pytest.raises(ValueError, match="not both"):
         LLM(str(smollm2_dir), kv_cache_memory=1 << 26, kv_cache_memory_bytes=1 << 26)
@@ -38,14 +38,44 @@ def test_overrides_reach_the_engine_and_the_model(smollm2_dir: Path) -> None:
 def test_max_model_len_auto_is_what_the_kv_cache_holds(smollm2_dir: Path) -> None:
     # 16 MiB of float32 KV (45 KiB a token for SmolLM2) holds a few hundred tokens, far
     # below the model's 8192 positions: auto takes the cache's length instead of refusing
+    ngram = {"method": "ngram", "num_speculative_tokens": 3}
     llm = LLM(str(smollm2_dir), max_model_len=-1, kv_cache_memory_bytes=16 << 20,
-              dtype="float32")
+              dtype="float32", speculative_config=ngram)
     engine = llm.llm_engine
     cache_tokens = engine.block_manager.num_kv_blocks * engine.config.block_size
     assert engine.max_model_len == cache_tokens < 8192
+    assert engine.spec.max_model_len == cache_tokens  # drafts planned within that length
     out = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 4
     with pytest.raises(ValueError, match="longer than the maximum model length"):
         llm.generate({"prompt_token_ids": [1792] * cache_tokens}, use_tqdm=False)
     with pytest.raises(ValueError, match="max seq len"):  # an explicit length is not capped
         LLM(str(smollm2_dir), max_model_len=4096, kv_cache_memory_bytes=16 << 20)
+    with pytest.raises(ValueError, match="speculative_max_model_len"):  # checked on the cap
+        LLM(str(smollm2_dir), max_model_len=-1, kv_cache_memory_bytes=16 << 20,
+            speculative_config={**ngram, "max_model_len": 4096})
+
+
+def test_cache_salt_and_unlimited_logprobs(smollm2_dir: Path) -> None:
+    # vLLM's TextPrompt / TokensPrompt key: blocks cached under one salt serve that salt only
+    llm = LLM(str(smollm2_dir), max_model_len=256, max_logprobs=-1, **KW)
+    # max_logprobs -1: no limit but the vocabulary's (vLLM)
+    top = llm.generate("Hi", SamplingParams(max_tokens=1, logprobs=40), use_tqdm=False)
+    assert len(top[0].outputs[0].logprobs[0]) >= 40
+    text = "Once upon a time, in a kingdom by the sea, there lived a keeper of lights. " * 3
+    one = SamplingParams(temperature=0, max_tokens=1)
+
+    def cached(prompt: dict[str, str]) -> int:
+        return llm.generate(prompt, one, use_tqdm=False)[0].num_cached_tokens
+
+    assert cached({"prompt": text, "cache_salt": "alice"}) == 0
+    assert cached({"prompt": text, "cache_salt": "alice"}) >= 16
+    assert cached({"prompt": text, "cache_salt": "bob"}) == 0
+    assert cached({"prompt": text}) == 0  # nor unsalted requests
+    assert cached({"prompt": text}) >= 16
+    with pytest.raises(ValueError, match="cache_salt"):
+        llm.generate({"prompt": text, "cache_salt": ""}, one, use_tqdm=False)
+    # beam search runs each step's beams under the prompt's salt: their blocks are carol's
+    llm.beam_search([{"prompt": text, "cache_salt": "carol"}],
+                    BeamSearchParams(beam_width=2, max_tokens=2))
+    assert cached({"prompt": text, "cache_salt": "carol"}) >= 16

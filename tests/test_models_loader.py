@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from test_models_helpers import ARCHITECTURES, load_ours, reference_context, run_prefill_then_decode
-from transformers import AutoModelForCausalLM, LlamaConfig
+from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig
 
 from ironlm.model_loader import LOAD_FORMATS, load_model, resolve_model
 from ironlm.models.llama import LlamaForCausalLM
@@ -182,3 +182,26 @@ def test_safetensors_reader_rejects_a_truncated_file(tmp_path: Path) -> None:
     path.write_bytes(data[:-100])
     with pytest.raises(ValueError, match="file ends inside tensor 'a'"):
         list(iter_safetensors_file(path))
+
+
+def test_hf_overrides_are_laid_over_the_config(tiny_folder: Path,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    source = resolve_model(str(tiny_folder), hf_overrides={
+        "max_position_embeddings": 300, "rope_theta": 42.0,  # vLLM's top-level rope_theta
+        "max_position_embedings": 7,  # misspelt: set, but named in a warning
+    })
+    assert source.max_position_embeddings == 300
+    assert source.hf_config.rope_parameters["rope_theta"] == 42.0
+    assert source.hf_config.rope_parameters["rope_type"] == "default"  # merged, not replaced
+    assert "'max_position_embedings' is not a field of LlamaConfig" in caplog.text
+    gemma = Gemma3TextConfig(architectures=["Gemma3ForCausalLM"])  # rope per attention kind
+    gemma.save_pretrained(tiny_folder.parent / "gemma3-config")
+    folder = str(tiny_folder.parent / "gemma3-config")
+    with pytest.raises(ValueError, match="per layer type"):
+        resolve_model(folder, hf_overrides={"rope_theta": 5.0})
+    nested = resolve_model(folder, hf_overrides={
+        "rope_parameters": {"full_attention": {"rope_theta": 5.0}}}).hf_config.rope_parameters
+    assert nested["full_attention"]["rope_theta"] == 5.0
+    assert nested["full_attention"]["rope_type"] == gemma.rope_parameters["full_attention"][
+        "rope_type"]
+    assert nested["sliding_attention"] == gemma.rope_parameters["sliding_attention"]

@@ -10,7 +10,7 @@ from typing import Callable
 import pytest
 import torch
 
-from ironlm import LLM, SamplingParams
+from ironlm import LLM, GuidedDecodingParams, SamplingParams, StructuredOutputsParams
 from ironlm.sampling_params import BeamSearchParams
 
 pytestmark = pytest.mark.real_model
@@ -181,6 +181,27 @@ def test_vllm_names_of_the_engine_and_argument_checks(llm: LLM) -> None:
     with pytest.raises(ValueError, match="^truncate_prompt_tokens value"):
         llm.generate(PROMPT, SamplingParams(max_tokens=2, truncate_prompt_tokens=513),
                      use_tqdm=False)
+    # -1 keeps what the context leaves beside max_tokens (vLLM's max_input_tokens); an
+    # embedding keeps the whole context
+    long = {"prompt_token_ids": list(range(100, 700))}
+    cut = llm.generate(long, SamplingParams(max_tokens=12, truncate_prompt_tokens=-1),
+                       use_tqdm=False)[0]
+    assert cut.prompt_token_ids == long["prompt_token_ids"][-500:]
+    assert len(cut.outputs[0].token_ids) == 12
+    assert len(llm.encode(long, truncate_prompt_tokens=-1)[0].prompt_token_ids) == 512
+    with pytest.raises(ValueError, match="truncate_prompt_tokens"):
+        SamplingParams(truncate_prompt_tokens=-2)
+    # the newer name of guided_decoding, and never both
+    with pytest.raises(ValueError, match="give one"):
+        SamplingParams(structured_outputs=StructuredOutputsParams(choice=["a"]),
+                       guided_decoding=GuidedDecodingParams(choice=["a"]))
+    moved = SamplingParams(structured_outputs=StructuredOutputsParams(choice=["a"],
+                                                                      backend="outlines"))
+    assert moved.structured_outputs is None and moved.guided_decoding is not None
+    assert moved.guided_decoding_backend == "outlines"
+    # max_logprobs -1 (no limit) is an engine argument; 20 (the default) limits here
+    with pytest.raises(ValueError, match="max_logprobs=20"):
+        llm.generate(PROMPT, SamplingParams(max_tokens=1, logprobs=21), use_tqdm=False)
     assert not llm.engine.has_unfinished_requests()
 
 

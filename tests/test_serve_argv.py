@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from ironlm.cli import Cli
+from ironlm.config import EngineConfig
 from ironlm.entrypoints.openai.cli_args import engine_config_from_args, expand_argv, make_parser
 
 
@@ -69,7 +70,7 @@ def test_kv_cache_memory_bytes_is_vllms_name_of_the_budget() -> None:
 
 
 def test_speculative_config_json_becomes_the_speculative_fields() -> None:
-    def spec(text: str):  # type: ignore[no-untyped-def]
+    def spec(text: str) -> EngineConfig:
         return engine_config_from_args(_parse(["m", "--speculative-config", text]))
 
     ngram = spec('{"method": "ngram", "num_speculative_tokens": 4}')

@@ -34,7 +34,6 @@ def server(smollm2_dir: Path, smollm2_loras) -> RemoteServer:  # type: ignore[no
         "--enable-lora", "--max-loras", "2", "--max-cpu-loras", "3",
         "--lora-modules", f"pirate={paths['pirate']}",
         json.dumps({"name": "french", "path": str(paths["french"]), "base_model_name": NAME}),
-        "--disable-log-requests",
         "--dtype", "float32",  # whatever the CPU's auto dtype: streamed == non-streamed text
     ]
     with RemoteServer(smollm2_dir, args, api_key=KEY, more_keys=(SECOND_KEY,),

@@ -41,7 +41,8 @@ def server(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     args = [
         "--config", str(config), "--max_num_seqs", "32", "--max-num-batched-tokens", "64",
         "--max-request-body-size", "1MiB", "--max-log-len", "40", "--enable-log-requests",
-        "--enable-prompt-tokens-details",
+        "--enable-prompt-tokens-details", "--trust-request-chat-template",
+        "--default-chat-template-kwargs", '{"greeting": "Ahoy", "farewell": "Bye"}',
         "--middleware", "server_utils.header_middleware",
         "--dtype", "float32",  # whatever the CPU's auto dtype: embeddings compared across batches
     ]
@@ -81,6 +82,7 @@ def test_health_version_models_plugins(server: RemoteServer, http: httpx.Client,
     assert http.get("/version").json()["version"]
     models = client.models.list()
     assert [m.id for m in models.data] == [MODEL, "smollm2-alias"]
+    assert '"GET /v1/models' in server.log_text()  # uvicorn's access log is on by default
     card = http.get("/v1/models").json()["data"][0]
     assert card["max_model_len"] == MAX_MODEL_LEN
     assert card["permission"][0]["object"] == "model_permission"  # vLLM's card has one
@@ -205,6 +207,14 @@ def test_cached_prompt_tokens_in_usage_and_requests_logged(server: RemoteServer,
     for _ in range(2):
         usage = client.chat.completions.create(model=MODEL, messages=chat, max_tokens=1).usage
     assert usage.prompt_tokens_details.cached_tokens >= 16
+    # vLLM's cache_salt: a salted prompt shares cached blocks only with the same salt
+    salted = [client.completions.create(**kw, extra_body={"cache_salt": salt}).usage
+              for salt in ("alice", "alice", "bob")]
+    cached = [u.prompt_tokens_details.cached_tokens if u.prompt_tokens_details else 0
+              for u in salted]
+    assert cached[0] == 0 and cached[1] >= 16 and cached[2] == 0
+    with pytest.raises(openai.BadRequestError, match="cache_salt"):
+        client.completions.create(**kw, extra_body={"cache_salt": ""})
     assert "Received request cmpl-" in server.log_text()
     assert repr(prompt[:40]) in server.log_text()
 
@@ -221,11 +231,16 @@ def test_echo_without_generation_scores_the_prompt(client: openai.OpenAI) -> Non
     assert c.logprobs.tokens == gen.tokens[:n_prompt]
     assert c.logprobs.token_logprobs[0] is None
     assert c.logprobs.token_logprobs[1:] == pytest.approx(gen.token_logprobs[1:n_prompt], abs=1e-4)
-    assert out.usage.prompt_tokens == n_prompt and out.usage.completion_tokens == 0
+    # usage counts the one token run for the logprobs (vLLM's count)
+    assert out.usage.prompt_tokens == n_prompt and out.usage.completion_tokens == 1
     chunks = list(client.completions.create(max_tokens=0, stream=True, **kw))
     assert "".join(ch.choices[0].text for ch in chunks) == PROMPT
     assert sum(len(ch.choices[0].logprobs.tokens) for ch in chunks) == n_prompt
     assert chunks[-1].choices[0].finish_reason == "length"
+    # n=3, streamed: each choice echoes the prompt once, whenever its first output comes
+    three = list(client.completions.create(max_tokens=0, stream=True, n=3, **kw))
+    for i in range(3):
+        assert "".join(ch.choices[0].text for ch in three if ch.choices[0].index == i) == PROMPT
     with pytest.raises(openai.BadRequestError, match="max_tokens"):  # 0 needs echo
         client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=0)
 
@@ -302,6 +317,16 @@ def test_chat_turns_without_text_render_as_vllm_does(http: httpx.Client) -> None
     assert "No." in "".join(tok["token_strs"]).replace("\u0120", " ")
 
 
+def test_default_chat_template_kwargs_lie_under_the_requests(http: httpx.Client) -> None:
+    # --default-chat-template-kwargs reach the template; a request's own kwargs win; the
+    # request's template runs because this server trusts request templates
+    body = {"messages": CHAT, "chat_template": "{{ greeting }} {{ farewell }}",
+            "chat_template_kwargs": {"farewell": "Later"}}
+    tok = http.post("/tokenize", json=body).json()
+    assert http.post("/detokenize", json={"tokens": tok["tokens"]}).json()["prompt"] \
+        == "Ahoy Later"
+
+
 # -- other endpoints -----------------------------------------------------------------------
 def test_tokenize_round_trip(http: httpx.Client) -> None:
     tok = http.post("/tokenize", json={"prompt": PROMPT, "return_token_strs": True}).json()
@@ -311,6 +336,7 @@ def test_tokenize_round_trip(http: httpx.Client) -> None:
     assert text == PROMPT
     chat = http.post("/tokenize", json={"messages": CHAT}).json()
     assert chat["count"] > tok["count"]
+    assert chat["token_strs"] is None  # not asked for: null, as vLLM (the key is there)
     info = http.get("/tokenizer_info").json()
     assert info["eos_token"] and info["model_max_length"] == MAX_MODEL_LEN
 
@@ -344,6 +370,9 @@ def test_embeddings_chat_form_full_context_and_truncation(http: httpx.Client) ->
     assert np.allclose(chat["data"][0]["embedding"], same["data"][0]["embedding"], atol=1e-4)
     both = http.post("/v1/embeddings", json={"model": MODEL, "messages": CHAT, "input": "x"})
     assert _error(both, 400)["param"] == "input"
+    chat_only = {"model": MODEL, "input": "x", "add_generation_prompt": True}
+    assert _error(http.post("/v1/embeddings", json=chat_only), 400)["param"] \
+        == "add_generation_prompt"
     # an input may fill the context (nothing is generated after it), and -1 truncates to it
     full = http.post("/v1/embeddings", json={"model": MODEL, "input": [1792] * MAX_MODEL_LEN})
     assert full.status_code == 200, full.text
@@ -383,10 +412,13 @@ def test_metrics_counters_move(server: RemoteServer, client: openai.OpenAI) -> N
     assert metric(after, "vllm:generation_tokens_total") - \
         metric(before, "vllm:generation_tokens_total", 0) == 3
     for name in ("vllm:request_prompt_tokens_count", "vllm:request_generation_tokens_count",
-                 "vllm:request_params_n_count", "vllm:request_params_best_of_count"):
+                 "vllm:request_params_n_count", "vllm:request_params_best_of_count",
+                 "vllm:request_params_max_tokens_count"):
         assert metric(after, name) == metric(before, name, 0) + 1, name
     assert metric(after, "vllm:request_generation_tokens_sum") - \
         metric(before, "vllm:request_generation_tokens_sum", 0) == 3
+    assert metric(after, "vllm:request_params_max_tokens_sum") - \
+        metric(before, "vllm:request_params_max_tokens_sum", 0) == 3
     # the prompt was looked up in the prefix cache (vLLM's counters, in tokens)
     assert metric(after, "vllm:prefix_cache_queries_total") > \
         metric(before, "vllm:prefix_cache_queries_total")

@@ -80,6 +80,9 @@ def test_no_platform_names_plugins(monkeypatch: pytest.MonkeyPatch,
     (["--tool-parser-plugin", "/no/such/plugin.py"], ["--tool-parser-plugin"]),
     (["--tokenizer-extension-path", "/no/such/ext.py"],
      ["--tokenizer-extension-path", "is not a file"]),
+    (["--api-key", ""], ["--api-key must not be empty"]),  # it would admit an empty bearer
+    (["--api-key", "k", " "], ["--api-key must not be empty"]),
+    (["-dp", "2"], ["no data parallelism"]),
 ])
 def test_unhonourable_flags_fail_at_start(flags: list[str], needles: list[str],
                                           capsys: pytest.CaptureFixture[str]) -> None:

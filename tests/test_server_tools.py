@@ -79,7 +79,7 @@ def server(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     args = ["--max-model-len", "1024", "--kv-cache-memory", "128MiB", "--max-num-seqs", "32",
             "--served-model-name", MODEL, "--chat-template", str(template),
             "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-            "--disable-log-stats", "--disable-log-requests",
+            "--disable-log-stats", "--disable-uvicorn-access-log",
             "--dtype", "float32"]  # whatever the CPU's auto dtype: streamed == non-streamed
     if _outlines_available():
         args += ["--guided-decoding-backend", "outlines"]
@@ -115,6 +115,21 @@ def test_tool_request_errors(client: openai.OpenAI, kwargs: dict[str, Any], need
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=2, **kwargs)
     assert needle in err.value.message
+
+
+def test_no_access_log_lines(server: RemoteServer, client: openai.OpenAI) -> None:
+    client.models.list()  # --disable-uvicorn-access-log: no '"GET /v1/models ..." 200' line
+    assert '"GET /v1/models' not in server.log_text()
+
+
+def test_request_chat_templates_need_trust(client: openai.OpenAI) -> None:
+    # vLLM's rule: without --trust-request-chat-template a request's template (a Jinja program
+    # the server would run) is refused, in either place a request can put it
+    for extra in ({"chat_template": "{{ messages }}"},
+                  {"chat_template_kwargs": {"chat_template": "{{ messages }}"}}):
+        with pytest.raises(openai.BadRequestError, match="trust-request-chat-template"):
+            client.chat.completions.create(model=MODEL, max_tokens=2, extra_body=extra,
+                                           messages=[{"role": "user", "content": "hi"}])
 
 
 def test_tool_choice_none_gives_text(client: openai.OpenAI) -> None:

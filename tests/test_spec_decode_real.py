@@ -67,7 +67,8 @@ def test_greedy_offline_equals_plain(kind: str, smollm2_dir: Path, smollm2_draft
 @pytest.mark.parametrize("kind", ["ngram", "draft"])
 def test_server_streams_the_plain_greedy_text(kind: str, smollm2_dir: Path,
                                               smollm2_draft_dir: Path, plain: list[Any]) -> None:
-    args = ["--max-model-len", "512", "--kv-cache-memory", "96MiB", "--dtype", "float32"]
+    args = ["--max-model-len", "512", "--kv-cache-memory", "96MiB", "--dtype", "float32",
+            "--enable-force-include-usage"]
     if kind == "ngram":  # vLLM's JSON form (lookup from 4 tokens down to 4, vLLM's rule)
         args += ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 5, '
                  '"prompt_lookup_max": 4}']
@@ -81,6 +82,9 @@ def test_server_streams_the_plain_greedy_text(kind: str, smollm2_dir: Path,
                 stream=True))  # fmt: skip
             text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
             assert text == want.outputs[0].text
+            # --enable-force-include-usage: a usage chunk ends the stream unasked (vLLM)
+            assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == \
+                len(want.outputs[0].token_ids)
         metrics = httpx.get(server.url("/metrics")).text
     values = {m.group(1): float(m.group(2)) for m in re.finditer(
         r"^(?:vllm|ironlm):(spec_decode_\w+)\{[^}]*\} ([0-9.e+-]+)$", metrics, re.M)}

@@ -54,7 +54,7 @@ Reply with <tool_call>{"name": ..., "arguments": {...}}</tool_call>.
 TEMPLATES = {"smollm2": TEMPLATE, "gemma3": GEMMA_TEMPLATE}
 SERVER_ARGS = ["--max-model-len", "1024", "--kv-cache-memory", "128MiB", "--max-num-seqs", "64",
                "--enable-auto-tool-choice",
-               "--tool-call-parser", "hermes", "--disable-log-stats", "--disable-log-requests"]
+               "--tool-call-parser", "hermes", "--disable-log-stats"]
 # "required-single": tool_choice "required" with parallel_tool_calls false (at most one call:
 # the grammar's array takes one item, so the model cannot repeat its call until max_tokens)
 MODES = ("required", "required-single", "named", "auto")

@@ -85,6 +85,10 @@ def baseline_problem(args: argparse.Namespace) -> str | None:
         return "--baseline unquantized on a GGUF file needs --baseline-model FLOAT_MODEL"
     if "hf" in args.baseline and args.model.endswith(".gguf"):
         return "--baseline hf needs an HF folder as --model (the GGUF goes to --gguf)"
+    if getattr(args, "hf_overrides", None) and any(b in args.baseline for b in ("hf",
+                                                                               "llama-cpp")):
+        return ("--hf-overrides changes the model IronLM runs, and the hf / llama-cpp "
+                "baselines would load it without them: drop one or the other")
     return None
 
 
@@ -216,7 +220,8 @@ def machine_context(args: argparse.Namespace) -> MachineContext:
         from ironlm.model_loader import resolve_model
 
         ctx.dtype = engine_dtype(args)
-        hf_config = resolve_model(args.model, args.trust_remote_code).hf_config
+        hf_config = resolve_model(args.model, args.trust_remote_code,
+                                  getattr(args, "hf_overrides", None)).hf_config
         ctx.cost = model_cost(hf_config, dtype_bytes(ctx.dtype))
         ctx.kv = kv_cost(hf_config, dtype_bytes(ctx.dtype))
     except (ValueError, TypeError, KeyError, OSError) as exc:  # unknown architecture: no bounds

@@ -18,6 +18,8 @@ _DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
 }
 LOAD_FORMATS = ("auto", "safetensors", "pt", "gguf", "dummy")
+# vLLM's tokenizer modes IronLM honours: both load the model's Hugging Face tokenizer
+TOKENIZER_MODES = ("auto", "hf")
 # vLLM's accepted LoRA limits (max_lora_rank values; extra vocabulary sizes)
 LORA_MAX_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 LORA_EXTRA_VOCAB_SIZES = (0, 256, 512)
@@ -30,7 +32,7 @@ class EngineConfig:
     # a Python file defining extend_tokenizer(tokenizer) -> tokenizer, called once after the
     # tokenizer loads (engine/tokenizer_extension.py); None: the tokenizer as loaded
     tokenizer_extension_path: str | None = None
-    tokenizer_mode: str = "auto"  # auto / hf: the HF tokenizer (config_aliases.TOKENIZER_MODES)
+    tokenizer_mode: str = "auto"  # auto / hf: the HF tokenizer (TOKENIZER_MODES)
     trust_remote_code: bool = False
     # laid over the model's HF config before anything reads it (vLLM's hf_overrides): a
     # nested object updates the sub-config of that name
@@ -135,6 +137,19 @@ class EngineConfig:
             )
         if self.swap_space < 0:
             raise ValueError(f"swap_space must be non-negative (GiB), got {self.swap_space}")
+        if self.tokenizer_mode == "slow":
+            raise ValueError(
+                "tokenizer_mode 'slow' is not supported: transformers 5 loads every tokenizer "
+                "with its fast (tokenizers) backend and ignores use_fast=False; use 'auto'"
+            )
+        if self.tokenizer_mode not in TOKENIZER_MODES:
+            raise ValueError(
+                f"tokenizer_mode {self.tokenizer_mode!r} is not supported: IronLM loads "
+                f"Hugging Face tokenizers only; choose one of {list(TOKENIZER_MODES)}"
+            )
+        if not isinstance(self.hf_overrides, dict):
+            raise ValueError(f"hf_overrides must be a dict of HF config fields (a JSON object), "
+                             f"got {type(self.hf_overrides).__name__}")
         apply_vllm_aliases(self)
         _check_speculative(self)
         if self.num_scheduler_steps < 1:

@@ -14,8 +14,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ironlm.config import EngineConfig
 
-TOKENIZER_MODES = ("auto", "hf")  # both: the tokenizer's fast backend, as vLLM's "hf"
-
 # speculative_config keys and the EngineConfig field each one sets
 _SPEC_FIELDS = {
     "num_speculative_tokens": "num_speculative_tokens",
@@ -28,23 +26,13 @@ _OLD_SPEC_FIELDS = ("speculative_model", *_SPEC_FIELDS.values())
 
 
 def apply_vllm_aliases(cfg: EngineConfig) -> None:
-    """Move the aliases ``cfg`` was given into their fields (ValueError when both forms are
-    given, or for a value IronLM cannot honour)."""
+    """Move the aliases ``cfg`` was given into their fields and clear them (ValueError when
+    both forms are given, or for a value IronLM cannot honour)."""
     if cfg.kv_cache_memory_bytes is not None:
         if cfg.kv_cache_memory is not None:
             raise ValueError("give kv_cache_memory or kv_cache_memory_bytes (vLLM's name of "
                              "the same budget), not both")
         cfg.kv_cache_memory, cfg.kv_cache_memory_bytes = cfg.kv_cache_memory_bytes, None
-    if cfg.tokenizer_mode == "slow":
-        raise ValueError(
-            "tokenizer_mode 'slow' is not supported: transformers 5 loads every tokenizer "
-            "with its fast (tokenizers) backend and ignores use_fast=False; use 'auto'"
-        )
-    if cfg.tokenizer_mode not in TOKENIZER_MODES:
-        raise ValueError(
-            f"tokenizer_mode {cfg.tokenizer_mode!r} is not supported: IronLM loads Hugging "
-            f"Face tokenizers only; choose one of {list(TOKENIZER_MODES)}"
-        )
     if cfg.speculative_config is not None:
         _apply_speculative_config(cfg, cfg.speculative_config)
         cfg.speculative_config = None
@@ -76,11 +64,15 @@ def _apply_structured_outputs_config(cfg: EngineConfig, so: dict[str, Any]) -> N
             "'backend' here; disable_fallback, disable_any_whitespace and "
             "disable_additional_properties go in each request's structured_outputs options"
         )
-    if "backend" in so:
+    if not isinstance(so.get("backend", "auto"), str):
+        raise ValueError(f"structured_outputs_config backend must be a name, got "
+                         f"{so['backend']!r}")
+    if so.get("backend", "auto") != "auto":
         if cfg.guided_decoding_backend != "auto":
             raise ValueError("structured_outputs_config's backend and guided_decoding_backend "
                              "given: use one form")
         cfg.guided_decoding_backend = so["backend"]
+
 
 def _apply_speculative_config(cfg: EngineConfig, spec: dict[str, Any]) -> None:
     """vLLM's speculative_config onto the speculative fields. ``method``: "ngram" (also the

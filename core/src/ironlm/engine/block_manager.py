@@ -3,7 +3,8 @@
 A full block's identity is the chained hash of (parent block hash, its token ids), so two
 requests with the same prefix map to the same physical blocks. The chain of a request that runs
 with a LoRA adapter starts from that adapter's id: its KV depends on the adapter, so requests of
-different adapters (or of an adapter and the base model) never share blocks. Freed blocks keep their hash and
+different adapters (or of an adapter and the base model) never share blocks; a request's
+``cache_salt`` starts it too (vLLM's: only requests with the same salt share blocks). Freed blocks keep their hash and
 stay reusable until the free pool hands them out again (least recently freed first; where the
 platform wants runs, a wholly free group of neighbours at a time: ``FreeBlockPool``).
 
@@ -93,7 +94,8 @@ class BlockManager:
         """Chained hashes of the request's first ``num_full_blocks`` blocks (memoised)."""
         hashes = self._req_hashes.setdefault(req.request_id, [])
         bs = self.block_size
-        root = hash(("lora", req.lora_id)) if req.lora_id else 0
+        root = hash(("root", req.lora_id, req.cache_salt)) \
+            if req.lora_id or req.cache_salt is not None else 0
         while len(hashes) < num_full_blocks:
             i = len(hashes)
             parent = hashes[-1] if hashes else root

@@ -15,13 +15,17 @@ PromptType = Union[str, list[int], dict[str, Any]]
 class ProcessedPrompt:
     prompt: str | None
     token_ids: list[int]
+    cache_salt: str | None = None  # the prompt dict's (vLLM's TextPrompt / TokensPrompt key)
 
 
-def check_truncation(truncate_prompt_tokens: int | None, max_model_len: int) -> int | None:
-    """The prompt tokens to keep (the last ones; None: all): -1 is the model's length, as in
-    vLLM; a truncation longer than the model is refused (ValueError naming the field)."""
+def check_truncation(
+    truncate_prompt_tokens: int | None, max_model_len: int, max_tokens: int | None = None
+) -> int | None:
+    """The prompt tokens to keep (the last ones; None: all): -1 is what the context leaves
+    beside ``max_tokens`` (vLLM's max_input_tokens: the whole context for an embedding); a
+    truncation longer than the model is refused (ValueError naming the field)."""
     if truncate_prompt_tokens == -1:
-        return max_model_len
+        return max(1, max_model_len - (max_tokens or 0))
     if truncate_prompt_tokens is not None and truncate_prompt_tokens > max_model_len:
         raise ValueError(
             f"truncate_prompt_tokens value ({truncate_prompt_tokens}) is greater than "
@@ -44,6 +48,9 @@ class InputProcessor:
         """Token ids of ``prompt``, checked. A pooling (embedding) prompt may fill the whole
         context; a generating one leaves a position for its first token."""
         text: str | None
+        salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
+        if salt is not None and (not isinstance(salt, str) or not salt):
+            raise ValueError("cache_salt must be a non-empty string if provided")
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
                 text, ids = prompt.get("prompt"), list(prompt["prompt_token_ids"])
@@ -63,7 +70,8 @@ class InputProcessor:
             ids = self.tokenizer(text, add_special_tokens=add_special_tokens).input_ids
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
             raise ValueError("prompt token ids must be integers")
-        keep = check_truncation(params.truncate_prompt_tokens, self.max_model_len)
+        keep = check_truncation(params.truncate_prompt_tokens, self.max_model_len,
+                                None if pooling else params.max_tokens)
         if keep is not None:
             ids = ids[-keep:]
         if not ids:
@@ -82,7 +90,7 @@ class InputProcessor:
         params.verify(self.vocab_size, self.max_logprobs)
         if params.bad_words:
             params._bad_words_token_ids = self._bad_word_ids(params.bad_words)
-        return ProcessedPrompt(text, ids)
+        return ProcessedPrompt(text, ids, salt)
 
     def _bad_word_ids(self, words: list[str]) -> list[list[int]]:
         """Each bad word as token ids, with and without a leading space (as vLLM does)."""

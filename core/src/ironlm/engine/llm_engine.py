@@ -61,12 +61,8 @@ class LLMEngine:
         )
         self.config = config
         budget = config.max_num_batched_tokens  # known now: refused before any worker starts
-        if not config.enable_chunked_prefill and budget < self.max_model_len:
-            raise ValueError(
-                f"max_num_batched_tokens ({budget}) is smaller than max_model_len "
-                f"({self.max_model_len}) without chunked prefill; enable chunked prefill or "
-                "raise max_num_batched_tokens"
-            )
+        if not fit_to_cache:  # else once the KV cache has set the length
+            self._check_budget(config)
         self.vocab_size = int(source.hf_config.vocab_size)
         # generation_config may name more end-of-sequence ids than the tokenizer (Gemma's
         # <end_of_turn>): they stop generation like stop_token_ids, as in vLLM.
@@ -89,10 +85,12 @@ class LLMEngine:
         self.executor: Executor = executor_cls(config, self.pm, Worker)
         self.executor.start()
         num_kv_blocks = self.executor.determine_num_kv_blocks()
-        if fit_to_cache and num_kv_blocks * config.block_size < self.max_model_len:
-            log.info("max_model_len auto: %d tokens, the most the KV cache holds (the model "
-                     "takes %d)", num_kv_blocks * config.block_size, self.max_model_len)
-            self.max_model_len = num_kv_blocks * config.block_size
+        if fit_to_cache:
+            try:
+                self._fit_to_cache(config, num_kv_blocks * config.block_size)
+            except ValueError:
+                self.executor.shutdown()
+                raise
         if num_kv_blocks * config.block_size < self.max_model_len:
             self.executor.shutdown()
             raise ValueError(
@@ -124,6 +122,29 @@ class LLMEngine:
         )
         self.outputs = OutputProcessor(self.tokenizer, self.max_model_len)
         self._new: list[NewRequestData] = []
+
+    def _check_budget(self, config: EngineConfig) -> None:
+        """Without chunked prefill every prompt runs in one step: the budget must hold the
+        longest."""
+        budget = config.max_num_batched_tokens
+        assert budget is not None
+        if not config.enable_chunked_prefill and budget < self.max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens ({budget}) is smaller than max_model_len "
+                f"({self.max_model_len}) without chunked prefill; enable chunked prefill or "
+                "raise max_num_batched_tokens"
+            )
+
+    def _fit_to_cache(self, config: EngineConfig, cache_tokens: int) -> None:
+        """max_model_len auto: the model's length, or what the KV cache holds when that is
+        less; the checks and the speculation policy that read the length, redone with it."""
+        if cache_tokens < self.max_model_len:
+            log.info("max_model_len auto: %d tokens, the most the KV cache holds (the model "
+                     "takes %d)", cache_tokens, self.max_model_len)
+            self.max_model_len = cache_tokens
+            if self.spec is not None:
+                self.spec = self._speculation(config)
+        self._check_budget(config)
 
     def _speculation(self, config: EngineConfig) -> SpeculationPolicy | None:
         """The speculative proposer's start-up checks (before any worker loads), and the
@@ -195,6 +216,7 @@ class LLMEngine:
                 grammar_backend=grammars[i][1],
                 pooling=pooling,
                 lora_request=lora_request,
+                cache_salt=processed.cache_salt,
             )
             children.append(child)
             self.scheduler.add(child)

@@ -65,6 +65,9 @@ class Request:
     closing: ClosingState | None = None
     pooling: bool = False  # an embedding request: run the prompt, return its mean hidden state
     lora_request: LoRARequest | None = None  # the adapter it runs with (None: the base model)
+    # vLLM's cache_salt: its prefix-cache chain starts from this string, so only requests that
+    # carry the same salt share its cached blocks (no timing tells another user its prompt)
+    cache_salt: str | None = None
     first_scheduled_time: float | None = None  # monotonic; its time waiting ends here
     first_token_time: float | None = None
     last_token_time: float | None = None

@@ -114,10 +114,13 @@ def run_beam_search(
     """Every beam of every prompt runs with ``lora_request`` (a LoRARequest, or None)."""
     tok = llm.get_tokenizer()
     probe = SamplingParams(max_tokens=1, temperature=0.0)
-    starts = [llm.engine.inputs.process(p, probe.clone()).token_ids for p in prompts]
-    search = BeamSearch(starts, params, tok.eos_token_id)
+    processed = [llm.engine.inputs.process(p, probe.clone()) for p in prompts]
+    search = BeamSearch([p.token_ids for p in processed], params, tok.eos_token_id)
     while flat := search.pending():
-        outs = llm.generate([b.tokens for _, b in flat], search.step_params, use_tqdm=False,
+        # each beam keeps its prompt's cache_salt: its blocks stay that salt's
+        steps = [{"prompt_token_ids": b.tokens, "cache_salt": processed[i].cache_salt}
+                 for i, b in flat]
+        outs = llm.generate(steps, search.step_params, use_tqdm=False,
                             lora_request=lora_request)
         search.advance(flat, outs)
     return search.results(tok)

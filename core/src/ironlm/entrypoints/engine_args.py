@@ -98,7 +98,8 @@ ENGINE_HELP: dict[str, str] = {
 }
 _SIZE_FIELDS = {"kv_cache_memory"}
 # vLLM's integer flags that take 1k (1000) or 1K (1024) style values
-_HUMAN_INT_FIELDS = {"max_num_batched_tokens", "kv_cache_memory_bytes"}  # + max_model_len
+# (max_model_len takes them too, and auto: _length_or_auto)
+_HUMAN_INT_FIELDS = {"max_num_batched_tokens", "kv_cache_memory_bytes"}
 _HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)([kmgtKMGT]?)")
 _DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 _BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
@@ -136,7 +137,7 @@ def _length_or_auto(text: str) -> int:
     return -1 if text.strip().lower() in ("auto", "-1") else human_readable_int(text)
 
 
-def _json_object(text: str) -> dict[str, Any]:
+def json_object(text: str) -> dict[str, Any]:
     value = json.loads(text)
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
@@ -176,7 +177,7 @@ def add_engine_args(
         elif f.name in _HUMAN_INT_FIELDS:
             group.add_argument(flag, type=human_readable_int, default=default, help=help_text)
         elif typing.get_origin(base) is dict or base is dict:
-            group.add_argument(flag, type=_json_object, default=None, help=help_text)
+            group.add_argument(flag, type=json_object, default=None, help=help_text)
         elif base in (int, float, str):
             names = [flag] + ([SHORT_FLAGS[f.name]] if f.name in SHORT_FLAGS else [])
             group.add_argument(*names, type=base, default=default, help=help_text)

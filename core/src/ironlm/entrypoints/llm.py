@@ -115,15 +115,18 @@ class LLM:
         prompts: PromptType | Sequence[PromptType],
         use_tqdm: bool = True,
         lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+        truncate_prompt_tokens: int | None = None,
     ) -> list[EmbeddingOutput]:
-        """Mean-pooled last hidden states of each prompt."""
+        """Mean-pooled last hidden states of each prompt; ``truncate_prompt_tokens`` keeps a
+        prompt's last tokens (-1: as many as the context holds), as vLLM's."""
+        params = SamplingParams(max_tokens=1, truncate_prompt_tokens=truncate_prompt_tokens)
         batch = _as_prompt_list(prompts)
         loras = _per_prompt_lora(lora_request, len(batch))
         ids = []
         try:
             for prompt, lora in zip(batch, loras):
                 rid = str(next(self._ids))
-                self.engine.add_request(rid, prompt, SamplingParams(max_tokens=1), pooling=True,
+                self.engine.add_request(rid, prompt, params, pooling=True,
                                         lora_request=lora)
                 ids.append(rid)
         except BaseException:

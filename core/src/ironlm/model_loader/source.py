@@ -3,12 +3,15 @@ ModelSource (config, checkpoint dtype, architectures, tokenizer)."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig, PretrainedConfig
+
+log = logging.getLogger("ironlm.model_loader")
 
 # used when a config names no context length (vLLM's fallback)
 DEFAULT_MAX_POSITION_EMBEDDINGS = 2048
@@ -99,16 +102,47 @@ def resolve_model(
 def _override(config: PretrainedConfig, overrides: dict[str, Any] | None) -> PretrainedConfig:
     """``overrides`` laid over ``config`` (vLLM's hf_overrides): a value that is an object,
     for a key naming a sub-config or an object (``rope_parameters``), updates its fields;
-    anything else is set."""
+    anything else is set. ``rope_theta``, which transformers 5 keeps inside
+    ``rope_parameters``, goes there (vLLM's recipes set it at the top). A key the config did
+    not have is set too (a model may read it with a default), with a warning: a misspelt key
+    changes nothing."""
     for key, value in (overrides or {}).items():
         sub = getattr(config, key, None)
+        if key == "rope_theta" and isinstance(getattr(config, "rope_parameters", None), dict):
+            _override(config, {"rope_parameters": _rope_theta(config.rope_parameters, value)})
+            continue
+        if not hasattr(config, key):
+            log.warning("hf_overrides: %r is not a field of %s; set anyway", key,
+                        type(config).__name__)
         if isinstance(value, dict) and isinstance(sub, PretrainedConfig):
             _override(sub, value)
         elif isinstance(value, dict) and isinstance(sub, dict):
-            setattr(config, key, {**sub, **value})
+            setattr(config, key, _merged(sub, value))
         else:
             setattr(config, key, value)
+        log.info("hf_overrides: %s.%s = %r", type(config).__name__, key, getattr(config, key))
     return config
+
+
+def _merged(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """``update`` laid over ``base``, objects inside merged the same way."""
+    out = dict(base)
+    for key, value in update.items():
+        old = out.get(key)
+        out[key] = _merged(old, value) if isinstance(old, dict) and isinstance(value, dict) \
+            else value
+    return out
+
+
+def _rope_theta(params: dict[str, Any], theta: Any) -> dict[str, Any]:
+    """``{"rope_theta": theta}`` for a config's flat rope parameters; per-layer-type ones
+    (Gemma 3: one entry per attention kind) need the kind named."""
+    if "rope_theta" not in params:
+        raise ValueError(
+            f"hf_overrides rope_theta: this model's rope_parameters are per layer type "
+            f"({sorted(params)}); give {{\"rope_parameters\": {{KIND: {{\"rope_theta\": ...}}}}}}"
+        )
+    return {"rope_theta": theta}
 
 
 def _source(

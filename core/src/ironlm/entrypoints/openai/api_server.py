@@ -203,6 +203,8 @@ def server_options(args: argparse.Namespace, model: str) -> ServerOptions:
     return ServerOptions(
         served_model_names=list(args.served_model_name or [model]),
         chat_template=load_chat_template(args.chat_template),
+        trust_request_chat_template=args.trust_request_chat_template,
+        default_chat_template_kwargs=dict(args.default_chat_template_kwargs or {}),
         response_role=args.response_role,
         return_tokens_as_token_ids=args.return_tokens_as_token_ids,
         enable_auto_tool_choice=args.enable_auto_tool_choice,
@@ -210,6 +212,7 @@ def server_options(args: argparse.Namespace, model: str) -> ServerOptions:
         max_log_len=args.max_log_len,
         log_requests=args.enable_log_requests and not args.disable_log_requests,
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
+        enable_force_include_usage=args.enable_force_include_usage,
         disable_log_stats=args.disable_log_stats,
         lora_modules=list(getattr(args, "lora_modules", None) or []),
     )
@@ -251,7 +254,8 @@ def build_app(
     for path in args.middleware or []:
         load_middleware(app, path)
     env_key = os.environ.get("IRONLM_API_KEY") or os.environ.get("VLLM_API_KEY")
-    api_keys = list(args.api_key or ([env_key] if env_key else []))
+    # an empty key would accept an empty bearer token: never one (vLLM drops them too)
+    api_keys = [key for key in (args.api_key or [env_key]) if key and key.strip()]
     if api_keys:
         app.add_middleware(APIKeyMiddleware, api_keys=api_keys)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=args.max_request_body_size)

@@ -1,5 +1,7 @@
 """Chat messages -> prompt text through the chat template (request's, --chat-template's, or
-the tokenizer's own), with template errors answered as 400."""
+the tokenizer's own), with template errors answered as 400. A request's own template runs
+only with --trust-request-chat-template (vLLM's rule: the template is code the server runs);
+--default-chat-template-kwargs lie under the request's chat_template_kwargs."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import jinja2
 
 from ironlm.entrypoints.chat_utils import apply_chat_template, load_chat_template
 from ironlm.entrypoints.openai.errors import APIError
+from ironlm.entrypoints.openai.state import ServerOptions
 
 # fields whose checks in apply_chat_template start their message with the field's name
 _CHECKED_FIELDS = ("messages", "continue_final_message")
@@ -17,8 +20,8 @@ _CHECKED_FIELDS = ("messages", "continue_final_message")
 def render_chat_prompt(
     tokenizer: Any,
     messages: list[dict[str, Any]],
+    options: ServerOptions,
     *,
-    server_template: str | None,
     request_template: str | None = None,
     add_generation_prompt: bool = True,
     continue_final_message: bool = False,
@@ -26,8 +29,17 @@ def render_chat_prompt(
     documents: list[dict[str, Any]] | None = None,
     chat_template_kwargs: dict[str, Any] | None = None,
 ) -> str:
+    if not options.trust_request_chat_template and (
+            request_template is not None
+            or (chat_template_kwargs or {}).get("chat_template") is not None):
+        raise APIError("Chat template is passed with request, but --trust-request-chat-template "
+                       "is not set. Refused request with untrusted chat template.", 400,
+                       param="chat_template")
+    chat_template_kwargs = {**options.default_chat_template_kwargs,
+                            **(chat_template_kwargs or {})}
     try:
-        template = load_chat_template(request_template) if request_template else server_template
+        template = load_chat_template(request_template) if request_template \
+            else options.chat_template
     except ValueError as exc:
         raise APIError(str(exc), 400, param="chat_template") from None
     try:

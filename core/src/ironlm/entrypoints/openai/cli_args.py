@@ -12,7 +12,13 @@ import json
 import ssl
 
 from ironlm.config import EngineConfig
-from ironlm.entrypoints.engine_args import ENGINE_HELP, add_engine_args, engine_kwargs, parse_size
+from ironlm.entrypoints.engine_args import (
+    ENGINE_HELP,
+    add_engine_args,
+    engine_kwargs,
+    json_object,
+    parse_size,
+)
 from ironlm.entrypoints.openai.lora_modules import parse_lora_module
 
 # Engine fields shown in another group (with the server's default), or as a positional too.
@@ -78,10 +84,19 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                      "used, the first when it named none (default: --model)")
     api.add_argument("--chat-template", default=None,
                      help="chat template file, or the template text itself")
+    api.add_argument("--trust-request-chat-template", action="store_true",
+                     help="let requests bring their own chat_template (a Jinja program the "
+                     "server runs; refused by default, as vLLM)")
+    api.add_argument("--default-chat-template-kwargs", type=json_object, default=None,
+                     help="JSON object of chat-template variables every request gets under "
+                     "its own chat_template_kwargs, e.g. '{\"enable_thinking\": false}'")
     api.add_argument("--response-role", default="assistant",
                      help="role of generated chat messages when add_generation_prompt is true")
     api.add_argument("--return-tokens-as-token-ids", action="store_true",
                      help="show logprob tokens as 'token_id:<id>'")
+    api.add_argument("--enable-force-include-usage", action="store_true",
+                     help="every streamed response ends with a usage chunk, whether or not "
+                     "stream_options asks for it")
     api.add_argument("--enable-prompt-tokens-details", action="store_true",
                      help="usage carries prompt_tokens_details.cached_tokens (prompt tokens "
                      "the prefix cache served) when there are any")
@@ -110,9 +125,10 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add_engine_args(eng, skip=_FRONTEND_OWNED)
     eng.add_argument("-O", "--optimization-level", type=int, choices=range(4), default=None,
                      metavar="{0,1,2,3}",
-                     help="vLLM's optimization level: 0 is --enforce-eager; 1-3 leave "
-                     "IronLM's default (device graphs where the platform has them; IronLM "
-                     "compiles nothing)")
+                     help="vLLM's optimization level: 0 is --enforce-eager (as in vLLM, -O0 "
+                     "means no device graphs whatever --enforce-eager says); 1-3 leave the "
+                     "default, device graphs where the platform has them (vLLM's levels differ "
+                     "in what they compile; IronLM compiles nothing)")
     eng.add_argument("-dp", "--data-parallel-size", type=int, default=1,
                      help="vLLM's data parallelism: only 1 (run one server per replica "
                      "behind a load balancer; default: %(default)s)")

@@ -2,11 +2,12 @@
 under vLLM's names (``vllm:*``): dashboards, alerts and autoscalers written for vLLM work as
 they are. A few IronLM extras with no vLLM equivalent keep the ``ironlm:`` prefix.
 
-Engine gauges (running / waiting / swapped requests, device and host KV usage, prefix-cache hit
-rate) and the preemption and prefix-cache counters are read from the engine's stats at scrape time; request
-histograms (TTFT, inter-token latency, e2e, prompt / generation tokens, n, best_of, and V1's
-queue / prefill / decode / inference phases from the engine's timestamps) and token counters
-are fed by ``RequestTracker`` as outputs stream through the server.
+Engine gauges (running / waiting / swapped requests, device and host KV usage, prefix-cache
+hit rate) and the preemption and prefix-cache counters are read from the engine's stats at
+scrape time; request histograms (TTFT, inter-token latency, e2e, prompt / generation tokens,
+n, best_of, max_tokens, and V1's queue / prefill / decode / inference phases from the
+engine's timestamps) and token counters are fed by ``RequestTracker`` as outputs stream
+through the server.
 With speculative decoding, vLLM's speculative metrics (draft acceptance rate, efficiency,
 drafted / accepted / emitted token counters) plus IronLM's mean accepted length, number of
 verifications and the seconds spent drafting and in the target are read from the engine's
@@ -87,7 +88,7 @@ class ServerMetrics:
         self.prefix_hit_counter = Counter(
             "vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", labels,
             registry=reg)
-        self._prefix_seen = [0, 0]  # queries, hits
+        self._prefix_queries_seen = self._prefix_hits_seen = 0
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prefill tokens processed.", labels,
                                      registry=reg)
         self.generation_tokens = Counter("vllm:generation_tokens", "Generated tokens.", labels,
@@ -123,6 +124,9 @@ class ServerMetrics:
                                   _N_BUCKETS)
         self.params_best_of = histogram("vllm:request_params_best_of",
                                         "The best_of of finished requests.", _N_BUCKETS)
+        self.params_max_tokens = histogram("vllm:request_params_max_tokens",
+                                           "The max_tokens of finished requests.",
+                                           _TOKEN_BUCKETS)
         for counter in (self.preemptions, self.prompt_tokens, self.generation_tokens,
                         self.prefix_query_counter, self.prefix_hit_counter):
             counter.labels(model_name)  # exported as 0 from the start, as vLLM does
@@ -178,11 +182,12 @@ class ServerMetrics:
         self.prefix_queries.labels(m).set(queries)
         self.prefix_hits.labels(m).set(hits)
         self.prefix_hit_rate.labels(m).set(hits / queries if queries else 0.0)
-        for i, (counter, total) in enumerate(((self.prefix_query_counter, queries),
-                                              (self.prefix_hit_counter, hits))):
-            if total > self._prefix_seen[i]:
-                counter.labels(m).inc(total - self._prefix_seen[i])
-                self._prefix_seen[i] = total
+        if queries > self._prefix_queries_seen:
+            self.prefix_query_counter.labels(m).inc(queries - self._prefix_queries_seen)
+            self._prefix_queries_seen = queries
+        if hits > self._prefix_hits_seen:
+            self.prefix_hit_counter.labels(m).inc(hits - self._prefix_hits_seen)
+            self._prefix_hits_seen = hits
         total = stats.get("num_preemptions", 0)
         if total > self._preemptions_seen:  # the engine counts; the counter follows
             self.preemptions.labels(m).inc(total - self._preemptions_seen)
@@ -218,12 +223,14 @@ async def fresh_stats(engine: AsyncEngine, timeout: float = 1.0) -> dict[str, An
 
 class RequestTracker:
     """Observes one engine request's outputs: TTFT, inter-token latency, e2e, token counts,
-    and at the end the request's sizes (prompt / generated tokens, n, best_of)."""
+    and at the end the request's sizes (prompt / generated tokens, n, best_of, max_tokens)."""
 
-    def __init__(self, metrics: ServerMetrics, n: int = 1, best_of: int | None = None) -> None:
+    def __init__(self, metrics: ServerMetrics, n: int = 1, best_of: int | None = None,
+                 max_tokens: int | None = None) -> None:
         self.metrics = metrics
         self.n = n
         self.best_of = best_of or n
+        self.max_tokens = max_tokens  # the request's limit as the engine ran it
         self.arrival = time.monotonic()
         self.last: float | None = None
         self.num_tokens = 0
@@ -251,6 +258,8 @@ class RequestTracker:
             m.request_generation.labels(name).observe(total)
             m.params_n.labels(name).observe(self.n)
             m.params_best_of.labels(name).observe(self.best_of)
+            if self.max_tokens is not None:
+                m.params_max_tokens.labels(name).observe(self.max_tokens)
             for phase, seconds in _phases(out.metrics).items():
                 m.phases[phase].labels(name).observe(seconds)
             for o in out.outputs or [None]:

@@ -41,6 +41,8 @@ class APIKeyMiddleware:
 
     def __init__(self, app: ASGIApp, api_keys: list[str]) -> None:
         self.app = app
+        if not api_keys or not all(api_keys):
+            raise ValueError("APIKeyMiddleware needs non-empty keys")
         self.expected = [key.encode() for key in api_keys]  # any one of them is accepted
 
     def _protected(self, scope: Scope) -> bool:

@@ -75,6 +75,8 @@ class SamplingFields(GuidedFields):
     stream_options: StreamOptions | None = None
     user: str | None = None
     priority: int = 0
+    # vLLM's: the prompt's prefix-cache blocks are shared only with requests of the same salt
+    cache_salt: str | None = None
     guided_decoding_backend: str | None = None  # the backend that enforces the GuidedFields
     return_tokens_as_token_ids: bool | None = None
 

@@ -45,15 +45,19 @@ _COPIED_FIELDS = tuple(
 class EnginePrompt:
     text: str | None  # None for token-id prompts
     token_ids: list[int]
+    cache_salt: str | None = None  # the request's (its prefix-cache blocks are salted)
 
     def as_engine_prompt(self) -> dict[str, Any]:
-        return {"prompt": self.text, "prompt_token_ids": self.token_ids}
+        prompt: dict[str, Any] = {"prompt": self.text, "prompt_token_ids": self.token_ids}
+        if self.cache_salt is not None:
+            prompt["cache_salt"] = self.cache_salt
+        return prompt
 
 
 def tokenize_prompt(
     tokenizer: Any, prompt: str | list[int], add_special_tokens: bool,
     truncate_prompt_tokens: int | None = None, vocab_size: int | None = None,
-    field: str = "prompt", max_model_len: int | None = None,
+    field: str = "prompt", max_model_len: int | None = None, max_tokens: int | None = None,
 ) -> EnginePrompt:
     """Token ids of a text or token-id prompt (400 naming ``field`` when it is empty or holds
     an id outside the vocabulary; naming truncate_prompt_tokens when that exceeds
@@ -66,7 +70,7 @@ def tokenize_prompt(
                        param="truncate_prompt_tokens")
     if max_model_len is not None:
         try:
-            keep = check_truncation(truncate_prompt_tokens, max_model_len)
+            keep = check_truncation(truncate_prompt_tokens, max_model_len, max_tokens)
         except ValueError as exc:
             raise APIError(str(exc), 400, param="truncate_prompt_tokens") from None
     if isinstance(prompt, str):
@@ -144,6 +148,9 @@ def check_request(req: SamplingFields) -> None:
     if req.stream_options is not None and not req.stream:
         raise APIError("Stream options can only be defined when `stream=True`.", 400,
                        param="stream_options")
+    if req.cache_salt is not None and not req.cache_salt:
+        raise APIError("Parameter 'cache_salt' must be a non-empty string if provided.", 400,
+                       param="cache_salt")
 
 
 def guided_field(req: SamplingFields) -> str:
@@ -172,11 +179,13 @@ async def compile_guided(state: ServerState, spec: GuidedSpec | None, backend: s
 
 async def tokenize_prompts(state: ServerState, prompts: list[str | list[int]],
                            add_special_tokens: bool, truncate: int | None,
-                           field: str = "prompt") -> list[EnginePrompt]:
-    """Every prompt of a request tokenized on the tokenizer pool (off the event loop)."""
+                           field: str = "prompt", max_tokens: int | None = None,
+                           ) -> list[EnginePrompt]:
+    """Every prompt of a request tokenized on the tokenizer pool (off the event loop);
+    ``max_tokens``: the output the request asks room for (truncation -1 leaves it)."""
     def run(tok: Any) -> list[EnginePrompt]:
         return [tokenize_prompt(tok, p, add_special_tokens, truncate, state.vocab_size, field,
-                                state.max_model_len) for p in prompts]
+                                state.max_model_len, max_tokens) for p in prompts]
 
     assert state.tokenizers is not None
     return await state.tokenizers.run(run)

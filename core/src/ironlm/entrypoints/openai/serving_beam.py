@@ -53,9 +53,10 @@ async def beam_search(
     step = 0
     while flat := search.pending():
         gens = [
-            state.engine.generate(f"{request_id}-s{step}-b{j}", {"prompt_token_ids": beam.tokens},
-                                  search.step_params.clone(), priority=priority,
-                                  lora_request=lora_request)
+            state.engine.generate(f"{request_id}-s{step}-b{j}",
+                                  EnginePrompt(None, beam.tokens, prompt.cache_salt)
+                                  .as_engine_prompt(), search.step_params.clone(),
+                                  priority=priority, lora_request=lora_request)
             for j, (_, beam) in enumerate(flat)
         ]
         try:

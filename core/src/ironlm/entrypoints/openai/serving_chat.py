@@ -96,6 +96,7 @@ async def create_chat_completion(
                      if req.max_completion_tokens is not None else "max_tokens")
     assert state.tokenizers is not None
     text, prompt = await state.tokenizers.run(_render, state, req)  # off the event loop
+    prompt.cache_salt = req.cache_salt
     num_top = (req.top_logprobs or 0) if req.logprobs else None
     limit = check_context_length(len(prompt.token_ids), max_tokens, state.max_model_len,
                                  state.default_sampling.get("max_tokens"))
@@ -121,7 +122,7 @@ async def create_chat_completion(
         if beams is not None else
         state.engine.generate(ctx.request_id, prompt.as_engine_prompt(), params,
                               priority=req.priority, lora_request=lora),
-        state.new_tracker(req.n, req.best_of),
+        state.new_tracker(req.n, req.best_of, params.max_tokens),
     )
     return await respond(
         request, [gen],
@@ -133,13 +134,16 @@ async def create_chat_completion(
 def _render(tokenizer: Any, state: ServerState, req: ChatCompletionRequest) -> tuple[str, Any]:
     """The request's prompt text through the chat template, and its token ids."""
     text = render_chat_prompt(
-        tokenizer, req.messages, server_template=state.options.chat_template,
+        tokenizer, req.messages, state.options,
         request_template=req.chat_template, add_generation_prompt=req.add_generation_prompt,
         continue_final_message=req.continue_final_message, tools=req.tools or None,
         documents=req.documents, chat_template_kwargs=req.chat_template_kwargs,
     )
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None \
+        else req.max_tokens
     return text, tokenize_prompt(tokenizer, text, req.add_special_tokens,
-                                 req.truncate_prompt_tokens, max_model_len=state.max_model_len)
+                                 req.truncate_prompt_tokens, max_model_len=state.max_model_len,
+                                 max_tokens=max_tokens)
 
 
 def _finish_reason(reason: str | None, called: bool, mode: str) -> str | None:
@@ -226,17 +230,15 @@ async def _stream(
     ctx: _Ctx, first: RequestOutput, gen: AsyncIterator[RequestOutput]
 ) -> AsyncIterator[str]:
     req = ctx.req
-    opts = req.stream_options
-    include_usage = bool(opts and opts.include_usage)
-    continuous = bool(include_usage and opts and opts.continuous_usage_stats)
+    include_usage, continuous = ctx.state.stream_usage(req.stream_options)
     choices = [_ChoiceStream(ctx) for _ in range(req.n)]
     prompt_tokens = len(first.prompt_token_ids)
 
-    latest = [first]  # the newest output: its count of prompt tokens the cache served
+    latest = first  # the newest output: its count of prompt tokens the cache served
 
     def usage(completion_tokens: int) -> dict[str, Any]:
         return UsageInfo.of(prompt_tokens, completion_tokens,
-                            ctx.state.cached_tokens(latest)).model_dump()
+                            ctx.state.cached_tokens([latest])).model_dump()
 
     def chunk(choice: ChatStreamChoice | None) -> str:
         body: dict[str, Any] = {
@@ -262,7 +264,7 @@ async def _stream(
             if ctx.echo:
                 yield chunk(ChatStreamChoice(index=i, delta=DeltaMessage(content=ctx.echo)))
         async for out in outputs():
-            latest[0] = out
+            latest = out
             for o in out.outputs:
                 ch = choices[o.index]
                 if ch.done:

@@ -3,7 +3,8 @@
 Choice index = prompt index * n + sequence index (as OpenAI and vLLM number them).
 ``echo`` with ``max_tokens: 0`` scores the prompt (vLLM's echo without generation: the legacy
 API's way to read a text's log-likelihood): the engine runs one step for the prompt's
-logprobs, and each choice is the prompt alone (the one token that step made is left out).
+logprobs, and each choice is the prompt alone (the one token that step made is left out of
+the text, and counted in usage, as vLLM counts it).
 """
 
 from __future__ import annotations
@@ -87,7 +88,10 @@ async def create_completion(
         prompts = [EnginePrompt(None, ids)]
     else:
         prompts = await tokenize_prompts(state, raw, req.add_special_tokens,
-                                         req.truncate_prompt_tokens)
+                                         req.truncate_prompt_tokens,
+                                         max_tokens=1 if echo_only else req.max_tokens)
+    for p in prompts:
+        p.cache_salt = req.cache_salt
     guided = guided_spec(req)
     prompt_lps = req.prompt_logprobs or (req.logprobs if req.echo else None)
     limits = [check_context_length(len(p.token_ids), 1 if echo_only else req.max_tokens,
@@ -112,7 +116,7 @@ async def create_completion(
         gen = beam_search(state, rid, p, beams[i], req.n, req.priority, lora) \
             if beams is not None else state.engine.generate(
                 rid, p.as_engine_prompt(), sp, priority=req.priority, lora_request=lora)
-        gens.append(tracked(gen, state.new_tracker(req.n, req.best_of)))
+        gens.append(tracked(gen, state.new_tracker(req.n, req.best_of, sp.max_tokens)))
     return await respond(
         request, gens,
         build=lambda finals: JSONResponse(_response(ctx, finals).model_dump()),
@@ -152,8 +156,8 @@ def _choice(ctx: _Ctx, prompt_idx: int, final: RequestOutput, o: CompletionOutpu
 def _response(ctx: _Ctx, finals: list[RequestOutput]) -> CompletionResponse:
     choices = [_choice(ctx, i, f, o) for i, f in enumerate(finals) for o in f.outputs]
     prompt_tokens = sum(len(f.prompt_token_ids) for f in finals)
-    completion_tokens = 0 if ctx.echo_only else \
-        sum(len(o.token_ids) for f in finals for o in f.outputs)
+    # echo without generation counts the token run for it, as vLLM does
+    completion_tokens = sum(len(o.token_ids) for f in finals for o in f.outputs)
     return CompletionResponse(
         id=ctx.request_id,
         created=ctx.created,
@@ -168,14 +172,15 @@ async def _stream(
     ctx: _Ctx, firsts: list[RequestOutput], gens: list[AsyncIterator[RequestOutput]]
 ) -> AsyncIterator[str]:
     req = ctx.req
-    opts = req.stream_options
-    include_usage = bool(opts and opts.include_usage)
-    continuous = bool(include_usage and opts and opts.continuous_usage_stats)
+    include_usage, continuous = ctx.state.stream_usage(req.stream_options)
     num_choices = len(ctx.prompts) * req.n
     sent_text = [0] * num_choices  # chars of o.text already sent
     sent_tokens = [0] * num_choices
     offset = [0] * num_choices  # text offset of the next token (logprobs)
     done = [False] * num_choices
+    # the prompt goes out once per choice (vLLM's has_echoed): an output can list a choice
+    # before its first token, and it must not be echoed again with that token
+    echoed = [False] * num_choices
     prompt_tokens = [len(p.token_ids) for p in ctx.prompts]
     generated = [0] * num_choices
 
@@ -211,7 +216,8 @@ async def _stream(
                 if done[idx]:
                     continue
                 text, lp_ids, lp_pos = "", [], []
-                if req.echo and sent_tokens[idx] == 0 and sent_text[idx] == 0:
+                if req.echo and not echoed[idx]:
+                    echoed[idx] = True
                     text = ctx.prompt_text(pi)
                     lp_ids = list(out.prompt_token_ids)
                     lp_pos = list(out.prompt_logprobs or [None] * len(lp_ids))
@@ -228,7 +234,7 @@ async def _stream(
                     ).model_dump()
                 offset[idx] += len(text)
                 sent_text[idx], sent_tokens[idx] = len(o.text), len(o.token_ids)
-                generated[idx] = 0 if ctx.echo_only else len(o.token_ids)
+                generated[idx] = len(o.token_ids)
                 done[idx] = o.finish_reason is not None
                 choice = {"index": idx, "text": text, "logprobs": logprobs,
                           "finish_reason": o.finish_reason, "stop_reason": o.stop_reason}

@@ -4,7 +4,6 @@ one for a chat (vLLM's ``messages`` form); ``normalize`` scales each to unit len
 from __future__ import annotations
 
 import base64
-import math
 import time
 from typing import Any
 
@@ -33,6 +32,11 @@ from ironlm.outputs import RequestOutput
 from ironlm.sampling_params import SamplingParams
 
 
+# request fields of the chat (messages) form alone
+_CHAT_ONLY = frozenset({"add_generation_prompt", "continue_final_message", "chat_template",
+                        "chat_template_kwargs"})
+
+
 async def create_embedding(
     state: ServerState, request: Request, req: EmbeddingRequest
 ) -> Response:
@@ -42,6 +46,9 @@ async def create_embedding(
                        400, param="dimensions")
     if (req.input is None) == (req.messages is None):
         raise APIError("give exactly one of input and messages", 400, param="input")
+    if req.input is not None:  # these shape the chat form only: refused, not dropped
+        for name in sorted(_CHAT_ONLY & req.model_fields_set):
+            raise APIError(f"{name} applies to the messages form only", 400, param=name)
     if req.messages is not None:
         assert state.tokenizers is not None
         prompts = [await state.tokenizers.run(_chat_prompt, state, req)]
@@ -79,7 +86,7 @@ async def create_embedding(
 def _chat_prompt(tokenizer: Any, state: ServerState, req: EmbeddingRequest) -> EnginePrompt:
     assert req.messages is not None
     text = render_chat_prompt(
-        tokenizer, req.messages, server_template=state.options.chat_template,
+        tokenizer, req.messages, state.options,
         request_template=req.chat_template, add_generation_prompt=req.add_generation_prompt,
         continue_final_message=req.continue_final_message,
         chat_template_kwargs=req.chat_template_kwargs,
@@ -98,13 +105,12 @@ def _response(
     for i, out in enumerate(finals):
         if out.embedding is None:
             raise APIError("the engine returned no embedding", 500)
-        values = out.embedding
+        values = np.asarray(out.embedding, dtype=np.float32)  # (hidden_size,)
         if req.normalize:
-            norm = math.sqrt(sum(v * v for v in values))
-            values = [v / max(norm, 1e-12) for v in values]
-        vec: list[float] | str = values
+            values = values / max(float(np.linalg.norm(values)), 1e-12)
+        vec: list[float] | str = values.tolist()
         if req.encoding_format == "base64":
-            vec = base64.b64encode(np.asarray(values, dtype="<f4").tobytes()).decode()
+            vec = base64.b64encode(values.astype("<f4").tobytes()).decode()
         data.append(EmbeddingData(index=i, embedding=vec))
     return JSONResponse(EmbeddingResponse(
         id=request_id, created=int(time.time()), data=data, model=model,

@@ -50,14 +50,15 @@ async def generate(state: ServerState, request: Request, body: Any) -> Response:
         params = SamplingParams(**body)
     except (ValueError, TypeError) as exc:
         raise from_value_error(exc, KNOWN_FIELDS) from None
-    (engine_prompt,) = await tokenize_prompts(state, [prompt], True, params.truncate_prompt_tokens)
+    (engine_prompt,) = await tokenize_prompts(state, [prompt], True, params.truncate_prompt_tokens,
+                                              max_tokens=params.max_tokens)
     params.max_tokens = check_context_length(len(engine_prompt.token_ids), params.max_tokens,
                                              state.max_model_len)
     request_id = random_id("generate")
     state.log_request(request_id, prompt, engine_prompt.token_ids, params)
     gen = tracked(
         state.engine.generate(request_id, engine_prompt.as_engine_prompt(), params),
-        state.new_tracker(),
+        state.new_tracker(max_tokens=params.max_tokens),
     )
     return await respond(
         request, [gen],

@@ -24,7 +24,7 @@ async def tokenize(state: ServerState, req: TokenizeRequest) -> dict[str, Any]:
 def _tokenize(tokenizer: Any, state: ServerState, req: TokenizeRequest) -> dict[str, Any]:
     if req.messages is not None:
         text = render_chat_prompt(
-            tokenizer, req.messages, server_template=state.options.chat_template,
+            tokenizer, req.messages, state.options,
             request_template=req.chat_template, add_generation_prompt=req.add_generation_prompt,
             continue_final_message=req.continue_final_message, tools=req.tools,
             chat_template_kwargs=req.chat_template_kwargs,

@@ -8,6 +8,7 @@ a second with the list of what is installed, instead of after minutes of loading
 from __future__ import annotations
 
 import argparse
+import logging
 import socket
 from pathlib import Path
 
@@ -16,6 +17,9 @@ from ironlm.engine.tokenizer_extension import load_tokenizer_extension
 from ironlm.interfaces.platform import Platform
 from ironlm.plugin_manager import PluginManager
 from ironlm.python_file import import_python_file
+
+
+log = logging.getLogger("ironlm.server")
 
 
 class StartupError(ValueError):
@@ -67,7 +71,11 @@ def preflight(pm: PluginManager, config: EngineConfig, platform: Platform,
         load_tokenizer_extension(config.tokenizer_extension_path)
     if getattr(args, "lora_modules", None) and not config.enable_lora:
         raise StartupError("--lora-modules needs --enable-lora")
-    if args.api_key is not None and not args.api_key:
+    if args.disable_log_requests:
+        log.warning("--disable-log-requests is deprecated (as in vLLM): requests are logged "
+                    "only with --enable-log-requests")
+    if args.api_key is not None and not all(key.strip() for key in args.api_key):
+        # an empty key would let an empty bearer token through
         raise StartupError("--api-key must not be empty")
 
 

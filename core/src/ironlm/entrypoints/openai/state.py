@@ -15,6 +15,7 @@ from ironlm.engine.async_engine import AsyncEngine
 from ironlm.entrypoints.openai.errors import APIError
 from ironlm.entrypoints.openai.lora_modules import LoRAModulePath
 from ironlm.entrypoints.openai.metrics import RequestTracker, ServerMetrics
+from ironlm.entrypoints.openai.protocol import StreamOptions
 from ironlm.entrypoints.openai.tokenizer_pool import TokenizerPool
 from ironlm.interfaces.tool_parser import ToolParser
 from ironlm.lora.request import LoRARequest
@@ -30,6 +31,8 @@ class ServerOptions:
 
     served_model_names: list[str]
     chat_template: str | None = None  # template text (already loaded from a file)
+    trust_request_chat_template: bool = False  # a request's own chat_template may run
+    default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     response_role: str = "assistant"
     return_tokens_as_token_ids: bool = False
     enable_auto_tool_choice: bool = False
@@ -37,6 +40,7 @@ class ServerOptions:
     max_log_len: int | None = None
     log_requests: bool = False  # vLLM's default since 0.10: off (--enable-log-requests)
     enable_prompt_tokens_details: bool = False  # usage names the prompt's cached tokens
+    enable_force_include_usage: bool = False  # every stream ends with a usage chunk
     disable_log_stats: bool = False
     lora_modules: list[LoRAModulePath] = field(default_factory=list)  # served from start-up
 
@@ -114,6 +118,13 @@ class ServerState:
             return lora.lora_name
         return requested if requested in self.options.served_model_names else self.model_name
 
+    def stream_usage(self, opts: StreamOptions | None) -> tuple[bool, bool]:
+        """(a final usage chunk, usage on every chunk) for a stream: what ``stream_options``
+        asks; --enable-force-include-usage adds the final chunk to every stream (vLLM 0.10's
+        should_include_usage)."""
+        include = bool(opts and opts.include_usage) or self.options.enable_force_include_usage
+        return include, bool(include and opts and opts.continuous_usage_stats)
+
     def cached_tokens(self, outputs: list[RequestOutput]) -> int | None:
         """Prompt tokens the prefix cache served for ``outputs`` (a request's prompts), for
         usage's prompt_tokens_details; None unless --enable-prompt-tokens-details."""
@@ -121,8 +132,9 @@ class ServerState:
             return None
         return sum(out.num_cached_tokens for out in outputs)
 
-    def new_tracker(self, n: int = 1, best_of: int | None = None) -> RequestTracker:
-        return RequestTracker(self.metrics, n, best_of)
+    def new_tracker(self, n: int = 1, best_of: int | None = None,
+                    max_tokens: int | None = None) -> RequestTracker:
+        return RequestTracker(self.metrics, n, best_of, max_tokens)
 
     def log_request(self, request_id: str, prompt: str | None, token_ids: list[int],
                     params: Any) -> None:
