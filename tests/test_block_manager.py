@@ -34,6 +34,28 @@ def test_prefix_blocks_are_shared_and_reference_counted() -> None:
     assert len(bm.find_cached_prefix(c)) == 2
 
 
+def test_cache_salt_starts_its_own_chain() -> None:
+    # vLLM's cache_salt: a salted prompt's blocks serve the same salt only, not the unsalted
+    # prompt nor another salt; a salt and an adapter together start one more chain
+    bm = BlockManager(num_kv_blocks=16, block_size=4, enable_prefix_caching=True)
+    tokens = list(range(9))
+
+    def cached(rid: str, salt: str | None) -> int:
+        req = _req(rid, tokens)
+        req.cache_salt = salt
+        found = bm.find_cached_prefix(req)
+        req.num_computed_tokens = 4 * len(found)
+        assert bm.allocate(req, len(tokens) - req.num_computed_tokens, found)
+        bm.free(rid)
+        return len(found)
+
+    assert cached("a", "alice") == 0
+    assert cached("b", "alice") == 2
+    assert cached("c", "bob") == 0
+    assert cached("d", None) == 0
+    assert cached("e", None) == 2
+
+
 def test_allocation_fails_cleanly_when_full() -> None:
     bm = BlockManager(num_kv_blocks=2, block_size=4, enable_prefix_caching=False)
     a = _req("a", list(range(8)))

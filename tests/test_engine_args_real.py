@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from ironlm import LLM, BeamSearchParams, SamplingParams
+from ironlm.engine.input_processor import check_truncation, output_room
 
 pytestmark = pytest.mark.real_model
 
@@ -79,3 +80,14 @@ def test_cache_salt_and_unlimited_logprobs(smollm2_dir: Path) -> None:
     llm.beam_search([{"prompt": text, "cache_salt": "carol"}],
                     BeamSearchParams(beam_width=2, max_tokens=2))
     assert cached({"prompt": text, "cache_salt": "carol"}) >= 16
+
+
+def test_truncation_minus_one_leaves_room_for_the_output() -> None:
+    # vLLM's max_input_tokens: the context less the output's positions (none for an embedding,
+    # at least the first token for a generation)
+    assert check_truncation(-1, 512, output_room(12)) == 500
+    assert check_truncation(-1, 512, output_room(None)) == 511
+    assert check_truncation(-1, 512, output_room(None, pooling=True)) == 512
+    assert check_truncation(7, 512, output_room(12)) == 7
+    with pytest.raises(ValueError, match="max_tokens"):  # nothing left for the prompt
+        check_truncation(-1, 512, output_room(4096))

@@ -317,11 +317,26 @@ def test_chat_turns_without_text_render_as_vllm_does(http: httpx.Client) -> None
     assert "No." in "".join(tok["token_strs"]).replace("\u0120", " ")
 
 
+def test_a_request_template_is_text_never_a_server_path(http: httpx.Client,
+                                                        tmp_path: Path) -> None:
+    # even where requests may bring templates, a path is rendered as the text it is (before,
+    # a path to a server file rendered that file)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("top secret")
+    tok = http.post("/tokenize", json={"messages": CHAT, "chat_template": str(secret)}).json()
+    text = http.post("/detokenize", json={"tokens": tok["tokens"]}).json()["prompt"]
+    assert text == str(secret)
+    # the template call's own parameters are not chat_template_kwargs
+    bad = http.post("/tokenize", json={"messages": CHAT,
+                                       "chat_template_kwargs": {"tokenize": True}})
+    assert _error(bad, 400)["param"] == "chat_template_kwargs"
+
+
 def test_default_chat_template_kwargs_lie_under_the_requests(http: httpx.Client) -> None:
     # --default-chat-template-kwargs reach the template; a request's own kwargs win; the
     # request's template runs because this server trusts request templates
     body = {"messages": CHAT, "chat_template": "{{ greeting }} {{ farewell }}",
-            "chat_template_kwargs": {"farewell": "Later"}}
+            "chat_template_kwargs": {"farewell": "Later", "greeting": None}}  # null: default
     tok = http.post("/tokenize", json=body).json()
     assert http.post("/detokenize", json={"tokens": tok["tokens"]}).json()["prompt"] \
         == "Ahoy Later"
@@ -361,7 +376,8 @@ def test_embeddings(client: openai.OpenAI, http: httpx.Client) -> None:
     assert np.allclose(unit, vec / np.linalg.norm(vec), atol=1e-5)
 
 
-def test_embeddings_chat_form_full_context_and_truncation(http: httpx.Client) -> None:
+def test_embeddings_chat_form_full_context_and_truncation(server: RemoteServer,
+                                                          http: httpx.Client) -> None:
     # vLLM's chat form: the messages through the template, no special tokens added on top
     chat = http.post("/v1/embeddings", json={"model": MODEL, "messages": CHAT}).json()
     text = http.post("/tokenize", json={"messages": CHAT, "add_generation_prompt": False}).json()
@@ -370,9 +386,10 @@ def test_embeddings_chat_form_full_context_and_truncation(http: httpx.Client) ->
     assert np.allclose(chat["data"][0]["embedding"], same["data"][0]["embedding"], atol=1e-4)
     both = http.post("/v1/embeddings", json={"model": MODEL, "messages": CHAT, "input": "x"})
     assert _error(both, 400)["param"] == "input"
+    # chat-form fields with input do nothing: logged as ignored, as vLLM logs unknown fields
     chat_only = {"model": MODEL, "input": "x", "add_generation_prompt": True}
-    assert _error(http.post("/v1/embeddings", json=chat_only), 400)["param"] \
-        == "add_generation_prompt"
+    assert http.post("/v1/embeddings", json=chat_only).status_code == 200
+    assert "ignored: ['add_generation_prompt']" in server.log_text()
     # an input may fill the context (nothing is generated after it), and -1 truncates to it
     full = http.post("/v1/embeddings", json={"model": MODEL, "input": [1792] * MAX_MODEL_LEN})
     assert full.status_code == 200, full.text

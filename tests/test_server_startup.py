@@ -82,6 +82,8 @@ def test_no_platform_names_plugins(monkeypatch: pytest.MonkeyPatch,
      ["--tokenizer-extension-path", "is not a file"]),
     (["--api-key", ""], ["--api-key must not be empty"]),  # it would admit an empty bearer
     (["--api-key", "k", " "], ["--api-key must not be empty"]),
+    (["--default-chat-template-kwargs", '{"add_generation_prompt": false}'],
+     ["--default-chat-template-kwargs", "add_generation_prompt"]),
     (["-dp", "2"], ["no data parallelism"]),
 ])
 def test_unhonourable_flags_fail_at_start(flags: list[str], needles: list[str],
@@ -139,3 +141,12 @@ def test_a_port_in_use_fails_before_the_model_loads(
     assert rc == 2, err
     assert f"cannot listen on 127.0.0.1:{port}" in err and "in use" in err, err
     assert "loading" not in caplog.text
+
+
+@pytest.mark.parametrize("env", ["IRONLM_API_KEY", "VLLM_API_KEY"])
+def test_a_blank_key_variable_fails_at_start(env: str, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    # a secret mount of "\n" would otherwise serve with no key at all
+    monkeypatch.setenv(env, " \n")
+    rc, err = _serve(["--device", "cpu", MODEL], capsys)
+    assert rc == 2 and env in err

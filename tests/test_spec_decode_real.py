@@ -75,6 +75,10 @@ def test_server_streams_the_plain_greedy_text(kind: str, smollm2_dir: Path,
     else:  # the older flags
         args += ["--speculative-model", str(smollm2_draft_dir), "--num-speculative-tokens", "3"]
     with RemoteServer(smollm2_dir, args) as server:
+        # before any request the counters are there at 0, as vLLM exports them
+        fresh = httpx.get(server.url("/metrics")).text
+        assert re.search(r"^vllm:spec_decode_num_accepted_tokens_total\{[^}]*\} 0\.0$", fresh,
+                         re.M)
         client = server.openai_client()
         for chat, want in zip(_chats(), plain):
             chunks = list(client.chat.completions.create(

@@ -85,8 +85,8 @@ def baseline_problem(args: argparse.Namespace) -> str | None:
         return "--baseline unquantized on a GGUF file needs --baseline-model FLOAT_MODEL"
     if "hf" in args.baseline and args.model.endswith(".gguf"):
         return "--baseline hf needs an HF folder as --model (the GGUF goes to --gguf)"
-    if getattr(args, "hf_overrides", None) and any(b in args.baseline for b in ("hf",
-                                                                               "llama-cpp")):
+    loads_the_model = {"hf", "llama-cpp"} & set(args.baseline)
+    if getattr(args, "hf_overrides", None) and loads_the_model:
         return ("--hf-overrides changes the model IronLM runs, and the hf / llama-cpp "
                 "baselines would load it without them: drop one or the other")
     return None

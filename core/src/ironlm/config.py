@@ -147,6 +147,8 @@ class EngineConfig:
                 f"tokenizer_mode {self.tokenizer_mode!r} is not supported: IronLM loads "
                 f"Hugging Face tokenizers only; choose one of {list(TOKENIZER_MODES)}"
             )
+        if self.hf_overrides is None:  # vLLM's default spelling of "none"
+            self.hf_overrides = {}
         if not isinstance(self.hf_overrides, dict):
             raise ValueError(f"hf_overrides must be a dict of HF config fields (a JSON object), "
                              f"got {type(self.hf_overrides).__name__}")

@@ -149,8 +149,8 @@ class SamplingParams:
             raise bad("prompt_logprobs", f"must be non-negative, got {self.prompt_logprobs}.")
         if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens < 1 \
                 and self.truncate_prompt_tokens != -1:
-            raise bad("truncate_prompt_tokens", "must be an integer >= 1 or -1 (the model's "
-                      f"length), got {self.truncate_prompt_tokens}")
+            raise bad("truncate_prompt_tokens", "must be an integer >= 1 or -1 (as many as the "
+                      f"context leaves), got {self.truncate_prompt_tokens}")
         if any(not s for s in self.stop or []):
             raise bad("stop", "cannot contain an empty string.")
         if self.stop and not self.detokenize:

@@ -4,8 +4,8 @@ A full block's identity is the chained hash of (parent block hash, its token ids
 requests with the same prefix map to the same physical blocks. The chain of a request that runs
 with a LoRA adapter starts from that adapter's id: its KV depends on the adapter, so requests of
 different adapters (or of an adapter and the base model) never share blocks; a request's
-``cache_salt`` starts it too (vLLM's: only requests with the same salt share blocks). Freed blocks keep their hash and
-stay reusable until the free pool hands them out again (least recently freed first; where the
+``cache_salt`` starts it too (vLLM's: only requests with the same salt share blocks). Freed
+blocks keep their hash and stay reusable until the free pool hands them out again (least recently freed first; where the
 platform wants runs, a wholly free group of neighbours at a time: ``FreeBlockPool``).
 
 Swap preemption: a preempted request's blocks can move to a host pool of ``num_swap_blocks``

@@ -18,14 +18,25 @@ class ProcessedPrompt:
     cache_salt: str | None = None  # the prompt dict's (vLLM's TextPrompt / TokensPrompt key)
 
 
+def output_room(max_tokens: int | None, pooling: bool = False) -> int:
+    """Positions a request's output needs beside its prompt: none for an embedding, at least
+    one (the first token) for a generation."""
+    return 0 if pooling else max(1, max_tokens or 1)
+
+
 def check_truncation(
-    truncate_prompt_tokens: int | None, max_model_len: int, max_tokens: int | None = None
+    truncate_prompt_tokens: int | None, max_model_len: int, room: int = 0
 ) -> int | None:
     """The prompt tokens to keep (the last ones; None: all): -1 is what the context leaves
-    beside ``max_tokens`` (vLLM's max_input_tokens: the whole context for an embedding); a
-    truncation longer than the model is refused (ValueError naming the field)."""
+    beside ``room`` output positions (vLLM's max_input_tokens); a truncation longer than the
+    model is refused (ValueError naming the field)."""
     if truncate_prompt_tokens == -1:
-        return max(1, max_model_len - (max_tokens or 0))
+        if room >= max_model_len:
+            raise ValueError(
+                f"max_tokens ({room}) leaves no room in max_model_len ({max_model_len}) for a "
+                "prompt truncated with truncate_prompt_tokens -1; request fewer tokens"
+            )
+        return max_model_len - room
     if truncate_prompt_tokens is not None and truncate_prompt_tokens > max_model_len:
         raise ValueError(
             f"truncate_prompt_tokens value ({truncate_prompt_tokens}) is greater than "
@@ -71,7 +82,7 @@ class InputProcessor:
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
             raise ValueError("prompt token ids must be integers")
         keep = check_truncation(params.truncate_prompt_tokens, self.max_model_len,
-                                None if pooling else params.max_tokens)
+                                output_room(params.max_tokens, pooling))
         if keep is not None:
             ids = ids[-keep:]
         if not ids:

@@ -60,8 +60,10 @@ class LLMEngine:
             *platform.scheduler_defaults(serving, config.world_size), self.max_model_len
         )
         self.config = config
-        budget = config.max_num_batched_tokens  # known now: refused before any worker starts
-        if not fit_to_cache:  # else once the KV cache has set the length
+        budget = config.max_num_batched_tokens
+        # a budget too small is refused before any worker starts; with max_model_len auto,
+        # once the KV cache has set the length (the default budget follows the model's)
+        if not fit_to_cache:
             self._check_budget(config)
         self.vocab_size = int(source.hf_config.vocab_size)
         # generation_config may name more end-of-sequence ids than the tokenizer (Gemma's

@@ -254,8 +254,9 @@ def build_app(
     for path in args.middleware or []:
         load_middleware(app, path)
     env_key = os.environ.get("IRONLM_API_KEY") or os.environ.get("VLLM_API_KEY")
-    # an empty key would accept an empty bearer token: never one (vLLM drops them too)
-    api_keys = [key for key in (args.api_key or [env_key]) if key and key.strip()]
+    # surrounding whitespace (a secret file's newline) is no part of a key; blank keys were
+    # refused at start-up, and an unset variable is no key
+    api_keys = [key.strip() for key in (args.api_key or [env_key]) if key and key.strip()]
     if api_keys:
         app.add_middleware(APIKeyMiddleware, api_keys=api_keys)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=args.max_request_body_size)

@@ -8,13 +8,39 @@ from __future__ import annotations
 from typing import Any
 
 import jinja2
+from pydantic import BaseModel
 
-from ironlm.entrypoints.chat_utils import apply_chat_template, load_chat_template
+from ironlm.entrypoints.chat_utils import apply_chat_template
 from ironlm.entrypoints.openai.errors import APIError
+from ironlm.entrypoints.openai.request_base import log
 from ironlm.entrypoints.openai.state import ServerOptions
 
 # fields whose checks in apply_chat_template start their message with the field's name
 _CHECKED_FIELDS = ("messages", "continue_final_message")
+# apply_chat_template's own parameters: a chat_template_kwargs entry may not set them
+_RESERVED_KWARGS = frozenset({
+    "add_generation_prompt", "continue_final_message", "tokenize", "chat_template", "tools",
+    "documents", "conversation", "return_dict", "return_assistant_tokens_mask",
+})
+
+
+# request fields that shape the chat (messages) form alone
+CHAT_ONLY_FIELDS = frozenset({"add_generation_prompt", "continue_final_message",
+                              "chat_template", "chat_template_kwargs", "tools"})
+
+
+def warn_chat_fields(req: BaseModel) -> None:
+    """A plain-prompt request that set chat-form fields: named in the warning vLLM logs for
+    fields it ignores (its prompt-form request models lack them)."""
+    given = sorted(CHAT_ONLY_FIELDS & req.model_fields_set)
+    if given:
+        log.warning("The following fields were present in the request but ignored: %s "
+                    "(they shape the messages form only)", given)
+
+
+def reserved_kwargs(kwargs: dict[str, Any]) -> list[str]:
+    """The names in ``kwargs`` that are parameters of the template call itself."""
+    return sorted(_RESERVED_KWARGS & set(kwargs))
 
 
 def render_chat_prompt(
@@ -29,23 +55,25 @@ def render_chat_prompt(
     documents: list[dict[str, Any]] | None = None,
     chat_template_kwargs: dict[str, Any] | None = None,
 ) -> str:
+    # a request's null values leave the server's defaults (vLLM's merge)
+    request_kwargs = {k: v for k, v in (chat_template_kwargs or {}).items() if v is not None}
+    if request_template is None:
+        request_template = request_kwargs.pop("chat_template", None)
     if not options.trust_request_chat_template and (
-            request_template is not None
-            or (chat_template_kwargs or {}).get("chat_template") is not None):
+            request_template is not None or "chat_template" in request_kwargs):
         raise APIError("Chat template is passed with request, but --trust-request-chat-template "
                        "is not set. Refused request with untrusted chat template.", 400,
                        param="chat_template")
-    chat_template_kwargs = {**options.default_chat_template_kwargs,
-                            **(chat_template_kwargs or {})}
-    try:
-        template = load_chat_template(request_template) if request_template \
-            else options.chat_template
-    except ValueError as exc:
-        raise APIError(str(exc), 400, param="chat_template") from None
+    for name in reserved_kwargs(request_kwargs):
+        raise APIError(f"chat_template_kwargs: {name!r} is a parameter of the request itself",
+                       400, param="chat_template_kwargs")
+    kwargs = {**options.default_chat_template_kwargs, **request_kwargs}
+    # a request's template is its text, never a path on this server
+    template = request_template if request_template is not None else options.chat_template
     try:
         return apply_chat_template(
             tokenizer, messages, template, add_generation_prompt, continue_final_message,
-            tools, documents, chat_template_kwargs,
+            tools, documents, kwargs,
         )
     except ValueError as exc:  # the helper's own checks name their field first
         message = str(exc)

@@ -196,6 +196,7 @@ class ServerMetrics:
             for key, g in self.spec_gauges.items():
                 g.labels(m).set(stats[key])
             for key, c in self.spec_counters.items():
+                c.labels(m)  # exported from the first scrape on, 0 until it grows (vLLM)
                 grown = stats[key] - self._spec_seen.get(key, 0)
                 if grown > 0:
                     c.labels(m).inc(grown)

@@ -57,7 +57,7 @@ class EnginePrompt:
 def tokenize_prompt(
     tokenizer: Any, prompt: str | list[int], add_special_tokens: bool,
     truncate_prompt_tokens: int | None = None, vocab_size: int | None = None,
-    field: str = "prompt", max_model_len: int | None = None, max_tokens: int | None = None,
+    field: str = "prompt", max_model_len: int | None = None, room: int = 0,
 ) -> EnginePrompt:
     """Token ids of a text or token-id prompt (400 naming ``field`` when it is empty or holds
     an id outside the vocabulary; naming truncate_prompt_tokens when that exceeds
@@ -65,12 +65,12 @@ def tokenize_prompt(
     keep = truncate_prompt_tokens
     if truncate_prompt_tokens is not None and (truncate_prompt_tokens < -1
                                                or truncate_prompt_tokens == 0):
-        raise APIError("truncate_prompt_tokens must be an integer >= 1 or -1 (the model's "
-                       f"length), got {truncate_prompt_tokens}", 400,
+        raise APIError("truncate_prompt_tokens must be an integer >= 1 or -1 (as many as the "
+                       f"context leaves), got {truncate_prompt_tokens}", 400,
                        param="truncate_prompt_tokens")
     if max_model_len is not None:
         try:
-            keep = check_truncation(truncate_prompt_tokens, max_model_len, max_tokens)
+            keep = check_truncation(truncate_prompt_tokens, max_model_len, room)
         except ValueError as exc:
             raise APIError(str(exc), 400, param="truncate_prompt_tokens") from None
     if isinstance(prompt, str):
@@ -148,9 +148,9 @@ def check_request(req: SamplingFields) -> None:
     if req.stream_options is not None and not req.stream:
         raise APIError("Stream options can only be defined when `stream=True`.", 400,
                        param="stream_options")
-    if req.cache_salt is not None and not req.cache_salt:
-        raise APIError("Parameter 'cache_salt' must be a non-empty string if provided.", 400,
-                       param="cache_salt")
+    if req.cache_salt is not None and not 0 < len(req.cache_salt) <= 1024:  # vLLM's bounds
+        raise APIError("Parameter 'cache_salt' must be a non-empty string of at most 1024 "
+                       "characters if provided.", 400, param="cache_salt")
 
 
 def guided_field(req: SamplingFields) -> str:
@@ -179,13 +179,14 @@ async def compile_guided(state: ServerState, spec: GuidedSpec | None, backend: s
 
 async def tokenize_prompts(state: ServerState, prompts: list[str | list[int]],
                            add_special_tokens: bool, truncate: int | None,
-                           field: str = "prompt", max_tokens: int | None = None,
+                           field: str = "prompt", room: int = 0,
                            ) -> list[EnginePrompt]:
     """Every prompt of a request tokenized on the tokenizer pool (off the event loop);
-    ``max_tokens``: the output the request asks room for (truncation -1 leaves it)."""
+    ``room``: output positions the request needs (truncation -1 leaves them;
+    ``input_processor.output_room``)."""
     def run(tok: Any) -> list[EnginePrompt]:
         return [tokenize_prompt(tok, p, add_special_tokens, truncate, state.vocab_size, field,
-                                state.max_model_len, max_tokens) for p in prompts]
+                                state.max_model_len, room) for p in prompts]
 
     assert state.tokenizers is not None
     return await state.tokenizers.run(run)

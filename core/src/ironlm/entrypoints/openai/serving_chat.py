@@ -13,6 +13,7 @@ from typing import Any, AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from ironlm.engine.input_processor import output_room
 from ironlm.entrypoints.openai.chat_prompt import render_chat_prompt
 from ironlm.entrypoints.openai.engine_response import respond
 from ironlm.entrypoints.openai.errors import APIError, engine_error, from_value_error
@@ -90,8 +91,7 @@ async def create_chat_completion(
         if limit != -1 and req.top_logprobs > limit:  # -1: no limit
             raise APIError(f"top_logprobs requested {req.top_logprobs} logprobs, which is more "
                            f"than max_logprobs={limit}.", 400, param="top_logprobs")
-    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None \
-        else req.max_tokens
+    max_tokens = _max_tokens(req)
     check_max_tokens(max_tokens, "max_completion_tokens"
                      if req.max_completion_tokens is not None else "max_tokens")
     assert state.tokenizers is not None
@@ -131,6 +131,12 @@ async def create_chat_completion(
     )
 
 
+def _max_tokens(req: ChatCompletionRequest) -> int | None:
+    """The request's output limit: max_completion_tokens, else the older max_tokens."""
+    return req.max_completion_tokens if req.max_completion_tokens is not None \
+        else req.max_tokens
+
+
 def _render(tokenizer: Any, state: ServerState, req: ChatCompletionRequest) -> tuple[str, Any]:
     """The request's prompt text through the chat template, and its token ids."""
     text = render_chat_prompt(
@@ -139,11 +145,9 @@ def _render(tokenizer: Any, state: ServerState, req: ChatCompletionRequest) -> t
         continue_final_message=req.continue_final_message, tools=req.tools or None,
         documents=req.documents, chat_template_kwargs=req.chat_template_kwargs,
     )
-    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None \
-        else req.max_tokens
     return text, tokenize_prompt(tokenizer, text, req.add_special_tokens,
                                  req.truncate_prompt_tokens, max_model_len=state.max_model_len,
-                                 max_tokens=max_tokens)
+                                 room=output_room(_max_tokens(req)))
 
 
 def _finish_reason(reason: str | None, called: bool, mode: str) -> str | None:

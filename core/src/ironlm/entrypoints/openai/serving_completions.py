@@ -16,6 +16,7 @@ from typing import Any, AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from ironlm.engine.input_processor import output_room
 from ironlm.entrypoints.openai.engine_response import respond
 from ironlm.entrypoints.openai.errors import APIError, engine_error, from_value_error
 from ironlm.entrypoints.openai.logprobs import (
@@ -89,7 +90,7 @@ async def create_completion(
     else:
         prompts = await tokenize_prompts(state, raw, req.add_special_tokens,
                                          req.truncate_prompt_tokens,
-                                         max_tokens=1 if echo_only else req.max_tokens)
+                                         room=output_room(req.max_tokens))
     for p in prompts:
         p.cache_salt = req.cache_salt
     guided = guided_spec(req)

@@ -11,7 +11,7 @@ import numpy as np
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ironlm.entrypoints.openai.chat_prompt import render_chat_prompt
+from ironlm.entrypoints.openai.chat_prompt import warn_chat_fields, render_chat_prompt
 from ironlm.entrypoints.openai.engine_response import respond
 from ironlm.entrypoints.openai.errors import APIError
 from ironlm.entrypoints.openai.metrics import tracked
@@ -32,11 +32,6 @@ from ironlm.outputs import RequestOutput
 from ironlm.sampling_params import SamplingParams
 
 
-# request fields of the chat (messages) form alone
-_CHAT_ONLY = frozenset({"add_generation_prompt", "continue_final_message", "chat_template",
-                        "chat_template_kwargs"})
-
-
 async def create_embedding(
     state: ServerState, request: Request, req: EmbeddingRequest
 ) -> Response:
@@ -46,9 +41,8 @@ async def create_embedding(
                        400, param="dimensions")
     if (req.input is None) == (req.messages is None):
         raise APIError("give exactly one of input and messages", 400, param="input")
-    if req.input is not None:  # these shape the chat form only: refused, not dropped
-        for name in sorted(_CHAT_ONLY & req.model_fields_set):
-            raise APIError(f"{name} applies to the messages form only", 400, param=name)
+    if req.input is not None:
+        warn_chat_fields(req)
     if req.messages is not None:
         assert state.tokenizers is not None
         prompts = [await state.tokenizers.run(_chat_prompt, state, req)]

@@ -14,6 +14,7 @@ from typing import Any, AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from ironlm.engine.input_processor import output_room
 from ironlm.entrypoints.openai.engine_response import respond
 from ironlm.entrypoints.openai.errors import APIError, from_value_error
 from ironlm.entrypoints.openai.metrics import tracked
@@ -51,7 +52,7 @@ async def generate(state: ServerState, request: Request, body: Any) -> Response:
     except (ValueError, TypeError) as exc:
         raise from_value_error(exc, KNOWN_FIELDS) from None
     (engine_prompt,) = await tokenize_prompts(state, [prompt], True, params.truncate_prompt_tokens,
-                                              max_tokens=params.max_tokens)
+                                              room=output_room(params.max_tokens))
     params.max_tokens = check_context_length(len(engine_prompt.token_ids), params.max_tokens,
                                              state.max_model_len)
     request_id = random_id("generate")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ironlm.entrypoints.openai.chat_prompt import render_chat_prompt
+from ironlm.entrypoints.openai.chat_prompt import warn_chat_fields, render_chat_prompt
 from ironlm.entrypoints.openai.errors import APIError
 from ironlm.entrypoints.openai.protocol import DetokenizeRequest, TokenizeRequest
 from ironlm.entrypoints.openai.state import ServerState
@@ -31,6 +31,7 @@ def _tokenize(tokenizer: Any, state: ServerState, req: TokenizeRequest) -> dict[
         )
         add_special = bool(req.add_special_tokens)  # the template already holds them
     else:
+        warn_chat_fields(req)
         text = req.prompt or ""
         add_special = True if req.add_special_tokens is None else req.add_special_tokens
     ids = list(tokenizer(text, add_special_tokens=add_special).input_ids)

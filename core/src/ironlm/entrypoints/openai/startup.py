@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import socket
 from pathlib import Path
 
 from ironlm.config import EngineConfig
 from ironlm.engine.tokenizer_extension import load_tokenizer_extension
+from ironlm.entrypoints.openai.chat_prompt import reserved_kwargs
 from ironlm.interfaces.platform import Platform
 from ironlm.plugin_manager import PluginManager
 from ironlm.python_file import import_python_file
@@ -77,6 +79,14 @@ def preflight(pm: PluginManager, config: EngineConfig, platform: Platform,
     if args.api_key is not None and not all(key.strip() for key in args.api_key):
         # an empty key would let an empty bearer token through
         raise StartupError("--api-key must not be empty")
+    for env in ("IRONLM_API_KEY", "VLLM_API_KEY"):
+        value = os.environ.get(env)
+        if value is not None and value and not value.strip():  # "" is unset, as in vLLM
+            raise StartupError(f"{env} is blank: set a key, or unset it to serve without one")
+    reserved = reserved_kwargs(args.default_chat_template_kwargs or {})
+    if reserved:
+        raise StartupError(f"--default-chat-template-kwargs: {reserved} are parameters of "
+                           "the chat template call, set by each request")
 
 
 def bind_server_socket(host: str, port: int) -> socket.socket:
