@@ -22,6 +22,15 @@ class RequestOutputKind(Enum):
     FINAL_ONLY = 2
 
 
+def check_truncate_value(truncate_prompt_tokens: int | None) -> None:
+    """vLLM's range of truncate_prompt_tokens: None, -1 (as many as the context leaves), or at
+    least 1 (ValueError naming the field)."""
+    if truncate_prompt_tokens is not None and truncate_prompt_tokens < 1 \
+            and truncate_prompt_tokens != -1:
+        raise ValueError("truncate_prompt_tokens must be an integer >= 1 or -1 (as many as the "
+                         f"context leaves), got {truncate_prompt_tokens}")
+
+
 @dataclass
 class SamplingParams:
     """Per-request sampling parameters. Field meanings follow vLLM; invalid values raise
@@ -147,10 +156,7 @@ class SamplingParams:
             raise bad("logprobs", f"must be non-negative, got {self.logprobs}.")
         if self.prompt_logprobs is not None and self.prompt_logprobs < 0:
             raise bad("prompt_logprobs", f"must be non-negative, got {self.prompt_logprobs}.")
-        if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens < 1 \
-                and self.truncate_prompt_tokens != -1:
-            raise bad("truncate_prompt_tokens", "must be an integer >= 1 or -1 (as many as the "
-                      f"context leaves), got {self.truncate_prompt_tokens}")
+        check_truncate_value(self.truncate_prompt_tokens)
         if any(not s for s in self.stop or []):
             raise bad("stop", "cannot contain an empty string.")
         if self.stop and not self.detokenize:

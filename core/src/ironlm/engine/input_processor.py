@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Union
 
-from ironlm.sampling_params import SamplingParams
+from ironlm.sampling_params import SamplingParams, check_truncate_value
 
 # A prompt: text, token ids, or vLLM's dict forms {"prompt": ...} / {"prompt_token_ids": ...}.
 PromptType = Union[str, list[int], dict[str, Any]]
@@ -29,7 +29,8 @@ def check_truncation(
 ) -> int | None:
     """The prompt tokens to keep (the last ones; None: all): -1 is what the context leaves
     beside ``room`` output positions (vLLM's max_input_tokens); a truncation longer than the
-    model is refused (ValueError naming the field)."""
+    model is refused (ValueError naming the field), and so is a value out of vLLM's range."""
+    check_truncate_value(truncate_prompt_tokens)
     if truncate_prompt_tokens == -1:
         if room >= max_model_len:
             raise ValueError(

@@ -64,8 +64,9 @@ def render_chat_prompt(
         raise APIError("Chat template is passed with request, but --trust-request-chat-template "
                        "is not set. Refused request with untrusted chat template.", 400,
                        param="chat_template")
-    for name in reserved_kwargs(request_kwargs):
-        raise APIError(f"chat_template_kwargs: {name!r} is a parameter of the request itself",
+    reserved = reserved_kwargs(request_kwargs)
+    if reserved:
+        raise APIError(f"chat_template_kwargs: {reserved} are parameters of the request itself",
                        400, param="chat_template_kwargs")
     kwargs = {**options.default_chat_template_kwargs, **request_kwargs}
     # a request's template is its text, never a path on this server

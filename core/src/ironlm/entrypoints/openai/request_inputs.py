@@ -63,11 +63,6 @@ def tokenize_prompt(
     an id outside the vocabulary; naming truncate_prompt_tokens when that exceeds
     ``max_model_len``, as vLLM)."""
     keep = truncate_prompt_tokens
-    if truncate_prompt_tokens is not None and (truncate_prompt_tokens < -1
-                                               or truncate_prompt_tokens == 0):
-        raise APIError("truncate_prompt_tokens must be an integer >= 1 or -1 (as many as the "
-                       f"context leaves), got {truncate_prompt_tokens}", 400,
-                       param="truncate_prompt_tokens")
     if max_model_len is not None:
         try:
             keep = check_truncation(truncate_prompt_tokens, max_model_len, room)

@@ -11,7 +11,7 @@ import numpy as np
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ironlm.entrypoints.openai.chat_prompt import warn_chat_fields, render_chat_prompt
+from ironlm.entrypoints.openai.chat_prompt import render_chat_prompt, warn_chat_fields
 from ironlm.entrypoints.openai.engine_response import respond
 from ironlm.entrypoints.openai.errors import APIError
 from ironlm.entrypoints.openai.metrics import tracked
