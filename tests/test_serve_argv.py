@@ -119,9 +119,18 @@ def test_structured_outputs_config_names_the_backend() -> None:
         ["m", "--structured-outputs-config", '{"backend": "outlines"}']))
     assert (config.guided_decoding_backend, config.structured_outputs_config) == ("outlines", None)
     for bad in ('{"backend": "xgrammar", "disable_any_whitespace": true}',
-                '{"reasoning_parser": "deepseek_r1"}'):
+                '{"reasoning_backend": "deepseek_r1"}'):
         with pytest.raises(ValueError, match="not supported"):
             engine_config_from_args(_parse(["m", "--structured-outputs-config", bad]))
+    config = engine_config_from_args(_parse(
+        ["m", "--structured-outputs-config",
+         '{"reasoning_parser": "deepseek_r1", "enable_in_reasoning": true}']))
+    assert (config.reasoning_parser, config.structured_outputs_enable_in_reasoning) == (
+        "deepseek_r1", True)
+    assert engine_config_from_args(_parse(["m", "--reasoning-parser", "qwen3"])) \
+        .reasoning_parser == "qwen3"
+    with pytest.raises(SystemExit):  # set through the JSON only, as in vLLM
+        _parse(["m", "--structured-outputs-enable-in-reasoning"])
 
 
 def test_max_model_len_auto() -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from ironlm.cli import build_parser
 from ironlm.config import EngineConfig
+from ironlm.entrypoints.engine_args import NO_FLAG_FIELDS
 from ironlm.entrypoints.openai.api_server import main as api_server_main
 from ironlm.entrypoints.openai.cli_args import engine_config_from_args, parse_size
 
@@ -32,12 +33,14 @@ def test_help_lists_every_flag_grouped(capsys: pytest.CaptureFixture[str]) -> No
     for group in ("server:", "CORS:", "OpenAI API:", "tool calling:", "logging:", "engine:"):
         assert group in text
     for f in fields(EngineConfig):
-        assert "--" + f.name.replace("_", "-") in text, f.name
+        flag = "--" + f.name.replace("_", "-")
+        assert (flag in text) != (f.name in NO_FLAG_FIELDS), f.name
     for flag in ("--api-key", "--served-model-name", "--chat-template", "--response-role",
                  "--ssl-keyfile", "--ssl-cert-reqs", "--root-path", "--middleware",
                  "--return-tokens-as-token-ids", "--max-log-len", "--disable-log-requests",
                  "--allowed-origins", "--allow-credentials", "--enable-auto-tool-choice",
-                 "--tool-call-parser", "--tool-parser-plugin", "--uvicorn-log-level"):
+                 "--tool-call-parser", "--tool-parser-plugin", "--reasoning-parser",
+                 "--reasoning-parser-plugin", "--uvicorn-log-level"):
         assert flag in text
 
 
@@ -78,6 +81,10 @@ def test_no_platform_names_plugins(monkeypatch: pytest.MonkeyPatch,
     (["--dtype", "int3"], ["dtype 'int3'"]),
     (["--chat-template", "no-such-file-and-no-braces"], ["chat template"]),
     (["--tool-parser-plugin", "/no/such/plugin.py"], ["--tool-parser-plugin"]),
+    (["--reasoning-parser", "nope"], ["reasoning_parser 'nope'", "deepseek_r1, qwen3"]),
+    (["--structured-outputs-config", '{"reasoning_parser": "nope"}'],
+     ["reasoning_parser 'nope'"]),
+    (["--reasoning-parser-plugin", "/no/such/plugin.py"], ["--reasoning-parser-plugin"]),
     (["--tokenizer-extension-path", "/no/such/ext.py"],
      ["--tokenizer-extension-path", "is not a file"]),
     (["--api-key", ""], ["--api-key must not be empty"]),  # it would admit an empty bearer
@@ -114,6 +121,33 @@ def test_tool_parser_plugin_file_registers(tmp_path: Path,
     rc, err = _serve(["--device", "cpu", MODEL, "--tool-parser-plugin", str(plugin),
                       "--tool-call-parser", "mine", "--quantization", "nope"], capsys)
     assert rc == 2 and "quantization 'nope'" in err and "tool_call_parser" not in err
+
+
+def test_reasoning_parser_plugin_file_registers(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """A single-file reasoning parser (vLLM's --reasoning-parser-plugin) is selectable by
+    --reasoning-parser; a file without the hook is refused, naming it."""
+    plugin = tmp_path / "my_reasoner.py"
+    plugin.write_text(
+        "from ironlm import hookimpl\n"
+        "from ironlm.interfaces.reasoning_parser import ReasoningDelta, ReasoningParser\n"
+        "class Mine(ReasoningParser):\n"
+        "    name = 'mine'\n"
+        "    end_marker = '[/THINK]'\n"
+        "    def extract(self, text): return None, text\n"
+        "    def extract_streaming(self, delta): return ReasoningDelta(content=delta)\n"
+        "    def finish_streaming(self): return ReasoningDelta()\n"
+        "@hookimpl\n"
+        "def register_reasoning_parsers(register):\n"
+        "    register(Mine)\n"
+    )
+    rc, err = _serve(["--device", "cpu", MODEL, "--reasoning-parser-plugin", str(plugin),
+                      "--reasoning-parser", "mine", "--quantization", "nope"], capsys)
+    assert rc == 2 and "quantization 'nope'" in err and "reasoning_parser" not in err
+    empty = tmp_path / "empty.py"
+    empty.write_text("X = 1\n")
+    rc, err = _serve(["--device", "cpu", MODEL, "--reasoning-parser-plugin", str(empty)], capsys)
+    assert rc == 2 and "defines no register_reasoning_parsers hook" in err
 
 
 def test_module_entry_point(monkeypatch: pytest.MonkeyPatch,

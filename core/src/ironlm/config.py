@@ -66,8 +66,15 @@ class EngineConfig:
     attention_backend_options: dict[str, Any] = field(default_factory=dict)
     quantization: str | None = None
     guided_decoding_backend: str = "auto"
-    # vLLM's newer form of guided_decoding_backend: {"backend": name} (config_aliases.py)
+    # vLLM's newer form of guided_decoding_backend: {"backend": name, "reasoning_parser":
+    # name, "enable_in_reasoning": bool} (config_aliases.py)
     structured_outputs_config: dict[str, Any] | None = None
+    # A reasoning parser plugin's name (deepseek_r1, qwen3, ...): chat responses split the
+    # reasoning from the answer, and structured output constrains only the answer
+    reasoning_parser: str | None = None
+    # Structured output constrains the reasoning too (vLLM's structured_outputs_config
+    # enable_in_reasoning; no flag of its own)
+    structured_outputs_enable_in_reasoning: bool = False
     # None: "uni" for one rank; for more, "ray" when Ray is installed, otherwise "mp"
     distributed_executor_backend: str | None = None
     tensor_parallel_size: int = 1

@@ -45,17 +45,19 @@ def apply_vllm_aliases(cfg: EngineConfig) -> None:
 # request may still ask for disable_* itself (structured_outputs options)
 _STRUCTURED_DEFAULTS: dict[str, Any] = {
     "disable_fallback": False, "disable_any_whitespace": False,
-    "disable_additional_properties": False, "reasoning_parser": "",
-    "enable_in_reasoning": False,
+    "disable_additional_properties": False,
 }
 
 
 def _apply_structured_outputs_config(cfg: EngineConfig, so: dict[str, Any]) -> None:
-    """vLLM's structured_outputs_config: its ``backend`` is guided_decoding_backend; its
-    server-wide options are taken at their defaults only (IronLM applies them per request)."""
+    """vLLM's structured_outputs_config: its ``backend`` is guided_decoding_backend, its
+    ``reasoning_parser`` the engine's, ``enable_in_reasoning`` lets the grammar constrain the
+    reasoning too; its other options are taken at their defaults only (IronLM applies them per
+    request)."""
     if not isinstance(so, dict):
         raise ValueError(f"structured_outputs_config must be a JSON object, got {so!r}")
-    unknown = sorted(set(so) - {"backend", *_STRUCTURED_DEFAULTS})
+    unknown = sorted(set(so) - {"backend", "reasoning_parser", "enable_in_reasoning",
+                                *_STRUCTURED_DEFAULTS})
     changed = sorted(k for k, v in so.items() if k in _STRUCTURED_DEFAULTS
                      and v != _STRUCTURED_DEFAULTS[k])
     if unknown or changed:
@@ -72,6 +74,20 @@ def _apply_structured_outputs_config(cfg: EngineConfig, so: dict[str, Any]) -> N
             raise ValueError("structured_outputs_config's backend and guided_decoding_backend "
                              "given: use one form")
         cfg.guided_decoding_backend = so["backend"]
+    parser = so.get("reasoning_parser") or None  # vLLM's default is "": none
+    if parser is not None:
+        if not isinstance(parser, str):
+            raise ValueError(f"structured_outputs_config reasoning_parser must be a name, got "
+                             f"{parser!r}")
+        if cfg.reasoning_parser not in (None, parser):
+            raise ValueError("structured_outputs_config's reasoning_parser and reasoning_parser "
+                             "name different parsers: use one form")
+        cfg.reasoning_parser = parser
+    in_reasoning = so.get("enable_in_reasoning", False)
+    if not isinstance(in_reasoning, bool):
+        raise ValueError(f"structured_outputs_config enable_in_reasoning must be true or "
+                         f"false, got {in_reasoning!r}")
+    cfg.structured_outputs_enable_in_reasoning = in_reasoning
 
 
 def _apply_speculative_config(cfg: EngineConfig, spec: dict[str, Any]) -> None:

@@ -42,7 +42,8 @@ PROJECT = "ironlm"
 # The contract's version, "MAJOR.MINOR". 1.0: executors drive WorkerBase workers
 # (``ironlm.interfaces.worker``) and are built as Executor(config, plugins, worker_cls);
 # speculative proposers (``register_speculative_proposers``, ``ironlm.interfaces.spec_decode``).
-CONTRACT_VERSION = "1.0"
+# 1.1: reasoning parsers (``register_reasoning_parsers``, ``ironlm.interfaces.reasoning_parser``).
+CONTRACT_VERSION = "1.1"
 # The module constant a plugin declares its contract version in.
 CONTRACT_ATTRIBUTE = "IRONLM_CONTRACT_VERSION"
 
@@ -121,6 +122,22 @@ def register_tool_parsers(register: Callable[[type], None]) -> None:
     :return: ignored.
 
     Call mode: all implementations. Process: front end (server / ``LLM.chat``) only.
+    """
+
+
+@hookspec
+def register_reasoning_parsers(register: Callable[[type], None]) -> None:
+    """Register reasoning parsers: they split a thinking model's output into its reasoning
+    and its answer (contract 1.1).
+
+    :param register: call ``register(ReasoningParserSubclass)`` once per parser. The class must
+        subclass :class:`ironlm.interfaces.reasoning_parser.ReasoningParser`; ``name`` is the
+        key for ``--reasoning-parser``.
+    :return: ignored.
+
+    Call mode: all implementations. Process: front end (the chat endpoint splits each choice)
+    and engine (a request's structured-output grammar starts after the parser's
+    ``end_marker``).
     """
 
 

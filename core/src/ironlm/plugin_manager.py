@@ -24,6 +24,7 @@ from ironlm.interfaces import (
     ModelArchitecture,
     Platform,
     QuantizationMethod,
+    ReasoningParser,
     SpeculativeProposer,
     ToolParser,
 )
@@ -55,6 +56,9 @@ class Registries:
     tool_parsers: Registry[type[ToolParser]] = field(
         default_factory=lambda: Registry("tool parser", "tool_call_parser")
     )
+    reasoning_parsers: Registry[type[ReasoningParser]] = field(
+        default_factory=lambda: Registry("reasoning parser", "reasoning_parser")
+    )
     executors: Registry[type[Executor]] = field(
         default_factory=lambda: Registry("executor", "distributed_executor_backend")
     )
@@ -73,6 +77,7 @@ _HOOKS: dict[str, tuple[str, type]] = {
     "register_quantization_methods": ("quantization_methods", QuantizationMethod),
     "register_guided_backends": ("guided_backends", GuidedBackend),
     "register_tool_parsers": ("tool_parsers", ToolParser),
+    "register_reasoning_parsers": ("reasoning_parsers", ReasoningParser),
     "register_executors": ("executors", Executor),
     "register_models": ("models", ModelArchitecture),
     "register_speculative_proposers": ("speculative_proposers", SpeculativeProposer),
@@ -337,6 +342,17 @@ class PluginManager:
 
     def select_tool_parser(self, name: str) -> type[ToolParser]:
         return self.registries.tool_parsers.get(name)
+
+    def select_reasoning_parser(self, name: str) -> type[ReasoningParser]:
+        reg = self.registries.reasoning_parsers
+        if name not in reg:
+            hint = "" if len(reg) else \
+                " (install ironlm-toolparsers: pip install ./plugins/toolparsers)"
+            raise UnknownNameError(
+                f"unknown reasoning_parser {name!r}; installed reasoning parsers: "
+                f"{', '.join(reg.names()) or 'none'}{hint}"
+            )
+        return reg.get(name)
 
     def select_executor(self, name: str) -> type[Executor]:
         return self.registries.executors.select(name, lambda c: c.is_available())

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ironlm.engine.reasoning_gate import ReasoningGate
 from ironlm.interfaces.guided import Grammar
 
 if TYPE_CHECKING:
@@ -163,6 +164,8 @@ class BudgetCloser:
         spec = params.guided_decoding
         if spec is None or not spec.close_at_budget or eos is None:
             return False
+        if isinstance(req.grammar, ReasoningGate) and not req.grammar.open:
+            return False  # still reasoning: the budget cuts it as any free text
         state = req.closing if req.closing is not None else ClosingState()
         n_out = len(req.output_token_ids)
         if state.failed_at is not None and n_out - state.failed_at < RETRY_AFTER:

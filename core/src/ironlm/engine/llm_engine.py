@@ -18,14 +18,16 @@ from ironlm.distributed.layout import check_model_fits
 from ironlm.engine.adapter_cache import AdapterCache
 from ironlm.engine.block_manager import BlockManager
 from ironlm.engine.guided_manager import GuidedManager
-from ironlm.engine.input_processor import InputProcessor, PromptType
+from ironlm.engine.input_processor import InputProcessor, ProcessedPrompt, PromptType
 from ironlm.engine.output_processor import OutputProcessor
+from ironlm.engine.reasoning_gate import ReasoningGate
 from ironlm.engine.request import Request, RequestStatus
 from ironlm.engine.sampling_defaults import default_sampling
 from ironlm.engine.scheduler import Scheduler, SchedulerOutput
 from ironlm.engine.speculation import SpeculationPolicy
 from ironlm.engine.tokenizer_extension import extend_tokenizer
 from ironlm.interfaces.executor import Executor
+from ironlm.interfaces.reasoning_parser import ReasoningParser
 from ironlm.interfaces.step import ModelInput, ModelOutput, NewRequestData, ScheduledSeq
 from ironlm.lora.request import LoRARequest
 from ironlm.model_loader import resolve_model
@@ -45,6 +47,12 @@ class LLMEngine:
         for a server; otherwise those for the offline ``LLM``, vLLM's usage contexts)."""
         self.pm = pm or PluginManager()
         self.pm.check_compatible()
+        # the reasoning parser whose end marker opens guided requests' grammars (None: they
+        # constrain from the first token)
+        self.reasoning_parser: type[ReasoningParser] | None = (
+            self.pm.select_reasoning_parser(config.reasoning_parser)
+            if config.reasoning_parser else None
+        )
         # the front end's view of the platform the workers will select (same name, same host)
         platform = self.pm.select_platform(config.device)
         config = config.with_block_size(platform.default_block_size)
@@ -125,6 +133,18 @@ class LLMEngine:
         self.outputs = OutputProcessor(self.tokenizer, self.max_model_len)
         self._new: list[NewRequestData] = []
 
+    def _gate(self, grammars: list[tuple[Any, str | None]], processed: ProcessedPrompt
+              ) -> list[tuple[Any, str | None]]:
+        """Each grammar held back until the reasoning parser's end marker is generated, or
+        open from the start when the prompt already closed the reasoning (reasoning_gate.py)."""
+        assert self.reasoning_parser is not None
+        parser = self.reasoning_parser(self.tokenizer)
+        prompt = processed.prompt if processed.prompt is not None else \
+            self.tokenizer.decode(processed.token_ids, skip_special_tokens=False)
+        opened = parser.prompt_ends_reasoning(prompt)
+        return [(ReasoningGate(g, parser.end_marker, self.tokenizer, opened), name)
+                for g, name in grammars]
+
     def _check_budget(self, config: EngineConfig) -> None:
         """Without chunked prefill every prompt runs in one step: the budget must hold the
         longest."""
@@ -202,6 +222,9 @@ class LLMEngine:
             self.guided.grammar(spec, params.guided_decoding_backend) if spec else (None, None)
             for _ in range(params.best_of or 1)
         ]
+        if spec and self.reasoning_parser is not None \
+                and not self.config.structured_outputs_enable_in_reasoning:
+            grammars = self._gate(grammars, processed)
         children = []
         for i in range(params.best_of or 1):
             child_params = params

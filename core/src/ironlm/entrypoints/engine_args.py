@@ -59,7 +59,12 @@ ENGINE_HELP: dict[str, str] = {
     "quantization": "quantization method plugin (e.g. the checkpoint's quant_method)",
     "guided_decoding_backend": "default guided-decoding backend plugin (auto: first available)",
     "structured_outputs_config": "vLLM's newer form of --guided-decoding-backend: "
-                                 "'{\"backend\": \"xgrammar\"}'",
+                                 "'{\"backend\": \"xgrammar\"}'; also takes "
+                                 "reasoning_parser and enable_in_reasoning (the grammar "
+                                 "constrains the reasoning too)",
+    "reasoning_parser": "reasoning parser plugin (deepseek_r1, qwen3, ...): chat responses "
+                        "carry the model's reasoning as reasoning_content apart from its "
+                        "answer, and structured output constrains the answer only",
     "distributed_executor_backend": "executor plugin: uni, mp, ray (default: uni for one "
     "rank; for more, ray when Ray is installed, otherwise mp)",
     "tensor_parallel_size": "number of tensor-parallel ranks (each layer split over them)",
@@ -97,6 +102,8 @@ ENGINE_HELP: dict[str, str] = {
     "are refused)",
 }
 _SIZE_FIELDS = {"kv_cache_memory"}
+# fields set only through another argument's JSON (structured_outputs_config): no flag
+NO_FLAG_FIELDS = {"structured_outputs_enable_in_reasoning"}
 # vLLM's integer flags that take 1k (1000) or 1K (1024) style values
 # (max_model_len takes them too, and auto: _length_or_auto)
 _HUMAN_INT_FIELDS = {"max_num_batched_tokens", "kv_cache_memory_bytes"}
@@ -157,7 +164,7 @@ def add_engine_args(
     logging flags)."""
     hints = typing.get_type_hints(EngineConfig)
     for f in fields(EngineConfig):
-        if f.name in skip:
+        if f.name in skip or f.name in NO_FLAG_FIELDS:
             continue
         flag = "--" + f.name.replace("_", "-")
         hint = hints[f.name]

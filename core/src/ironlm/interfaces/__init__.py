@@ -7,6 +7,7 @@ from ironlm.interfaces.guided import Grammar, GuidedBackend, GuidedSpec, Unsuppo
 from ironlm.interfaces.model import ModelArchitecture, ModelContext
 from ironlm.interfaces.platform import Availability, LayerOps, Platform
 from ironlm.interfaces.quantization import QuantizationMethod
+from ironlm.interfaces.reasoning_parser import ReasoningDelta, ReasoningParser
 from ironlm.interfaces.spec_decode import SpeculativeProposer
 from ironlm.interfaces.tool_parser import (
     DeltaToolCall,
@@ -32,6 +33,8 @@ __all__ = [
     "ModelContext",
     "Platform",
     "QuantizationMethod",
+    "ReasoningDelta",
+    "ReasoningParser",
     "SpeculativeProposer",
     "StreamDelta",
     "ToolCall",

@@ -1,4 +1,4 @@
-"""Entry point of ironlm-toolparsers: registers tool-call parsers.
+"""Entry point of ironlm-toolparsers: registers tool-call parsers and reasoning parsers.
 
 Importing this module costs nothing: the parser modules are imported inside the hook.
 """
@@ -9,7 +9,7 @@ from typing import Callable
 
 from ironlm import hookimpl
 
-IRONLM_CONTRACT_VERSION = "1.0"  # the plugin contract this module is written against
+IRONLM_CONTRACT_VERSION = "1.1"  # the plugin contract this module is written against
 
 
 @hookimpl
@@ -27,4 +27,12 @@ def register_tool_parsers(register: Callable[[type], None]) -> None:
         PythonicToolParser,
         GraniteToolParser,
     ):
+        register(parser)
+
+
+@hookimpl
+def register_reasoning_parsers(register: Callable[[type], None]) -> None:
+    from ironlm_toolparsers.think_tags import DeepSeekR1ReasoningParser, Qwen3ReasoningParser
+
+    for parser in (DeepSeekR1ReasoningParser, Qwen3ReasoningParser):
         register(parser)

@@ -53,7 +53,7 @@ from ironlm.entrypoints.openai.shutdown import DrainingServer
 from ironlm.entrypoints.openai.startup import (
     StartupError,
     bind_server_socket,
-    load_tool_parser_plugin,
+    load_plugin_file,
     preflight,
 )
 from ironlm.entrypoints.openai.state import ServerOptions, ServerState
@@ -278,7 +278,11 @@ def run_server(args: argparse.Namespace) -> None:
     pm = PluginManager()
     pm.check_compatible()
     if args.tool_parser_plugin:
-        load_tool_parser_plugin(pm, args.tool_parser_plugin)
+        load_plugin_file(pm, args.tool_parser_plugin, "--tool-parser-plugin",
+                         "register_tool_parsers")
+    if args.reasoning_parser_plugin:
+        load_plugin_file(pm, args.reasoning_parser_plugin, "--reasoning-parser-plugin",
+                         "register_reasoning_parsers")
     platform = pm.select_platform(getattr(args, "device", None) or "auto")
     config = engine_config_from_args(args)
     preflight(pm, config, platform, args)

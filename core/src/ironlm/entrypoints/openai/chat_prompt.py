@@ -54,6 +54,7 @@ def render_chat_prompt(
     tools: list[dict[str, Any]] | None = None,
     documents: list[dict[str, Any]] | None = None,
     chat_template_kwargs: dict[str, Any] | None = None,
+    reasoning_effort: str | None = None,
 ) -> str:
     # a request's null values leave the server's defaults (vLLM's merge)
     request_kwargs = {k: v for k, v in (chat_template_kwargs or {}).items() if v is not None}
@@ -68,7 +69,7 @@ def render_chat_prompt(
     if reserved:
         raise APIError(f"chat_template_kwargs: {reserved} are parameters of the request itself",
                        400, param="chat_template_kwargs")
-    kwargs = {**options.default_chat_template_kwargs, **request_kwargs}
+    kwargs = template_kwargs(options, request_kwargs, reasoning_effort)
     # a request's template is its text, never a path on this server
     template = request_template if request_template is not None else options.chat_template
     try:
@@ -91,3 +92,16 @@ def render_chat_prompt(
         raise APIError(f"the chat template could not render these messages: "
                        f"{type(exc).__name__}: {exc}", 400, param="messages") from None
 
+
+def template_kwargs(options: ServerOptions, chat_template_kwargs: dict[str, Any] | None,
+                    reasoning_effort: str | None = None) -> dict[str, Any]:
+    """The template's extra variables: the server's defaults under the request's (its nulls
+    leave a default), then vLLM's ``reasoning_effort`` (which, as "none", also turns Qwen3's
+    ``enable_thinking`` off unless the request set it)."""
+    request_kwargs = {k: v for k, v in (chat_template_kwargs or {}).items() if v is not None}
+    kwargs = {**options.default_chat_template_kwargs, **request_kwargs}
+    if reasoning_effort is not None:
+        kwargs["reasoning_effort"] = reasoning_effort
+        if "enable_thinking" not in request_kwargs:
+            kwargs["enable_thinking"] = reasoning_effort != "none"
+    return kwargs

@@ -107,6 +107,9 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                        help="tool-call parser plugin (hermes, mistral, llama3_json, ...)")
     tools.add_argument("--tool-parser-plugin", default="",
                        help="a Python file registering tool parsers via register_tool_parsers")
+    tools.add_argument("--reasoning-parser-plugin", default="",
+                       help="a Python file registering reasoning parsers via "
+                       "register_reasoning_parsers (then named by --reasoning-parser)")
     logs = parser.add_argument_group("logging")
     logs.add_argument("--max-log-len", type=int, default=None,
                       help="log at most this many prompt characters / token ids")

@@ -115,6 +115,11 @@ class ChatCompletionRequest(SamplingFields):
     documents: list[dict[str, Any]] | None = None
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # with --reasoning-parser: false leaves the reasoning out of the response (vLLM's)
+    include_reasoning: bool = True
+    # handed to the chat template; "none" also sets enable_thinking false (vLLM's)
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] \
+        | None = None
 
 
 class EmbeddingRequest(_Request):
@@ -237,6 +242,10 @@ class ToolCall(BaseModel):
 
 class ChatMessage(BaseModel):
     role: str
+    # with --reasoning-parser: the model's thinking, apart from its answer (``content``);
+    # ``reasoning_content`` is the same text under vLLM's (and DeepSeek's) older name
+    reasoning: str | None = None
+    reasoning_content: str | None = None
     content: str | None = None
     refusal: str | None = None
     tool_calls: list[ToolCall] = Field(default_factory=list)
@@ -288,6 +297,8 @@ class DeltaToolCall(BaseModel):
 
 class DeltaMessage(BaseModel):
     role: str | None = None
+    reasoning: str | None = None
+    reasoning_content: str | None = None  # the same text as ``reasoning`` (older name)
     content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
 

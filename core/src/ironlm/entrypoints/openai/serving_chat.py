@@ -1,7 +1,12 @@
 """POST /v1/chat/completions: messages -> chat template -> one engine request with n choices.
 
-Streaming sends, per choice: the role first, then content / tool-call deltas, exactly one
-finish_reason; then the usage chunk when asked, then ``data: [DONE]``.
+Streaming sends, per choice: the role first, then reasoning / content / tool-call deltas,
+exactly one finish_reason; then the usage chunk when asked, then ``data: [DONE]``.
+
+With --reasoning-parser each choice's text is split first: the thinking goes out as
+``reasoning`` (and its older name ``reasoning_content``), the answer as ``content``, and only
+the answer is parsed for tool calls. A prompt that already closed the reasoning (Qwen3 with
+enable_thinking false) makes the whole output the answer.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ironlm.engine.input_processor import output_room
-from ironlm.entrypoints.openai.chat_prompt import render_chat_prompt
+from ironlm.entrypoints.openai.chat_prompt import render_chat_prompt, template_kwargs
 from ironlm.entrypoints.openai.engine_response import respond
 from ironlm.entrypoints.openai.errors import APIError, engine_error, from_value_error
 from ironlm.entrypoints.openai.logprobs import TokenNamer, chat_logprobs, prompt_logprobs_json
@@ -47,6 +52,7 @@ from ironlm.entrypoints.openai.serving_beam import beam_search, beam_search_para
 from ironlm.entrypoints.openai.state import ServerState, random_id
 from ironlm.entrypoints.openai.streaming import close_all, sse
 from ironlm.entrypoints.openai.tool_calls import ToolExtractor, ToolPlan, plan_tools, tool_call_id
+from ironlm.interfaces.reasoning_parser import ReasoningDelta, ReasoningParser
 from ironlm.interfaces.tool_parser import StreamDelta
 from ironlm.outputs import RequestOutput
 
@@ -63,6 +69,20 @@ class _Ctx:
     num_top: int | None  # top_logprobs per token, None without logprobs
     name: TokenNamer
     model: str  # reported in responses: the adapter's name, or the served model's
+    # --reasoning-parser's class, None without one or when the prompt closed the reasoning
+    reasoning: type[ReasoningParser] | None = None
+    template_kwargs: dict[str, Any] | None = None  # what the template saw (the parser's too)
+
+    def split(self) -> ReasoningParser | None:
+        """A fresh reasoning parser for one choice (None: the text is all answer)."""
+        if self.reasoning is None:
+            return None
+        return self.reasoning(self.state.tokenizer, self.template_kwargs)
+
+    def reasoning_out(self, text: str | None) -> str | None:
+        """The reasoning as the response carries it: left out when include_reasoning is
+        false."""
+        return text if self.req.include_reasoning else None
 
 
 async def create_chat_completion(
@@ -116,6 +136,12 @@ async def create_chat_completion(
     as_ids = bool(req.return_tokens_as_token_ids or state.options.return_tokens_as_token_ids)
     ctx = _Ctx(state, req, random_id("chatcmpl"), int(time.time()), role, echo, plan, num_top,
                TokenNamer(state.tokenizer, as_ids), state.response_model(lora, req.model))
+    ctx.template_kwargs = template_kwargs(state.options, req.chat_template_kwargs,
+                                          req.reasoning_effort)
+    parser_cls = state.engine.engine.reasoning_parser
+    if parser_cls is not None and \
+            not parser_cls(state.tokenizer, ctx.template_kwargs).prompt_ends_reasoning(text):
+        ctx.reasoning = parser_cls
     state.log_request(ctx.request_id, text, prompt.token_ids, params)
     gen = tracked(
         beam_search(state, ctx.request_id, prompt, beams, req.n, req.priority, lora)
@@ -144,6 +170,7 @@ def _render(tokenizer: Any, state: ServerState, req: ChatCompletionRequest) -> t
         request_template=req.chat_template, add_generation_prompt=req.add_generation_prompt,
         continue_final_message=req.continue_final_message, tools=req.tools or None,
         documents=req.documents, chat_template_kwargs=req.chat_template_kwargs,
+        reasoning_effort=req.reasoning_effort,
     )
     return text, tokenize_prompt(tokenizer, text, req.add_special_tokens,
                                  req.truncate_prompt_tokens, max_model_len=state.max_model_len,
@@ -162,11 +189,18 @@ def _finish_reason(reason: str | None, called: bool, mode: str) -> str | None:
 def _response(ctx: _Ctx, final: RequestOutput) -> ChatCompletionResponse:
     choices = []
     for o in final.outputs:
-        content, calls = ctx.plan.extractor(ctx.state.tokenizer).extract(o.text)
+        parser = ctx.split()
+        reasoning, answer = parser.extract(o.text) if parser is not None else (None, o.text)
+        content, calls = ctx.plan.extractor(ctx.state.tokenizer).extract(answer or "")
         if ctx.echo:
             content = ctx.echo + (content or "")
+        if answer is None and not ctx.echo:
+            content = None  # cut off while thinking: no answer (vLLM's null content)
+        reasoning = ctx.reasoning_out(reasoning)
         message = ChatMessage(
             role=ctx.role,
+            reasoning=reasoning,
+            reasoning_content=reasoning,
             content=content if (content or not calls) else None,
             tool_calls=[
                 ToolCall(id=c.id or tool_call_id(),
@@ -202,6 +236,8 @@ class _ChoiceStream:
     """Streaming state of one choice: what was sent, and its tool-call extractor."""
 
     def __init__(self, ctx: _Ctx) -> None:
+        self.ctx = ctx
+        self.parser = ctx.split()
         self.extractor: ToolExtractor = ctx.plan.extractor(ctx.state.tokenizer)
         self.sent_text = 0
         self.sent_tokens = 0
@@ -209,6 +245,16 @@ class _ChoiceStream:
         self.done = False
 
     def delta(self, text: str, finished: bool) -> DeltaMessage:
+        thought = ReasoningDelta(content=text)
+        if self.parser is not None:
+            thought = self.parser.extract_streaming(text) if text else ReasoningDelta()
+            if finished:
+                tail = self.parser.finish_streaming()
+                thought = ReasoningDelta(
+                    (thought.reasoning or "") + (tail.reasoning or "") or None,
+                    (thought.content or "") + (tail.content or "") or None)
+        text = thought.content or ""
+        reasoning = self.ctx.reasoning_out(thought.reasoning)
         got = self.extractor.feed(text) if text else StreamDelta()
         if finished:
             tail = self.extractor.finish()
@@ -227,7 +273,8 @@ class _ChoiceStream:
                                            arguments=c.arguments if (c.arguments or first)
                                            else None),
             ))
-        return DeltaMessage(content=got.content or None, tool_calls=calls or None)
+        return DeltaMessage(reasoning=reasoning, reasoning_content=reasoning,
+                            content=got.content or None, tool_calls=calls or None)
 
 
 async def _stream(
@@ -285,9 +332,9 @@ async def _stream(
                 delta = ch.delta(new_text, finished)
                 ch.sent_text = len(o.text)
                 if not finished and delta.content is None and delta.tool_calls is None \
-                        and new_text:
-                    continue  # the tool parser holds the text back: no empty chunk (vLLM);
-                    # its tokens' logprobs go out with the next chunk
+                        and delta.reasoning is None and new_text:
+                    continue  # a parser holds the text back (or it is reasoning left out):
+                    # no empty chunk (vLLM); its tokens' logprobs go out with the next chunk
                 ch.sent_tokens, ch.done = len(o.token_ids), finished
                 yield chunk(ChatStreamChoice(
                     index=o.index, delta=delta, logprobs=logprobs,

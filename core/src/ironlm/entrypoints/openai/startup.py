@@ -28,18 +28,18 @@ class StartupError(ValueError):
     """A flag the server cannot honour (the message says why and what to do)."""
 
 
-def load_tool_parser_plugin(pm: PluginManager, path: str) -> None:
-    """--tool-parser-plugin FILE: a single-file plugin implementing register_tool_parsers."""
+def load_plugin_file(pm: PluginManager, path: str, flag: str, hook: str) -> None:
+    """--tool-parser-plugin / --reasoning-parser-plugin FILE: a single-file plugin that
+    implements ``hook``, registered before the engine starts (so the engine sees it too)."""
     try:
-        module = import_python_file(path, "--tool-parser-plugin")
+        module = import_python_file(path, flag)
     except ValueError as exc:
         raise StartupError(str(exc)) from exc
-    if not hasattr(module, "register_tool_parsers"):
+    if not hasattr(module, hook):
         raise StartupError(
-            f"--tool-parser-plugin {path!r} defines no register_tool_parsers hook "
-            "(decorate it with @ironlm.hookimpl)"
+            f"{flag} {path!r} defines no {hook} hook (decorate it with @ironlm.hookimpl)"
         )
-    pm.register(module, name=f"tool-parser-plugin:{Path(path).stem}")
+    pm.register(module, name=f"{flag.lstrip('-')}:{Path(path).stem}")
     pm.registries  # collect now: a broken plugin fails at start, naming itself
 
 
@@ -52,6 +52,8 @@ def preflight(pm: PluginManager, config: EngineConfig, platform: Platform,
                            f"(installed parsers: {installed})")
     if args.tool_call_parser:
         pm.select_tool_parser(args.tool_call_parser)
+    if config.reasoning_parser:
+        pm.select_reasoning_parser(config.reasoning_parser)
     pm.select_executor(config.distributed_executor_backend or "uni")
     if config.world_size > 1 and config.distributed_executor_backend == "uni":
         raise StartupError(

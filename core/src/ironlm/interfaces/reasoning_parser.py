@@ -1,0 +1,74 @@
+"""ReasoningParser: splits a reasoning model's output into its reasoning and its answer.
+
+Models such as DeepSeek-R1 and Qwen3 think before they answer, between markers
+(``<think>`` ... ``</think>``). With ``--reasoning-parser NAME`` the chat endpoint returns the
+thinking as ``reasoning_content`` and only the answer as ``content``; tool-call parsing applies
+to the answer, and the engine starts a request's structured-output grammar once
+``end_marker`` has been generated (``engine/reasoning_gate.py``).
+
+Markers are text, found in the detokenized output, so a parser works whatever the tokenizer
+makes of them: one added token in Qwen3's and DeepSeek-R1's vocabularies, several pieces in
+others.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+
+@dataclass
+class ReasoningDelta:
+    """What a streamed piece of text adds: reasoning, answer, or (a marker held back) neither."""
+
+    reasoning: str | None = None
+    content: str | None = None
+
+
+class ReasoningParser(ABC):
+    """Registered through ``register_reasoning_parsers``. One instance per choice of a request
+    (it holds the streaming state), constructed as ``Parser(tokenizer, chat_template_kwargs)``:
+    the request's template switches (Qwen3's ``enable_thinking``) may change the parse."""
+
+    name: ClassVar[str]
+    start_marker: ClassVar[str] = ""  # text that opens the reasoning ("" when none)
+    end_marker: ClassVar[str]  # text that closes the reasoning; the answer follows it
+
+    def __init__(self, tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+
+    def prompt_ends_reasoning(self, prompt: str) -> bool:
+        """True when the prompt already closed the reply's reasoning, so that everything
+        generated is the answer (Qwen3's template with ``enable_thinking: false`` ends the
+        prompt with an empty think block; an assistant prefix continued with
+        ``continue_final_message`` may hold a whole one). Default: the prompt's last end
+        marker comes after its last start marker, and no turn boundary (a special token of
+        the tokenizer, such as ``<|im_start|>``) follows it: a think block of an earlier
+        reply in the conversation does not count."""
+        end = prompt.rfind(self.end_marker)
+        if end < 0 or (self.start_marker and prompt.rfind(self.start_marker) > end):
+            return False
+        after = prompt[end + len(self.end_marker):]
+        if not after or self.tokenizer is None:
+            return True
+        special = {i for i, t in self.tokenizer.added_tokens_decoder.items() if t.special}
+        ids = self.tokenizer(after, add_special_tokens=False).input_ids
+        return not special.intersection(ids)
+
+    @abstractmethod
+    def extract(self, model_output: str) -> tuple[str | None, str | None]:
+        """A finished generation -> (reasoning, content). None for a part the output does
+        not have (the answer of a model cut off while thinking)."""
+
+    @abstractmethod
+    def extract_streaming(self, delta_text: str) -> ReasoningDelta:
+        """Feed the next piece of generated text; return what can be emitted now (text that may
+        be the start of a marker is held back)."""
+
+    @abstractmethod
+    def finish_streaming(self) -> ReasoningDelta:
+        """The stream ended: flush what is held back. The concatenations of all reasoning and
+        all content fragments equal what ``extract`` returns for the whole text (where that
+        is None, nothing was emitted)."""
