@@ -342,6 +342,24 @@ def test_default_chat_template_kwargs_lie_under_the_requests(http: httpx.Client)
         == "Ahoy Later"
 
 
+def test_content_as_parts_for_a_template_that_loops_over_them(http: httpx.Client) -> None:
+    """--chat-template-content-format auto (vLLM's default): a template that loops over a
+    message's content gets it as a list of parts, a string content included."""
+    parts = ("{% for m in messages %}{{ m.role }}:{% for p in m['content'] %}[{{ p.text }}]"
+             "{% endfor %};{% endfor %}")
+    messages = [{"role": "user", "content": "hi"},
+                {"role": "user", "content": [{"type": "text", "text": "a"},
+                                             {"type": "text", "text": "b"}]}]
+    tok = http.post("/tokenize", json={"messages": messages, "chat_template": parts,
+                                       "add_generation_prompt": False}).json()
+    assert http.post("/detokenize", json={"tokens": tok["tokens"]}).json()["prompt"] \
+        == "user:[hi];user:[a][b];"
+    joined = http.post("/tokenize", json={"messages": messages, "add_generation_prompt": False,
+                                          "chat_template": "{{ messages[1].content }}"}).json()
+    assert http.post("/detokenize", json={"tokens": joined["tokens"]}).json()["prompt"] \
+        == "a\nb"  # a template that does not loop gets the text, parts joined by newlines
+
+
 # -- other endpoints -----------------------------------------------------------------------
 def test_tokenize_round_trip(http: httpx.Client) -> None:
     tok = http.post("/tokenize", json={"prompt": PROMPT, "return_token_strs": True}).json()

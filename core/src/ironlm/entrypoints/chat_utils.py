@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ironlm.entrypoints.chat_content_format import resolve_content_format
+
 
 def load_chat_template(template: str | None) -> str | None:
     """``--chat-template`` accepts a file path or the template text itself."""
@@ -42,7 +44,21 @@ def _content_text(content: Any) -> str:
     raise ValueError("messages: content must be a string or a list of content parts")
 
 
-def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _content_parts(content: Any) -> list[dict[str, Any]]:
+    """The "openai" content format: a list of parts (a string is one text part; absent
+    content, none). Parts are checked as for the text form (text only)."""
+    _content_text(content)
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return [dict(part) for part in content]
+
+
+def normalize_messages(messages: list[dict[str, Any]],
+                       content_format: str = "string") -> list[dict[str, Any]]:
+    """Messages as the template reads them: content as text ("string") or as a list of parts
+    ("openai", see chat_content_format), tool-call arguments as objects."""
     if not isinstance(messages, list) or not messages:
         raise ValueError("messages must be a non-empty list")
     out = []
@@ -50,7 +66,8 @@ def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not isinstance(m, dict) or "role" not in m:
             raise ValueError("messages: each message needs a 'role'")
         msg = dict(m)
-        msg["content"] = _content_text(m.get("content"))
+        msg["content"] = _content_parts(m.get("content")) if content_format == "openai" \
+            else _content_text(m.get("content"))
         if msg.get("tool_calls"):
             # Templates expect arguments as objects; OpenAI sends JSON strings.
             import json
@@ -80,17 +97,21 @@ def apply_chat_template(
     tools: list[dict[str, Any]] | None = None,
     documents: list[dict[str, Any]] | None = None,
     chat_template_kwargs: dict[str, Any] | None = None,
+    content_format: str = "auto",
 ) -> str:
-    """The prompt text for a conversation (special tokens included by the template)."""
+    """The prompt text for a conversation (special tokens included by the template).
+    ``content_format``: how message content reaches the template (chat_content_format)."""
     if continue_final_message and add_generation_prompt:
         raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
-    if chat_template is None and getattr(tokenizer, "chat_template", None) is None:
+    template = chat_template if chat_template is not None \
+        else getattr(tokenizer, "chat_template", None)
+    if template is None:
         raise ValueError(
             "the tokenizer has no chat template; pass chat_template (or --chat-template)"
         )
     kwargs = dict(chat_template_kwargs or {})
     return tokenizer.apply_chat_template(
-        normalize_messages(messages),
+        normalize_messages(messages, resolve_content_format(content_format, template)),
         tokenize=False,
         add_generation_prompt=add_generation_prompt,
         continue_final_message=continue_final_message,

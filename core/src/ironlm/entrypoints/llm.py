@@ -96,14 +96,18 @@ class LLM:
         tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
         lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+        chat_template_content_format: str = "auto",
     ) -> list[RequestOutput]:
-        """Generate replies to one conversation or a list of them, via the chat template."""
+        """Generate replies to one conversation or a list of them, via the chat template.
+        ``chat_template_content_format``: message content as text ("string"), as a list of
+        parts ("openai"), or "auto" from the template (vLLM's)."""
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         prompts: list[PromptType] = []
         for conv in conversations:
             text = apply_chat_template(
                 self.engine.tokenizer, conv, chat_template, add_generation_prompt,
                 continue_final_message, tools, None, chat_template_kwargs,
+                chat_template_content_format,
             )
             # The template already holds BOS and friends: tokenize without adding them again.
             ids = self.engine.tokenizer(text, add_special_tokens=False).input_ids

@@ -205,6 +205,7 @@ def server_options(args: argparse.Namespace, model: str) -> ServerOptions:
         chat_template=load_chat_template(args.chat_template),
         trust_request_chat_template=args.trust_request_chat_template,
         default_chat_template_kwargs=dict(args.default_chat_template_kwargs or {}),
+        chat_template_content_format=args.chat_template_content_format,
         response_role=args.response_role,
         return_tokens_as_token_ids=args.return_tokens_as_token_ids,
         enable_auto_tool_choice=args.enable_auto_tool_choice,

@@ -75,7 +75,7 @@ def render_chat_prompt(
     try:
         return apply_chat_template(
             tokenizer, messages, template, add_generation_prompt, continue_final_message,
-            tools, documents, kwargs,
+            tools, documents, kwargs, options.chat_template_content_format,
         )
     except ValueError as exc:  # the helper's own checks name their field first
         message = str(exc)

@@ -12,6 +12,7 @@ import json
 import ssl
 
 from ironlm.config import EngineConfig
+from ironlm.entrypoints.chat_content_format import CONTENT_FORMATS
 from ironlm.entrypoints.engine_args import (
     ENGINE_HELP,
     add_engine_args,
@@ -90,6 +91,11 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     api.add_argument("--default-chat-template-kwargs", type=json_object, default=None,
                      help="JSON object of chat-template variables every request gets under "
                      "its own chat_template_kwargs, e.g. '{\"enable_thinking\": false}'")
+    api.add_argument("--chat-template-content-format", default="auto",
+                     choices=CONTENT_FORMATS,
+                     help="how message content reaches the chat template: string (its text), "
+                     "openai (a list of parts, [{\"type\": \"text\", \"text\": ...}]), or "
+                     "auto: openai when the template loops over a message's content")
     api.add_argument("--response-role", default="assistant",
                      help="role of generated chat messages when add_generation_prompt is true")
     api.add_argument("--return-tokens-as-token-ids", action="store_true",

@@ -33,6 +33,7 @@ class ServerOptions:
     chat_template: str | None = None  # template text (already loaded from a file)
     trust_request_chat_template: bool = False  # a request's own chat_template may run
     default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    chat_template_content_format: str = "auto"  # auto | string | openai (chat_content_format)
     response_role: str = "assistant"
     return_tokens_as_token_ids: bool = False
     enable_auto_tool_choice: bool = False
