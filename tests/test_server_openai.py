@@ -42,6 +42,7 @@ def server(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         "--config", str(config), "--max_num_seqs", "32", "--max-num-batched-tokens", "64",
         "--max-request-body-size", "1MiB", "--max-log-len", "40", "--enable-log-requests",
         "--enable-prompt-tokens-details", "--trust-request-chat-template",
+        "--enable-tokenizer-info-endpoint",
         "--default-chat-template-kwargs", '{"greeting": "Ahoy", "farewell": "Bye"}',
         "--middleware", "server_utils.header_middleware",
         "--dtype", "float32",  # whatever the CPU's auto dtype: embeddings compared across batches

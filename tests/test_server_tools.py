@@ -122,6 +122,14 @@ def test_no_access_log_lines(server: RemoteServer, client: openai.OpenAI) -> Non
     assert '"GET /v1/models' not in server.log_text()
 
 
+def test_tokenizer_info_is_opt_in(server: RemoteServer) -> None:
+    # vLLM serves /tokenizer_info (the chat template, tokenizer config) only with
+    # --enable-tokenizer-info-endpoint; tests/test_server_openai.py runs with it
+    import httpx
+
+    assert httpx.get(server.url("/tokenizer_info"), headers=server.headers()).status_code == 404
+
+
 def test_request_chat_templates_need_trust(client: openai.OpenAI) -> None:
     # vLLM's rule: without --trust-request-chat-template a request's template (a Jinja program
     # the server would run) is refused, in either place a request can put it

@@ -65,6 +65,8 @@ M = TypeVar("M", bound=BaseModel)
 router = APIRouter()
 # POST /v1/load_lora_adapter and /v1/unload_lora_adapter: only with VLLM_ALLOW_RUNTIME_LORA_UPDATING
 lora_router = APIRouter()
+# GET /tokenizer_info, only with --enable-tokenizer-info-endpoint (vLLM's opt-in)
+tokenizer_info_router = APIRouter()
 
 
 def _server(request: Request) -> ServerState:
@@ -187,7 +189,7 @@ async def detokenize(request: Request) -> JSONResponse:
     return JSONResponse(await serving_tokenize.detokenize(_server(request), req))
 
 
-@router.get("/tokenizer_info")
+@tokenizer_info_router.get("/tokenizer_info")
 async def tokenizer_info(request: Request) -> JSONResponse:
     return JSONResponse(serving_tokenize.tokenizer_info(_server(request)))
 
@@ -246,6 +248,8 @@ def build_app(
     app.state.server = state
     install_error_handlers(app)
     app.include_router(router)
+    if args.enable_tokenizer_info_endpoint:  # vLLM's opt-in: it shows the chat template
+        app.include_router(tokenizer_info_router)
     if serving_models.runtime_lora_updating():
         log.warning("LoRA dynamic loading & unloading is enabled in the API server "
                     "(%s). This should ONLY be used for local development!",

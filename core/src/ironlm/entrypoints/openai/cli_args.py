@@ -96,6 +96,9 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                      help="how message content reaches the chat template: string (its text), "
                      "openai (a list of parts, [{\"type\": \"text\", \"text\": ...}]), or "
                      "auto: openai when the template loops over a message's content")
+    api.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
+                     help="serve GET /tokenizer_info (off by default, as vLLM: it shows the "
+                     "chat template and tokenizer configuration)")
     api.add_argument("--response-role", default="assistant",
                      help="role of generated chat messages when add_generation_prompt is true")
     api.add_argument("--return-tokens-as-token-ids", action="store_true",
