@@ -160,3 +160,22 @@ def test_required_tool_call_after_reasoning(client: openai.OpenAI) -> None:
     assert [c.function.name for c in msg.tool_calls] == ["report"]
     jsonschema.validate(json.loads(msg.tool_calls[0].function.arguments), SCHEMA)
     assert resp.choices[0].finish_reason == "tool_calls"
+
+
+def test_usage_counts_reasoning_tokens(server: RemoteServer, client: openai.OpenAI,
+                                       smollm2_tokenizer) -> None:  # type: ignore[no-untyped-def]
+    """completion_tokens_details.reasoning_tokens (newer vLLM, OpenAI's field): the tokens of
+    the thinking, markers excluded; the same at the end of a stream; 0 when the prompt
+    closed the reasoning."""
+    resp = _ask(client)
+    thought = resp.choices[0].message.reasoning
+    expected = len(smollm2_tokenizer.encode(thought, add_special_tokens=False))
+    assert resp.usage.completion_tokens_details.reasoning_tokens == expected > 0
+    last = [c for c in _ask(client, stream=True, stream_options={"include_usage": True})][-1]
+    assert last.usage.completion_tokens_details.reasoning_tokens == expected
+    cut = _ask(client, max_tokens=5)  # never closed: every token but "<think>"'s three
+    assert cut.usage.completion_tokens_details.reasoning_tokens == 5 - 3
+    closed = ASK + [{"role": "assistant", "content": "<think>3 plus 3 is 6.</think>The"}]
+    done = _ask(client, messages=closed, max_tokens=5, extra_body={
+        "add_generation_prompt": False, "continue_final_message": True})
+    assert done.usage.completion_tokens_details.reasoning_tokens == 0

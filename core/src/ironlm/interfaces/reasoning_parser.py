@@ -57,6 +57,34 @@ class ReasoningParser(ABC):
         ids = self.tokenizer(after, add_special_tokens=False).input_ids
         return not special.intersection(ids)
 
+    def count_reasoning_tokens(self, token_ids: list[int]) -> int:
+        """How many of a finished output's tokens are reasoning (usage's
+        ``completion_tokens_details.reasoning_tokens``): those before the token that completes
+        the end marker, less the markers' own tokens; all of them when the marker never came;
+        none when ``extract`` finds no reasoning."""
+        if not token_ids:
+            return 0
+
+        def text(k: int) -> str:
+            return self.tokenizer.decode(token_ids[:k], skip_special_tokens=False)
+
+        def size(marker: str) -> int:
+            return len(self.tokenizer.encode(marker, add_special_tokens=False)) if marker else 0
+
+        whole = text(len(token_ids))
+        if self.extract(whole)[0] is None:
+            return 0
+        count = len(token_ids)
+        if self.end_marker in whole:
+            lo, hi = 1, len(token_ids)  # the first prefix whose text holds the marker
+            while lo < hi:
+                mid = (lo + hi) // 2
+                lo, hi = (lo, mid) if self.end_marker in text(mid) else (mid + 1, hi)
+            count = lo - size(self.end_marker)
+        if self.start_marker and whole.lstrip().startswith(self.start_marker):
+            count -= size(self.start_marker)
+        return max(0, count)
+
     @abstractmethod
     def extract(self, model_output: str) -> tuple[str | None, str | None]:
         """A finished generation -> (reasoning, content). None for a part the output does

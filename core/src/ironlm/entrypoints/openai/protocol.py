@@ -171,17 +171,21 @@ class UsageInfo(BaseModel):
     completion_tokens: int | None = 0
     total_tokens: int = 0
     prompt_tokens_details: dict[str, int] | None = None  # {"cached_tokens": N}
+    completion_tokens_details: dict[str, int] | None = None  # {"reasoning_tokens": N}
 
     @classmethod
     def of(cls, prompt_tokens: int, completion_tokens: int,
-           cached_tokens: int | None = None) -> UsageInfo:
+           cached_tokens: int | None = None, reasoning_tokens: int | None = None) -> UsageInfo:
         """The usage of a generation: the total is the sum of both counts. ``cached_tokens``
         (with --enable-prompt-tokens-details): prompt tokens the prefix cache served, shown
-        when there were any (vLLM)."""
+        when there were any (vLLM). ``reasoning_tokens`` (with --reasoning-parser): how many
+        completion tokens were thinking, shown even when 0 (vLLM)."""
         details = {"cached_tokens": cached_tokens} if cached_tokens else None
+        thinking = {"reasoning_tokens": reasoning_tokens} if reasoning_tokens is not None \
+            else None
         return cls(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                    total_tokens=prompt_tokens + completion_tokens,
-                   prompt_tokens_details=details)
+                   prompt_tokens_details=details, completion_tokens_details=thinking)
 
 
 class CompletionLogProbs(BaseModel):

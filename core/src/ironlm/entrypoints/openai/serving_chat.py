@@ -79,6 +79,18 @@ class _Ctx:
             return None
         return self.reasoning(self.state.tokenizer, self.template_kwargs)
 
+    def reasoning_tokens(self, outputs: list[Any]) -> int | None:
+        """usage's reasoning_tokens over ``outputs`` (CompletionOutputs): None without a
+        reasoning parser, 0 when the prompt closed the reasoning."""
+        if self.state.engine.engine.reasoning_parser is None:
+            return None
+        total = 0
+        for o in outputs:
+            parser = self.split()
+            if parser is not None:
+                total += parser.count_reasoning_tokens(list(o.token_ids))
+        return total
+
     def reasoning_out(self, text: str | None) -> str | None:
         """The reasoning as the response carries it: left out when include_reasoning is
         false."""
@@ -226,7 +238,8 @@ def _response(ctx: _Ctx, final: RequestOutput) -> ChatCompletionResponse:
         model=ctx.model,
         system_fingerprint=ctx.state.system_fingerprint,
         choices=choices,
-        usage=UsageInfo.of(prompt_tokens, completion_tokens, ctx.state.cached_tokens([final])),
+        usage=UsageInfo.of(prompt_tokens, completion_tokens, ctx.state.cached_tokens([final]),
+                           ctx.reasoning_tokens(final.outputs)),
         prompt_logprobs=prompt_logprobs_json(final.prompt_logprobs)
         if ctx.req.prompt_logprobs is not None else None,
     )
@@ -287,9 +300,9 @@ async def _stream(
 
     latest = first  # the newest output: its count of prompt tokens the cache served
 
-    def usage(completion_tokens: int) -> dict[str, Any]:
-        return UsageInfo.of(prompt_tokens, completion_tokens,
-                            ctx.state.cached_tokens([latest])).model_dump()
+    def usage(completion_tokens: int, reasoning_tokens: int | None = None) -> dict[str, Any]:
+        return UsageInfo.of(prompt_tokens, completion_tokens, ctx.state.cached_tokens([latest]),
+                            reasoning_tokens).model_dump()
 
     def chunk(choice: ChatStreamChoice | None) -> str:
         body: dict[str, Any] = {
@@ -298,8 +311,9 @@ async def _stream(
             "choices": [choice.model_dump()] if choice is not None else [],
         }
         if include_usage:  # as vLLM: a choice's chunk counts its own tokens, the last all
-            if choice is None:
-                body["usage"] = usage(sum(ch.sent_tokens for ch in choices))
+            if choice is None:  # the last chunk: reasoning tokens counted once, at the end
+                body["usage"] = usage(sum(ch.sent_tokens for ch in choices),
+                                      ctx.reasoning_tokens(latest.outputs))
             else:
                 body["usage"] = usage(choices[choice.index].sent_tokens) if continuous else None
         return sse(body)
