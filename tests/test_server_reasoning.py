@@ -71,7 +71,7 @@ def _raw(server: RemoteServer, messages: list[dict[str, Any]], max_tokens: int,
 def _ask(client: openai.OpenAI, **kwargs: Any) -> Any:
     return client.chat.completions.create(model=MODEL, messages=kwargs.pop("messages", ASK),
                                           max_tokens=kwargs.pop("max_tokens", 40),
-                                          temperature=0, **kwargs)
+                                          temperature=kwargs.pop("temperature", 0), **kwargs)
 
 
 def test_reasoning_and_answer_split(server: RemoteServer, client: openai.OpenAI) -> None:
@@ -112,6 +112,44 @@ def test_include_reasoning_false_leaves_it_out(client: openai.OpenAI) -> None:
         "include_reasoning": False}) if c.choices]
     assert all(getattr(d, "reasoning", None) is None for d in streamed)
     assert "".join(d.content or "" for d in streamed) == whole.content
+
+
+def test_include_reasoning_false_hides_logprobs(client: openai.OpenAI) -> None:
+    """The hidden reasoning does not come back token by token through logprobs (vLLM
+    suppresses them too), streamed or not."""
+    hidden = {"include_reasoning": False}
+    msg = _ask(client, logprobs=True, top_logprobs=2, extra_body=hidden).choices[0]
+    assert msg.logprobs is None and msg.message.content
+    chunks = [c.choices[0] for c in _ask(client, stream=True, logprobs=True, extra_body=hidden)
+              if c.choices]
+    assert all(c.logprobs is None for c in chunks)
+    shown = _ask(client, logprobs=True).choices[0]  # included: every token's logprob
+    assert shown.logprobs is not None
+    assert len(shown.logprobs.content) == _ask(client).usage.completion_tokens
+
+
+def test_streamed_choices_split_alike(client: openai.OpenAI) -> None:
+    """n = 2, sampled: each streamed choice adds up to a split of its own (the two non-stream
+    and stream runs are seeded alike)."""
+    whole = _ask(client, n=2, temperature=1.0, seed=11, max_tokens=30)
+    parts: dict[int, list[str]] = {0: ["", ""], 1: ["", ""]}
+    for chunk in _ask(client, n=2, temperature=1.0, seed=11, max_tokens=30, stream=True):
+        for c in chunk.choices:
+            delta = c.delta.model_dump()
+            parts[c.index][0] += delta.get("reasoning") or ""
+            parts[c.index][1] += delta.get("content") or ""
+    for c in whole.choices:
+        assert parts[c.index] == [c.message.reasoning or "", c.message.content or ""]
+
+
+@needs_guided
+def test_completions_are_constrained_from_the_first_token(server: RemoteServer) -> None:
+    """/v1/completions splits no reasoning, so its guided output is constrained from the
+    first token (only chat waits for the end of the thinking)."""
+    body = httpx.post(server.url("/v1/completions"), timeout=120, json={
+        "model": MODEL, "prompt": "The answer as JSON:", "max_tokens": 40, "temperature": 0,
+        "guided_json": SCHEMA}).json()
+    jsonschema.validate(json.loads(body["choices"][0]["text"]), SCHEMA)
 
 
 def test_cut_off_while_thinking(client: openai.OpenAI) -> None:

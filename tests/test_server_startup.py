@@ -150,6 +150,40 @@ def test_reasoning_parser_plugin_file_registers(tmp_path: Path,
     assert rc == 2 and "defines no register_reasoning_parsers hook" in err
 
 
+def test_one_plugin_file_for_both_parser_flags(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM users share one file between --tool-parser-plugin and --reasoning-parser-plugin:
+    it registers once, and both its parsers are selectable."""
+    plugin = tmp_path / "both.py"
+    plugin.write_text(
+        "from ironlm import hookimpl\n"
+        "from ironlm.interfaces.reasoning_parser import ReasoningDelta, ReasoningParser\n"
+        "from ironlm.interfaces.tool_parser import ExtractedToolCalls, StreamDelta, ToolParser\n"
+        "class Tools(ToolParser):\n"
+        "    name = 'both_tools'\n"
+        "    def extract(self, text): return ExtractedToolCalls(False, [], text)\n"
+        "    def extract_streaming(self, delta): return StreamDelta(content=delta)\n"
+        "    def finish_streaming(self): return StreamDelta()\n"
+        "class Thoughts(ReasoningParser):\n"
+        "    name = 'both_thoughts'\n"
+        "    end_marker = '[/THINK]'\n"
+        "    def extract(self, text): return None, text\n"
+        "    def extract_streaming(self, delta): return ReasoningDelta(content=delta)\n"
+        "    def finish_streaming(self): return ReasoningDelta()\n"
+        "@hookimpl\n"
+        "def register_tool_parsers(register):\n"
+        "    register(Tools)\n"
+        "@hookimpl\n"
+        "def register_reasoning_parsers(register):\n"
+        "    register(Thoughts)\n"
+    )
+    rc, err = _serve(["--device", "cpu", MODEL, "--tool-parser-plugin", str(plugin),
+                      "--reasoning-parser-plugin", str(plugin), "--tool-call-parser",
+                      "both_tools", "--reasoning-parser", "both_thoughts", "--quantization",
+                      "nope"], capsys)
+    assert rc == 2 and "quantization 'nope'" in err and "registered twice" not in err
+
+
 def test_module_entry_point(monkeypatch: pytest.MonkeyPatch,
                             capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("IRONLM_DISABLE_PLUGIN_AUTOLOAD", "1")

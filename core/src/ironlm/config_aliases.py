@@ -83,11 +83,15 @@ def _apply_structured_outputs_config(cfg: EngineConfig, so: dict[str, Any]) -> N
             raise ValueError("structured_outputs_config's reasoning_parser and reasoning_parser "
                              "name different parsers: use one form")
         cfg.reasoning_parser = parser
-    in_reasoning = so.get("enable_in_reasoning", False)
-    if not isinstance(in_reasoning, bool):
-        raise ValueError(f"structured_outputs_config enable_in_reasoning must be true or "
-                         f"false, got {in_reasoning!r}")
-    cfg.structured_outputs_enable_in_reasoning = in_reasoning
+    if "enable_in_reasoning" in so:
+        in_reasoning = so["enable_in_reasoning"]
+        if not isinstance(in_reasoning, bool):
+            raise ValueError(f"structured_outputs_config enable_in_reasoning must be true or "
+                             f"false, got {in_reasoning!r}")
+        if cfg.structured_outputs_enable_in_reasoning and not in_reasoning:
+            raise ValueError("structured_outputs_config's enable_in_reasoning and "
+                             "structured_outputs_enable_in_reasoning differ: use one form")
+        cfg.structured_outputs_enable_in_reasoning = in_reasoning
 
 
 def _apply_speculative_config(cfg: EngineConfig, spec: dict[str, Any]) -> None:

@@ -352,7 +352,14 @@ class PluginManager:
                 f"unknown reasoning_parser {name!r}; installed reasoning parsers: "
                 f"{', '.join(reg.names()) or 'none'}{hint}"
             )
-        return reg.get(name)
+        parser = reg.get(name)
+        markers = (getattr(parser, "end_marker", None), getattr(parser, "start_marker", ""))
+        if not (isinstance(markers[0], str) and markers[0]) or not isinstance(markers[1], str):
+            raise ValueError(
+                f"reasoning parser {name!r} ({reg.entry(name).provenance.describe()}) needs a "
+                f"nonempty end_marker and a start_marker string, got {markers!r}"
+            )
+        return parser
 
     def select_executor(self, name: str) -> type[Executor]:
         return self.registries.executors.select(name, lambda c: c.is_available())

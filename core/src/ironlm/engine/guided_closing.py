@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ironlm.engine.reasoning_gate import ReasoningGate
 from ironlm.interfaces.guided import Grammar
 
 if TYPE_CHECKING:
@@ -164,7 +163,7 @@ class BudgetCloser:
         spec = params.guided_decoding
         if spec is None or not spec.close_at_budget or eos is None:
             return False
-        if isinstance(req.grammar, ReasoningGate) and not req.grammar.open:
+        if not req.grammar.constraining:
             return False  # still reasoning: the budget cuts it as any free text
         state = req.closing if req.closing is not None else ClosingState()
         n_out = len(req.output_token_ids)

@@ -18,9 +18,9 @@ from ironlm.distributed.layout import check_model_fits
 from ironlm.engine.adapter_cache import AdapterCache
 from ironlm.engine.block_manager import BlockManager
 from ironlm.engine.guided_manager import GuidedManager
-from ironlm.engine.input_processor import InputProcessor, ProcessedPrompt, PromptType
+from ironlm.engine.input_processor import InputProcessor, PromptType
 from ironlm.engine.output_processor import OutputProcessor
-from ironlm.engine.reasoning_gate import ReasoningGate
+from ironlm.engine.reasoning_gate import MarkerTokens, gate_grammars
 from ironlm.engine.request import Request, RequestStatus
 from ironlm.engine.sampling_defaults import default_sampling
 from ironlm.engine.scheduler import Scheduler, SchedulerOutput
@@ -47,8 +47,8 @@ class LLMEngine:
         for a server; otherwise those for the offline ``LLM``, vLLM's usage contexts)."""
         self.pm = pm or PluginManager()
         self.pm.check_compatible()
-        # the reasoning parser whose end marker opens guided requests' grammars (None: they
-        # constrain from the first token)
+        # the reasoning parser of chat responses; its end marker opens the grammars of guided
+        # chat requests (reasoning_gate.py)
         self.reasoning_parser: type[ReasoningParser] | None = (
             self.pm.select_reasoning_parser(config.reasoning_parser)
             if config.reasoning_parser else None
@@ -131,19 +131,10 @@ class LLMEngine:
             self.max_model_len,
         )
         self.outputs = OutputProcessor(self.tokenizer, self.max_model_len)
+        self.reasoning_markers = MarkerTokens(self.tokenizer, self.reasoning_parser.end_marker) \
+            if self.reasoning_parser is not None \
+            and not config.structured_outputs_enable_in_reasoning else None
         self._new: list[NewRequestData] = []
-
-    def _gate(self, grammars: list[tuple[Any, str | None]], processed: ProcessedPrompt
-              ) -> list[tuple[Any, str | None]]:
-        """Each grammar held back until the reasoning parser's end marker is generated, or
-        open from the start when the prompt already closed the reasoning (reasoning_gate.py)."""
-        assert self.reasoning_parser is not None
-        parser = self.reasoning_parser(self.tokenizer)
-        prompt = processed.prompt if processed.prompt is not None else \
-            self.tokenizer.decode(processed.token_ids, skip_special_tokens=False)
-        opened = parser.prompt_ends_reasoning(prompt)
-        return [(ReasoningGate(g, parser.end_marker, self.tokenizer, opened), name)
-                for g, name in grammars]
 
     def _check_budget(self, config: EngineConfig) -> None:
         """Without chunked prefill every prompt runs in one step: the budget must hold the
@@ -198,10 +189,14 @@ class LLMEngine:
         add_special_tokens: bool = True,
         pooling: bool = False,
         lora_request: LoRARequest | None = None,
+        reasoning_ended: bool | None = None,
     ) -> None:
         """Validate and queue a request (ValueError naming the field when invalid). With n or
         best_of > 1 it fans out into child sequences that share the prompt's cached blocks.
-        ``lora_request``: the adapter to run with (checked on first use)."""
+        ``lora_request``: the adapter to run with (checked on first use).
+        ``reasoning_ended``: from a chat front end with a reasoning parser, whether the
+        prompt closed the reasoning; False holds a guided request's grammar back until the
+        model closes it (reasoning_gate.py); None constrains from the first token."""
         if priority != 0 and not self.scheduler.use_priority:
             raise ValueError(
                 f"Got priority {priority} but priority scheduling is not enabled "
@@ -222,9 +217,8 @@ class LLMEngine:
             self.guided.grammar(spec, params.guided_decoding_backend) if spec else (None, None)
             for _ in range(params.best_of or 1)
         ]
-        if spec and self.reasoning_parser is not None \
-                and not self.config.structured_outputs_enable_in_reasoning:
-            grammars = self._gate(grammars, processed)
+        if spec:
+            grammars = gate_grammars(grammars, self.reasoning_markers, reasoning_ended)
         children = []
         for i in range(params.best_of or 1):
             child_params = params

@@ -1,17 +1,20 @@
-"""ReasoningGate: a request's structured-output grammar held back while the model reasons.
+"""ReasoningGate: a chat request's structured-output grammar held back while the model reasons.
 
-With a reasoning parser (``--reasoning-parser``) a guided request constrains only the answer,
-as in vLLM: the grammar starts after the parser's end marker has been generated (or at once
-when the prompt already closed the reasoning, ``ReasoningParser.prompt_ends_reasoning``).
-``structured_outputs_config: {"enable_in_reasoning": true}`` constrains from the first token
-instead (then no gate is built).
+With a reasoning parser (``--reasoning-parser``) a guided chat request constrains only the
+answer, as in vLLM: the grammar starts after the parser's end marker has been generated, or
+at once when the chat front end found the reasoning already closed (the prompt's reply holds
+a whole think block, Qwen3 without thinking, ``include_reasoning: false``); it tells the
+engine with ``add_request(..., reasoning_ended=...)``. Requests that carry no such decision
+(completions, ``LLM.generate``: nothing splits their reasoning) are constrained from the
+first token, as is everything with ``structured_outputs_config: {"enable_in_reasoning":
+true}``.
 
 The gate is itself a Grammar wrapping the request's, so the sampler's masks, speculative
-drafts, rollback and the budget closer go through it unchanged. The marker is text: the gate
-decodes the last few tokens it accepted (``skip_special_tokens=False``, so a marker that is a
-special token is seen) and opens on the first token whose text completes the marker. Text of
-that token after the marker (a newline, say) is not checked by the grammar; tokens after it
-are.
+drafts, rollback and the budget closer go through it. The marker is text, found in the decoded
+tail of the tokens the gate accepted, so it may span several tokens (three in SmolLM2). A token
+may complete the marker and carry more text (SmolLM2's ``><``, Gemma 3's ``>{``): that rest is
+the answer's beginning, so the gate feeds its tokens to the grammar when it opens, and while
+closed it masks the tokens whose rest the grammar would refuse (``MarkerTokens``).
 """
 
 from __future__ import annotations
@@ -23,55 +26,132 @@ import torch
 from ironlm.interfaces.guided import Grammar
 
 
-class ReasoningGate(Grammar):
-    def __init__(self, inner: Grammar, end_marker: str, tokenizer: Any, opened: bool) -> None:
-        self.inner = inner
-        self.end_marker = end_marker
+class MarkerTokens:
+    """The vocabulary's tokens that finish ``marker`` with text to spare, found once per
+    engine: ``after[r]`` lists (token, rest) for tokens whose text starts with ``r``, a
+    nonempty end of the marker, and goes on with ``rest``; ``inside`` the tokens holding the
+    whole marker with text after it."""
+
+    def __init__(self, tokenizer: Any, marker: str) -> None:
         self.tokenizer = tokenizer
-        # tokens (of the last ``_window`` while closed) that may hold the marker
-        self._window = len(end_marker) + 2  # a marker of k characters spans at most k tokens
-        self._recent: list[int] = []
-        # per accepted token: whether the inner grammar took it (rollback undoes both kinds)
-        self._fed: list[bool] = []
-        # len(self._fed) when the gate opened: 0 for a prompt that closed the reasoning,
-        # None while the model still reasons
+        self.marker = marker
+        self.window = len(marker.encode()) + 2  # a byte-level piece per byte, at most
+        texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))],
+                                       skip_special_tokens=False)
+        ends = {marker[k:] for k in range(len(marker))}
+        self.after: dict[str, list[tuple[int, str]]] = {}
+        self.inside: list[tuple[int, str]] = []
+        for token, text in enumerate(texts):
+            at = text.find(marker)
+            if at > 0 and len(text) > at + len(marker):
+                self.inside.append((token, text[at + len(marker):]))
+            for end in ends:
+                if len(text) > len(end) and text.startswith(end):
+                    self.after.setdefault(end, []).append((token, text[len(end):]))
+
+    def finishing(self, tail: str) -> list[tuple[int, str]]:
+        """(token, rest) that would complete the marker after ``tail`` with ``rest`` left."""
+        found = list(self.inside)
+        for k in range(min(len(self.marker), len(tail)), 0, -1):
+            if tail.endswith(self.marker[:k]):
+                found += self.after.get(self.marker[k:], [])
+        found += self.after.get(self.marker, [])
+        return found
+
+    def rest_tokens(self, rest: str) -> list[int]:
+        return self.tokenizer.encode(rest, add_special_tokens=False)
+
+
+class ReasoningGate(Grammar):
+    def __init__(self, inner: Grammar, markers: MarkerTokens, opened: bool) -> None:
+        self.inner = inner
+        self.markers = markers
+        self._recent: list[int] = []  # the tokens accepted while closed
+        self._tail = ""  # the decoded text of the last ``markers.window`` of them
+        # per accepted token: how many tokens the inner grammar took for it (0 while
+        # reasoning; the rest of a token that finished the marker may take several)
+        self._fed: list[int] = []
+        # len(self._fed) when the gate opened (0: from the start), None while reasoning
         self._opened_at: int | None = 0 if opened else None
 
     @property
-    def open(self) -> bool:
+    def constraining(self) -> bool:
         """The grammar constrains (the reasoning has ended)."""
         return self._opened_at is not None
 
     def fill_mask(self, mask: torch.Tensor) -> None:
-        if self.open:
+        if self.constraining:
             self.inner.fill_mask(mask)
-        else:
-            mask[:] = True  # reasoning is free text (EOS included)
+            return
+        mask[:] = True  # reasoning is free text (EOS included) ...
+        for token, rest in self.markers.finishing(self._tail):
+            if token < mask.shape[0] and not self._inner_takes(rest):
+                mask[token] = False  # ... but no answer may start with a refused rest
+
+    def _inner_takes(self, rest: str) -> bool:
+        taken = 0
+        try:
+            for t in self.markers.rest_tokens(rest):
+                if not self.inner.accept_token(t):
+                    return False
+                taken += 1
+            return True
+        finally:
+            if taken:
+                self.inner.rollback(taken)
 
     def accept_token(self, token_id: int) -> bool:
-        if self.open:
+        if self.constraining:
             if not self.inner.accept_token(token_id):
                 return False
-            self._fed.append(True)
+            self._fed.append(1)
             return True
-        self._fed.append(False)
-        self._recent.append(token_id)
-        text = self.tokenizer.decode(self._recent[-self._window:], skip_special_tokens=False)
-        if self.end_marker in text:
+        recent = self._recent + [token_id]
+        tail = self.markers.tokenizer.decode(recent[-self.markers.window:],
+                                             skip_special_tokens=False)
+        at = tail.find(self.markers.marker)
+        fed = 0
+        if at >= 0:
+            rest = tail[at + len(self.markers.marker):]
+            for t in self.markers.rest_tokens(rest) if rest else []:
+                if not self.inner.accept_token(t):
+                    if fed:
+                        self.inner.rollback(fed)
+                    return False  # the answer would start with text the grammar refuses
+                fed += 1
+        self._recent, self._tail = recent, tail
+        self._fed.append(fed)
+        if at >= 0:
             self._opened_at = len(self._fed)
         return True
 
     def rollback(self, num_tokens: int) -> None:
-        undone = self._fed[len(self._fed) - num_tokens:]
-        del self._fed[len(self._fed) - num_tokens:]
-        fed = sum(undone)
+        if not 0 <= num_tokens <= len(self._fed):
+            raise ValueError(f"cannot roll back {num_tokens} of {len(self._fed)} tokens")
+        keep = len(self._fed) - num_tokens
+        fed = sum(self._fed[keep:])
         if fed:
             self.inner.rollback(fed)
-        reasoned = num_tokens - fed
+        opened = self._opened_at
+        reasoned = num_tokens if opened is None else max(0, opened - keep)
+        del self._fed[keep:]
         if reasoned:
             del self._recent[len(self._recent) - reasoned:]
-        if self._opened_at is not None and self._opened_at > len(self._fed):
+            self._tail = self.markers.tokenizer.decode(
+                self._recent[-self.markers.window:], skip_special_tokens=False)
+        if opened is not None and opened > keep:
             self._opened_at = None  # the token that closed the reasoning was undone
 
     def is_terminated(self) -> bool:
-        return self.open and self.inner.is_terminated()
+        return self.constraining and self.inner.is_terminated()
+
+
+def gate_grammars(grammars: list[tuple[Any, str | None]], markers: MarkerTokens | None,
+                  reasoning_ended: bool | None) -> list[tuple[Any, str | None]]:
+    """The request's (grammar, backend) pairs, each held back by a gate while the front end
+    says the model reasons (``reasoning_ended`` False; True: open from the start). None, or
+    no reasoning parser (``markers`` None): the grammars as they are."""
+    if markers is None or reasoning_ended is None:
+        return grammars
+    return [(ReasoningGate(g, markers, reasoning_ended) if g is not None else None, name)
+            for g, name in grammars]

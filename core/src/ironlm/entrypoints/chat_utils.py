@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -120,3 +121,17 @@ def apply_chat_template(
         documents=documents,
         **kwargs,
     )
+
+
+def reply_part(prompt: str, render: Callable[[list[dict[str, Any]]], str],
+               messages: list[dict[str, Any]], continue_final_message: bool) -> str:
+    """The end of a chat prompt that belongs to the reply being generated: what the template
+    appended after the conversation's earlier turns (its generation prompt, or the continued
+    final message). ``render(history)`` renders messages without a generation prompt. Empty
+    when the template renders the history otherwise inside the whole prompt (no prefix)."""
+    history = messages[:-1] if continue_final_message else messages
+    try:
+        before = render(history) if history else ""
+    except Exception:  # noqa: BLE001 - a template may refuse a partial conversation
+        return ""
+    return prompt[len(before):] if prompt.startswith(before) else ""

@@ -63,8 +63,9 @@ ENGINE_HELP: dict[str, str] = {
                                  "reasoning_parser and enable_in_reasoning (the grammar "
                                  "constrains the reasoning too)",
     "reasoning_parser": "reasoning parser plugin (deepseek_r1, qwen3, ...): chat responses "
-                        "carry the model's reasoning as reasoning_content apart from its "
-                        "answer, and structured output constrains the answer only",
+                        "carry the model's reasoning as reasoning (and reasoning_content) "
+                        "apart from its answer, and structured output constrains a chat's "
+                        "answer only",
     "distributed_executor_backend": "executor plugin: uni, mp, ray (default: uni for one "
     "rank; for more, ray when Ray is installed, otherwise mp)",
     "tensor_parallel_size": "number of tensor-parallel ranks (each layer split over them)",

@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 from ironlm.config import EngineConfig
 from ironlm.engine.input_processor import PromptType
 from ironlm.engine.llm_engine import LLMEngine
-from ironlm.entrypoints.chat_utils import apply_chat_template
+from ironlm.entrypoints.chat_utils import apply_chat_template, reply_part
 from ironlm.lora.request import LoRARequest
 from ironlm.outputs import EmbeddingOutput, RequestOutput
 from ironlm.plugin_manager import PluginManager
@@ -64,6 +64,19 @@ class LLM:
     ) -> list[RequestOutput]:
         """Run all prompts to completion; outputs come back in input order. ``lora_request``:
         one adapter for every prompt, or one (or None) per prompt."""
+        return self._generate(prompts, sampling_params, use_tqdm, priority, lora_request)
+
+    def _generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+        use_tqdm: bool,
+        priority: list[int] | None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None,
+        reasoning_ended: list[bool | None] | None = None,
+    ) -> list[RequestOutput]:
+        """``generate``; chat passes, per prompt, whether its reply closed the reasoning
+        (LLMEngine.add_request's ``reasoning_ended``)."""
         batch = _as_prompt_list(prompts)
         params = _per_prompt(sampling_params or self.get_default_sampling_params(), len(batch))
         loras = _per_prompt_lora(lora_request, len(batch))
@@ -78,7 +91,9 @@ class LLM:
             for i, (prompt, p) in enumerate(zip(batch, params)):
                 rid = str(next(self._ids))
                 self.engine.add_request(rid, prompt, p, priority=priority[i] if priority else 0,
-                                        lora_request=loras[i])
+                                        lora_request=loras[i],
+                                        reasoning_ended=reasoning_ended[i]
+                                        if reasoning_ended else None)
                 ids.append(rid)
         except BaseException:
             self.engine.abort_request(ids)  # a bad prompt queues none of the batch
@@ -100,19 +115,29 @@ class LLM:
     ) -> list[RequestOutput]:
         """Generate replies to one conversation or a list of them, via the chat template.
         ``chat_template_content_format``: message content as text ("string"), as a list of
-        parts ("openai"), or "auto" from the template (vLLM's)."""
+        parts ("openai"), or "auto" from the template (vLLM's). With a ``reasoning_parser``
+        the replies' text is not split (as in vLLM), but a guided reply's grammar waits for
+        the end of its reasoning, as on the server."""
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
+        tok = self.engine.tokenizer
+        parser_cls = self.engine.reasoning_parser
+
+        def render(conv: list[dict[str, Any]], generation: bool, continued: bool) -> str:
+            return apply_chat_template(tok, conv, chat_template, generation, continued, tools,
+                                       None, chat_template_kwargs, chat_template_content_format)
+
         prompts: list[PromptType] = []
+        ended: list[bool | None] = []
         for conv in conversations:
-            text = apply_chat_template(
-                self.engine.tokenizer, conv, chat_template, add_generation_prompt,
-                continue_final_message, tools, None, chat_template_kwargs,
-                chat_template_content_format,
-            )
+            text = render(conv, add_generation_prompt, continue_final_message)
             # The template already holds BOS and friends: tokenize without adding them again.
-            ids = self.engine.tokenizer(text, add_special_tokens=False).input_ids
+            ids = tok(text, add_special_tokens=False).input_ids
             prompts.append({"prompt": text, "prompt_token_ids": ids})
-        return self.generate(prompts, sampling_params, use_tqdm, lora_request=lora_request)
+            reply = reply_part(text, lambda h: render(h, False, False), conv,
+                               continue_final_message) if parser_cls is not None else ""
+            ended.append(parser_cls(tok, chat_template_kwargs).prompt_ends_reasoning(reply)
+                         if parser_cls is not None else None)
+        return self._generate(prompts, sampling_params, use_tqdm, None, lora_request, ended)
 
     def encode(
         self,

@@ -72,6 +72,13 @@ class Grammar(ABC):
     def is_terminated(self) -> bool:
         """True once EOS was accepted (or the match can only end)."""
 
+    @property
+    def constraining(self) -> bool:
+        """False while the grammar lets every token through for now (the engine's reasoning
+        gate, before the answer starts); the budget closer then leaves the request alone.
+        Contract 1.1; backends' grammars keep this default."""
+        return True
+
 
 class GuidedBackend(ABC):
     """An engine-level structured-output backend. Registered through

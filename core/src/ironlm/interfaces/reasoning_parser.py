@@ -2,13 +2,14 @@
 
 Models such as DeepSeek-R1 and Qwen3 think before they answer, between markers
 (``<think>`` ... ``</think>``). With ``--reasoning-parser NAME`` the chat endpoint returns the
-thinking as ``reasoning_content`` and only the answer as ``content``; tool-call parsing applies
-to the answer, and the engine starts a request's structured-output grammar once
-``end_marker`` has been generated (``engine/reasoning_gate.py``).
+thinking as ``reasoning`` (also under its older name ``reasoning_content``) and only the
+answer as ``content``; tool-call parsing applies to the answer, and the engine starts a chat
+request's structured-output grammar once ``end_marker`` has been generated
+(``engine/reasoning_gate.py``).
 
 Markers are text, found in the detokenized output, so a parser works whatever the tokenizer
 makes of them: one added token in Qwen3's and DeepSeek-R1's vocabularies, several pieces in
-others.
+others (the gate then also checks the text a token carries past the marker).
 """
 
 from __future__ import annotations
@@ -39,23 +40,15 @@ class ReasoningParser(ABC):
         self.tokenizer = tokenizer
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
 
-    def prompt_ends_reasoning(self, prompt: str) -> bool:
-        """True when the prompt already closed the reply's reasoning, so that everything
-        generated is the answer (Qwen3's template with ``enable_thinking: false`` ends the
-        prompt with an empty think block; an assistant prefix continued with
-        ``continue_final_message`` may hold a whole one). Default: the prompt's last end
-        marker comes after its last start marker, and no turn boundary (a special token of
-        the tokenizer, such as ``<|im_start|>``) follows it: a think block of an earlier
-        reply in the conversation does not count."""
-        end = prompt.rfind(self.end_marker)
-        if end < 0 or (self.start_marker and prompt.rfind(self.start_marker) > end):
-            return False
-        after = prompt[end + len(self.end_marker):]
-        if not after or self.tokenizer is None:
-            return True
-        special = {i for i, t in self.tokenizer.added_tokens_decoder.items() if t.special}
-        ids = self.tokenizer(after, add_special_tokens=False).input_ids
-        return not special.intersection(ids)
+    def prompt_ends_reasoning(self, reply: str) -> bool:
+        """True when the prompt already closed this reply's reasoning, so that everything
+        generated is the answer. ``reply`` is the prompt's part after the conversation's
+        earlier turns (what the template appended for the reply: Qwen3's template with
+        ``enable_thinking: false`` appends an empty think block; or the assistant prefix
+        continued with ``continue_final_message``), so an earlier reply's think block does
+        not count. Default: its last end marker comes after its last start marker."""
+        end = reply.rfind(self.end_marker)
+        return end >= 0 and not (self.start_marker and reply.rfind(self.start_marker) > end)
 
     def count_reasoning_tokens(self, token_ids: list[int]) -> int:
         """How many of a finished output's tokens are reasoning (usage's

@@ -3,7 +3,10 @@
 Text before the end marker is reasoning, text after it the answer; a start marker found
 before the end marker is dropped (DeepSeek-R1's and Qwen3's templates put it in the prompt,
 older ones let the model write it). Output that never closes its reasoning is all reasoning:
-the model was cut off while thinking (vLLM's reading for both models).
+the model was cut off while thinking (vLLM's reading for both models). Where vLLM differs:
+text the model writes before a start marker stays reasoning here (vLLM drops it; a stream
+cannot take back what it sent), and Qwen3's ``<tool_call>`` does not end the reasoning
+(newer vLLM's implicit end for Qwen3.5).
 """
 
 from __future__ import annotations
@@ -81,13 +84,21 @@ class DeepSeekR1ReasoningParser(ThinkTagReasoningParser):
 
 
 class Qwen3ReasoningParser(ThinkTagReasoningParser):
-    """Qwen3. With ``chat_template_kwargs: {"enable_thinking": false}`` the model does not
-    think: its template ends the prompt with an empty think block, and everything generated
-    is the answer (also when the template leaves the block out)."""
+    """Qwen3. With ``chat_template_kwargs: {"enable_thinking": false}`` (or vLLM's
+    ``reasoning_effort: "none"``) the model does not think: everything generated is the answer,
+    and structured output constrains it from the first token, whether or not the template
+    wrote the empty think block it uses for that."""
 
     name = "qwen3"
 
     def __init__(self, tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None) -> None:
         super().__init__(tokenizer, chat_template_kwargs)
-        if self.chat_template_kwargs.get("enable_thinking", True) is False:
+        if not self.thinking:
             self._answering = self._started = True
+
+    @property
+    def thinking(self) -> bool:
+        return self.chat_template_kwargs.get("enable_thinking", True) is not False
+
+    def prompt_ends_reasoning(self, reply: str) -> bool:
+        return not self.thinking or super().prompt_ends_reasoning(reply)

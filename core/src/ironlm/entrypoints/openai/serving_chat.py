@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, Response
 
 from ironlm.engine.input_processor import output_room
 from ironlm.entrypoints.openai.chat_prompt import render_chat_prompt, template_kwargs
+from ironlm.entrypoints.openai.chat_reasoning import ReasoningPlan, plan_reasoning
 from ironlm.entrypoints.openai.engine_response import respond
 from ironlm.entrypoints.openai.errors import APIError, engine_error, from_value_error
 from ironlm.entrypoints.openai.logprobs import TokenNamer, chat_logprobs, prompt_logprobs_json
@@ -52,7 +53,7 @@ from ironlm.entrypoints.openai.serving_beam import beam_search, beam_search_para
 from ironlm.entrypoints.openai.state import ServerState, random_id
 from ironlm.entrypoints.openai.streaming import close_all, sse
 from ironlm.entrypoints.openai.tool_calls import ToolExtractor, ToolPlan, plan_tools, tool_call_id
-from ironlm.interfaces.reasoning_parser import ReasoningDelta, ReasoningParser
+from ironlm.interfaces.reasoning_parser import ReasoningDelta
 from ironlm.interfaces.tool_parser import StreamDelta
 from ironlm.outputs import RequestOutput
 
@@ -69,32 +70,7 @@ class _Ctx:
     num_top: int | None  # top_logprobs per token, None without logprobs
     name: TokenNamer
     model: str  # reported in responses: the adapter's name, or the served model's
-    # --reasoning-parser's class, None without one or when the prompt closed the reasoning
-    reasoning: type[ReasoningParser] | None = None
-    template_kwargs: dict[str, Any] | None = None  # what the template saw (the parser's too)
-
-    def split(self) -> ReasoningParser | None:
-        """A fresh reasoning parser for one choice (None: the text is all answer)."""
-        if self.reasoning is None:
-            return None
-        return self.reasoning(self.state.tokenizer, self.template_kwargs)
-
-    def reasoning_tokens(self, outputs: list[Any]) -> int | None:
-        """usage's reasoning_tokens over ``outputs`` (CompletionOutputs): None without a
-        reasoning parser, 0 when the prompt closed the reasoning."""
-        if self.state.engine.engine.reasoning_parser is None:
-            return None
-        total = 0
-        for o in outputs:
-            parser = self.split()
-            if parser is not None:
-                total += parser.count_reasoning_tokens(list(o.token_ids))
-        return total
-
-    def reasoning_out(self, text: str | None) -> str | None:
-        """The reasoning as the response carries it: left out when include_reasoning is
-        false."""
-        return text if self.req.include_reasoning else None
+    reasoning: ReasoningPlan  # --reasoning-parser's split of each choice (chat_reasoning)
 
 
 async def create_chat_completion(
@@ -127,9 +103,11 @@ async def create_chat_completion(
     check_max_tokens(max_tokens, "max_completion_tokens"
                      if req.max_completion_tokens is not None else "max_tokens")
     assert state.tokenizers is not None
-    text, prompt = await state.tokenizers.run(_render, state, req)  # off the event loop
+    # off the event loop: the template, the tokens, the reasoning plan
+    text, prompt, reasoning = await state.tokenizers.run(_render, state, req)
     prompt.cache_salt = req.cache_salt
-    num_top = (req.top_logprobs or 0) if req.logprobs else None
+    num_top = (req.top_logprobs or 0) if req.logprobs and not reasoning.hides_logprobs \
+        else None
     limit = check_context_length(len(prompt.token_ids), max_tokens, state.max_model_len,
                                  state.default_sampling.get("max_tokens"))
     beams = beam_search_params(req, limit, num_top is not None) if req.use_beam_search else None
@@ -138,6 +116,8 @@ async def create_chat_completion(
                        param="tool_choice")
     params = sampling_params(req, max_tokens=limit, logprobs=num_top,
                              guided=guided or tool_guided, defaults=state.default_sampling)
+    if reasoning.active and state.reasoning_markers_special:
+        params.skip_special_tokens = False  # the split must see the markers
     await compile_guided(state, guided or tool_guided, req.guided_decoding_backend,
                          "tools" if tool_guided is not None else guided_field(req))
     role = state.options.response_role if req.add_generation_prompt \
@@ -147,19 +127,15 @@ async def create_chat_completion(
         and isinstance(last.get("content"), str) else ""
     as_ids = bool(req.return_tokens_as_token_ids or state.options.return_tokens_as_token_ids)
     ctx = _Ctx(state, req, random_id("chatcmpl"), int(time.time()), role, echo, plan, num_top,
-               TokenNamer(state.tokenizer, as_ids), state.response_model(lora, req.model))
-    ctx.template_kwargs = template_kwargs(state.options, req.chat_template_kwargs,
-                                          req.reasoning_effort)
-    parser_cls = state.engine.engine.reasoning_parser
-    if parser_cls is not None and \
-            not parser_cls(state.tokenizer, ctx.template_kwargs).prompt_ends_reasoning(text):
-        ctx.reasoning = parser_cls
+               TokenNamer(state.tokenizer, as_ids), state.response_model(lora, req.model),
+               reasoning)
     state.log_request(ctx.request_id, text, prompt.token_ids, params)
     gen = tracked(
         beam_search(state, ctx.request_id, prompt, beams, req.n, req.priority, lora)
         if beams is not None else
         state.engine.generate(ctx.request_id, prompt.as_engine_prompt(), params,
-                              priority=req.priority, lora_request=lora),
+                              priority=req.priority, lora_request=lora,
+                              reasoning_ended=reasoning.engine_flag()),
         state.new_tracker(req.n, req.best_of, params.max_tokens),
     )
     return await respond(
@@ -175,18 +151,28 @@ def _max_tokens(req: ChatCompletionRequest) -> int | None:
         else req.max_tokens
 
 
-def _render(tokenizer: Any, state: ServerState, req: ChatCompletionRequest) -> tuple[str, Any]:
-    """The request's prompt text through the chat template, and its token ids."""
-    text = render_chat_prompt(
-        tokenizer, req.messages, state.options,
-        request_template=req.chat_template, add_generation_prompt=req.add_generation_prompt,
-        continue_final_message=req.continue_final_message, tools=req.tools or None,
-        documents=req.documents, chat_template_kwargs=req.chat_template_kwargs,
-        reasoning_effort=req.reasoning_effort,
-    )
+def _render(tokenizer: Any, state: ServerState, req: ChatCompletionRequest
+            ) -> tuple[str, Any, ReasoningPlan]:
+    """The request's prompt text through the chat template, its token ids, and the plan of
+    its reasoning (which renders the earlier turns once more when a parser is on)."""
+    def render(messages: list[dict[str, Any]], add_generation_prompt: bool,
+               continue_final_message: bool) -> str:
+        return render_chat_prompt(
+            tokenizer, messages, state.options, request_template=req.chat_template,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message, tools=req.tools or None,
+            documents=req.documents, chat_template_kwargs=req.chat_template_kwargs,
+            reasoning_effort=req.reasoning_effort,
+        )
+
+    text = render(req.messages, req.add_generation_prompt, req.continue_final_message)
+    reasoning = plan_reasoning(
+        state.engine.engine.reasoning_parser, tokenizer, req,
+        template_kwargs(state.options, req.chat_template_kwargs, req.reasoning_effort), text,
+        lambda history: render(history, False, False))
     return text, tokenize_prompt(tokenizer, text, req.add_special_tokens,
                                  req.truncate_prompt_tokens, max_model_len=state.max_model_len,
-                                 room=output_room(_max_tokens(req)))
+                                 room=output_room(_max_tokens(req))), reasoning
 
 
 def _finish_reason(reason: str | None, called: bool, mode: str) -> str | None:
@@ -201,14 +187,14 @@ def _finish_reason(reason: str | None, called: bool, mode: str) -> str | None:
 def _response(ctx: _Ctx, final: RequestOutput) -> ChatCompletionResponse:
     choices = []
     for o in final.outputs:
-        parser = ctx.split()
+        parser = ctx.reasoning.split()
         reasoning, answer = parser.extract(o.text) if parser is not None else (None, o.text)
         content, calls = ctx.plan.extractor(ctx.state.tokenizer).extract(answer or "")
         if ctx.echo:
             content = ctx.echo + (content or "")
         if answer is None and not ctx.echo:
             content = None  # cut off while thinking: no answer (vLLM's null content)
-        reasoning = ctx.reasoning_out(reasoning)
+        reasoning = ctx.reasoning.shown(reasoning)
         message = ChatMessage(
             role=ctx.role,
             reasoning=reasoning,
@@ -239,7 +225,7 @@ def _response(ctx: _Ctx, final: RequestOutput) -> ChatCompletionResponse:
         system_fingerprint=ctx.state.system_fingerprint,
         choices=choices,
         usage=UsageInfo.of(prompt_tokens, completion_tokens, ctx.state.cached_tokens([final]),
-                           ctx.reasoning_tokens(final.outputs)),
+                           ctx.reasoning.tokens(final.outputs)),
         prompt_logprobs=prompt_logprobs_json(final.prompt_logprobs)
         if ctx.req.prompt_logprobs is not None else None,
     )
@@ -250,7 +236,7 @@ class _ChoiceStream:
 
     def __init__(self, ctx: _Ctx) -> None:
         self.ctx = ctx
-        self.parser = ctx.split()
+        self.parser = ctx.reasoning.split()
         self.extractor: ToolExtractor = ctx.plan.extractor(ctx.state.tokenizer)
         self.sent_text = 0
         self.sent_tokens = 0
@@ -267,7 +253,7 @@ class _ChoiceStream:
                     (thought.reasoning or "") + (tail.reasoning or "") or None,
                     (thought.content or "") + (tail.content or "") or None)
         text = thought.content or ""
-        reasoning = self.ctx.reasoning_out(thought.reasoning)
+        reasoning = self.ctx.reasoning.shown(thought.reasoning)
         got = self.extractor.feed(text) if text else StreamDelta()
         if finished:
             tail = self.extractor.finish()
@@ -313,7 +299,7 @@ async def _stream(
         if include_usage:  # as vLLM: a choice's chunk counts its own tokens, the last all
             if choice is None:  # the last chunk: reasoning tokens counted once, at the end
                 body["usage"] = usage(sum(ch.sent_tokens for ch in choices),
-                                      ctx.reasoning_tokens(latest.outputs))
+                                      ctx.reasoning.tokens(latest.outputs))
             else:
                 body["usage"] = usage(choices[choice.index].sent_tokens) if continuous else None
         return sse(body)

@@ -39,7 +39,8 @@ def load_plugin_file(pm: PluginManager, path: str, flag: str, hook: str) -> None
         raise StartupError(
             f"{flag} {path!r} defines no {hook} hook (decorate it with @ironlm.hookimpl)"
         )
-    pm.register(module, name=f"{flag.lstrip('-')}:{Path(path).stem}")
+    # one name per file: a file given to both plugin flags registers once
+    pm.register(module, name=f"plugin-file:{Path(path).resolve()}")
     pm.registries  # collect now: a broken plugin fails at start, naming itself
 
 

@@ -12,6 +12,7 @@ from typing import Any, Iterator
 
 from ironlm import __version__
 from ironlm.engine.async_engine import AsyncEngine
+from ironlm.entrypoints.openai.chat_reasoning import markers_are_special
 from ironlm.entrypoints.openai.errors import APIError
 from ironlm.entrypoints.openai.lora_modules import LoRAModulePath
 from ironlm.entrypoints.openai.metrics import RequestTracker, ServerMetrics
@@ -68,6 +69,8 @@ class ServerState:
     # LoRA adapters served by name (--lora-modules, /v1/load_lora_adapter), in load order
     loras: dict[str, LoRARequest] = field(default_factory=dict)
     lora_ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+    # the reasoning parser's markers are special tokens: chat requests keep them in the text
+    reasoning_markers_special: bool = False
 
     @classmethod
     def create(
@@ -89,6 +92,7 @@ class ServerState:
             vocab_size=llm.vocab_size,
             model_path=str(llm.config.model),
             created=int(time.time()),
+            reasoning_markers_special=markers_are_special(llm.reasoning_parser, llm.tokenizer),
         )
 
     @property
