@@ -130,6 +130,22 @@ def test_tokenizer_info_is_opt_in(server: RemoteServer) -> None:
     assert httpx.get(server.url("/tokenizer_info"), headers=server.headers()).status_code == 404
 
 
+def test_beam_search_over_http(client: openai.OpenAI) -> None:
+    """use_beam_search (vLLM's extra parameter): the n best of best_of beams; a structured
+    output constraint, which beams would drop, is a 400 naming its field."""
+    resp = client.chat.completions.create(
+        model=MODEL, messages=ASK, max_tokens=4, temperature=0, n=2,
+        extra_body={"use_beam_search": True, "best_of": 3})
+    assert [c.index for c in resp.choices] == [0, 1]
+    assert resp.choices[0].message.content != resp.choices[1].message.content
+    for extra in ({"response_format": {"type": "json_object"}}, {"guided_regex": "a+"}):
+        with pytest.raises(openai.BadRequestError) as exc:
+            client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=4,
+                                           temperature=0,
+                                           extra_body={"use_beam_search": True, **extra})
+        assert exc.value.body["param"] == next(iter(extra))  # type: ignore[index]
+
+
 def test_request_chat_templates_need_trust(client: openai.OpenAI) -> None:
     # vLLM's rule: without --trust-request-chat-template a request's template (a Jinja program
     # the server would run) is refused, in either place a request can put it

@@ -10,7 +10,7 @@ from typing import AsyncIterator
 from ironlm.entrypoints.beam_search import BeamSearch, completion_text
 from ironlm.entrypoints.openai.errors import APIError
 from ironlm.entrypoints.openai.protocol import SamplingFields
-from ironlm.entrypoints.openai.request_inputs import EnginePrompt
+from ironlm.entrypoints.openai.request_inputs import EnginePrompt, guided_field, guided_spec
 from ironlm.entrypoints.openai.state import ServerState
 from ironlm.entrypoints.openai.streaming import close_all, gather_or_cancel, last_item
 from ironlm.lora.request import LoRARequest
@@ -33,6 +33,8 @@ def beam_search_params(req: SamplingFields, max_tokens: int, logprobs: bool) -> 
         ("logprobs", logprobs), ("stop", bool(req.stop)), ("stop_token_ids", bool(req.stop_token_ids)),
         ("guided_decoding", req.guided_decoding_backend is not None),
     ) if on]
+    if not unsupported and guided_spec(req) is not None:  # beams would drop the constraint
+        unsupported = [guided_field(req)]
     if unsupported:
         raise APIError(f"{unsupported[0]} is not supported with use_beam_search", 400,
                        param=unsupported[0])
