@@ -143,3 +143,12 @@ async def header_middleware(request: Any, call_next: Callable[[Any], Awaitable[A
     response = await call_next(request)
     response.headers["x-ironlm-test-middleware"] = "1"
     return response
+
+
+def outlines_available() -> bool:
+    """The outlines guided backend is installed and usable (the server tests' constrained
+    cases run on it: compact JSON, so short outputs)."""
+    from ironlm.plugin_manager import PluginManager
+
+    reg = PluginManager().registries.guided_backends
+    return "outlines" in reg and reg.get("outlines").is_available().available

@@ -186,8 +186,9 @@ def _ids(tok, text: str) -> list[int]:  # type: ignore[no-untyped-def]
     return tok.encode(text, add_special_tokens=False)
 
 
-def _gate(tok, backend: str, markers: MarkerTokens, opened: bool = False):  # type: ignore[no-untyped-def]
-    manager = GuidedManager(PM, tok, len(tok), backend)
+def _gate(tok, backend: str, markers: MarkerTokens, opened: bool = False,  # type: ignore[no-untyped-def]
+          manager: GuidedManager | None = None):
+    manager = manager or GuidedManager(PM, tok, len(tok), backend)  # one compiles once
     spec = GuidedSpec("json", json.dumps(SCHEMA), disable_any_whitespace=True)
     fresh = _mask(manager.grammar(spec, backend)[0], len(tok))
     return ReasoningGate(manager.grammar(spec, backend)[0], markers, opened), fresh
@@ -271,9 +272,10 @@ def test_gate_accept_and_rollback_fuzz(smollm2_tokenizer, think_marker, backend:
     tok = smollm2_tokenizer
     rng = random.Random(7)
     script = _ids(tok, "a </think") + tok.convert_tokens_to_ids([">"]) + _ids(tok, '{"n":12}')
-    gate, _ = _gate(tok, backend, think_marker)
+    manager = GuidedManager(PM, tok, len(tok), backend)
+    gate, _ = _gate(tok, backend, think_marker, manager=manager)
     kept: list[int] = []
-    for _ in range(60):
+    for _ in range(40):
         if kept and rng.random() < 0.4:
             n = rng.randint(0, len(kept))
             gate.rollback(n)
@@ -284,7 +286,7 @@ def test_gate_accept_and_rollback_fuzz(smollm2_tokenizer, think_marker, backend:
                 continue
             assert gate.accept_token(nxt)
             kept.append(nxt)
-        replay, _ = _gate(tok, backend, think_marker)
+        replay, _ = _gate(tok, backend, think_marker, manager=manager)
         for t in kept:
             assert replay.accept_token(t)
         assert gate.constraining == replay.constraining

@@ -15,9 +15,8 @@ from typing import Any, Iterator
 import httpx
 import openai
 import pytest
-from server_utils import RemoteServer
+from server_utils import RemoteServer, outlines_available
 
-from ironlm.plugin_manager import PluginManager
 
 pytestmark = [pytest.mark.server, pytest.mark.real_model]
 jsonschema = pytest.importorskip("jsonschema")
@@ -33,12 +32,7 @@ SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"}},
           "required": ["answer"], "additionalProperties": False}
 
 
-def _outlines_available() -> bool:
-    reg = PluginManager().registries.guided_backends
-    return "outlines" in reg and reg.get("outlines").is_available().available
-
-
-needs_guided = pytest.mark.skipif(not _outlines_available(),
+needs_guided = pytest.mark.skipif(not outlines_available(),
                                   reason="guided-decoding backend outlines not installed")
 
 
@@ -47,7 +41,7 @@ def server(smollm2_dir: Path) -> Iterator[RemoteServer]:
     args = ["--max-model-len", "1024", "--kv-cache-memory", "128MiB", "--max-num-seqs", "16",
             "--served-model-name", MODEL, "--reasoning-parser", "deepseek_r1",
             "--disable-log-stats", "--disable-uvicorn-access-log", "--dtype", "float32"]
-    if _outlines_available():
+    if outlines_available():
         args += ["--guided-decoding-backend", "outlines"]
     with RemoteServer(smollm2_dir, args) as srv:
         yield srv

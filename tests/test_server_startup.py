@@ -102,21 +102,39 @@ def test_unhonourable_flags_fail_at_start(flags: list[str], needles: list[str],
         assert needle in err
 
 
+TOOL_PARSER = (  # a one-file tool parser plugin's parser
+    "from ironlm.interfaces.tool_parser import ExtractedToolCalls, StreamDelta, ToolParser\n"
+    "class Tools(ToolParser):\n"
+    "    name = '{name}'\n"
+    "    def extract(self, text): return ExtractedToolCalls(False, [], text)\n"
+    "    def extract_streaming(self, delta): return StreamDelta(content=delta)\n"
+    "    def finish_streaming(self): return StreamDelta()\n"
+    "@hookimpl\n"
+    "def register_tool_parsers(register):\n"
+    "    register(Tools)\n"
+)
+REASONING_PARSER = (  # a one-file reasoning parser plugin's parser
+    "from ironlm.interfaces.reasoning_parser import ReasoningDelta, ReasoningParser\n"
+    "class Thoughts(ReasoningParser):\n"
+    "    name = '{name}'\n"
+    "    end_marker = '[/THINK]'\n"
+    "    def extract(self, text): return None, text\n"
+    "    def extract_streaming(self, delta): return ReasoningDelta(content=delta)\n"
+    "    def finish_streaming(self): return ReasoningDelta()\n"
+    "@hookimpl\n"
+    "def register_reasoning_parsers(register):\n"
+    "    register(Thoughts)\n"
+)
+
+
+def _plugin_file(path: Path, *parts: str) -> Path:
+    path.write_text("from ironlm import hookimpl\n" + "".join(parts))
+    return path
+
+
 def test_tool_parser_plugin_file_registers(tmp_path: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
-    plugin = tmp_path / "my_parser.py"
-    plugin.write_text(
-        "from ironlm import hookimpl\n"
-        "from ironlm.interfaces.tool_parser import ExtractedToolCalls, StreamDelta, ToolParser\n"
-        "class Mine(ToolParser):\n"
-        "    name = 'mine'\n"
-        "    def extract(self, text): return ExtractedToolCalls(False, [], text)\n"
-        "    def extract_streaming(self, delta): return StreamDelta(content=delta)\n"
-        "    def finish_streaming(self): return StreamDelta()\n"
-        "@hookimpl\n"
-        "def register_tool_parsers(register):\n"
-        "    register(Mine)\n"
-    )
+    plugin = _plugin_file(tmp_path / "my_parser.py", TOOL_PARSER.format(name="mine"))
     # The plugin's parser is selectable; start-up then stops at the next bad flag.
     rc, err = _serve(["--device", "cpu", MODEL, "--tool-parser-plugin", str(plugin),
                       "--tool-call-parser", "mine", "--quantization", "nope"], capsys)
@@ -127,20 +145,7 @@ def test_reasoning_parser_plugin_file_registers(tmp_path: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     """A single-file reasoning parser (vLLM's --reasoning-parser-plugin) is selectable by
     --reasoning-parser; a file without the hook is refused, naming it."""
-    plugin = tmp_path / "my_reasoner.py"
-    plugin.write_text(
-        "from ironlm import hookimpl\n"
-        "from ironlm.interfaces.reasoning_parser import ReasoningDelta, ReasoningParser\n"
-        "class Mine(ReasoningParser):\n"
-        "    name = 'mine'\n"
-        "    end_marker = '[/THINK]'\n"
-        "    def extract(self, text): return None, text\n"
-        "    def extract_streaming(self, delta): return ReasoningDelta(content=delta)\n"
-        "    def finish_streaming(self): return ReasoningDelta()\n"
-        "@hookimpl\n"
-        "def register_reasoning_parsers(register):\n"
-        "    register(Mine)\n"
-    )
+    plugin = _plugin_file(tmp_path / "my_reasoner.py", REASONING_PARSER.format(name="mine"))
     rc, err = _serve(["--device", "cpu", MODEL, "--reasoning-parser-plugin", str(plugin),
                       "--reasoning-parser", "mine", "--quantization", "nope"], capsys)
     assert rc == 2 and "quantization 'nope'" in err and "reasoning_parser" not in err
@@ -154,29 +159,8 @@ def test_one_plugin_file_for_both_parser_flags(tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     """vLLM users share one file between --tool-parser-plugin and --reasoning-parser-plugin:
     it registers once, and both its parsers are selectable."""
-    plugin = tmp_path / "both.py"
-    plugin.write_text(
-        "from ironlm import hookimpl\n"
-        "from ironlm.interfaces.reasoning_parser import ReasoningDelta, ReasoningParser\n"
-        "from ironlm.interfaces.tool_parser import ExtractedToolCalls, StreamDelta, ToolParser\n"
-        "class Tools(ToolParser):\n"
-        "    name = 'both_tools'\n"
-        "    def extract(self, text): return ExtractedToolCalls(False, [], text)\n"
-        "    def extract_streaming(self, delta): return StreamDelta(content=delta)\n"
-        "    def finish_streaming(self): return StreamDelta()\n"
-        "class Thoughts(ReasoningParser):\n"
-        "    name = 'both_thoughts'\n"
-        "    end_marker = '[/THINK]'\n"
-        "    def extract(self, text): return None, text\n"
-        "    def extract_streaming(self, delta): return ReasoningDelta(content=delta)\n"
-        "    def finish_streaming(self): return ReasoningDelta()\n"
-        "@hookimpl\n"
-        "def register_tool_parsers(register):\n"
-        "    register(Tools)\n"
-        "@hookimpl\n"
-        "def register_reasoning_parsers(register):\n"
-        "    register(Thoughts)\n"
-    )
+    plugin = _plugin_file(tmp_path / "both.py", TOOL_PARSER.format(name="both_tools"),
+                          REASONING_PARSER.format(name="both_thoughts"))
     rc, err = _serve(["--device", "cpu", MODEL, "--tool-parser-plugin", str(plugin),
                       "--reasoning-parser-plugin", str(plugin), "--tool-call-parser",
                       "both_tools", "--reasoning-parser", "both_thoughts", "--quantization",

@@ -12,9 +12,8 @@ from typing import Any, Iterator, Literal
 import openai
 import pytest
 from pydantic import BaseModel
-from server_utils import RemoteServer
+from server_utils import RemoteServer, outlines_available
 
-from ironlm.plugin_manager import PluginManager
 
 pytestmark = [pytest.mark.server, pytest.mark.real_model]
 jsonschema = pytest.importorskip("jsonschema")
@@ -62,13 +61,8 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 
 
-def _outlines_available() -> bool:
-    reg = PluginManager().registries.guided_backends
-    return "outlines" in reg and reg.get("outlines").is_available().available
-
-
 # The constrained cases run on the outlines backend (compact JSON, so short outputs).
-needs_guided = pytest.mark.skipif(not _outlines_available(),
+needs_guided = pytest.mark.skipif(not outlines_available(),
                                   reason="guided-decoding backend outlines not installed")
 
 
@@ -81,7 +75,7 @@ def server(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
             "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
             "--disable-log-stats", "--disable-uvicorn-access-log",
             "--dtype", "float32"]  # whatever the CPU's auto dtype: streamed == non-streamed
-    if _outlines_available():
+    if outlines_available():
         args += ["--guided-decoding-backend", "outlines"]
     with RemoteServer(smollm2_dir, args) as srv:
         yield srv

@@ -55,7 +55,9 @@ def test_plugin_manager_lists_every_parser_with_provenance() -> None:
         assert entry.provenance.distribution == "ironlm-toolparsers"
         assert entry.provenance.version
     listed = {row["plugin"]: row for row in pm.describe()}["toolparsers"]
-    assert {item["name"] for item in listed["registered"]} == PARSERS
+    assert {(item["kind"], item["name"]) for item in listed["registered"]} == \
+        {("tool parser", name) for name in PARSERS} | \
+        {("reasoning parser", name) for name in ("deepseek_r1", "qwen3")}
 
 
 def test_selection_by_name_and_unknown_name_lists_installed() -> None:
