@@ -120,6 +120,12 @@ def test_the_reply_part_leaves_earlier_replies_out(smollm2_tokenizer, template) 
         conv = HISTORY + [{"role": "assistant", "content": prefix}]
         text = render(conv, continue_final_message=True)
         assert parser.prompt_ends_reasoning(reply_part(text, history, conv, True)) is closed
+    # a template that ends a conversation without a generation prompt otherwise (Phi-3's
+    # EOS): the reply is what follows the common start
+    eos = "{{ bos_token }}" + PLAIN_TURNS.replace("{% endif %}", "{% else %}<eos>{% endif %}")
+    phi = _chat(tok, HISTORY, chat_template=eos, add_generation_prompt=True)
+    assert reply_part(phi, lambda conv: _chat(tok, conv, chat_template=eos), HISTORY, False) \
+        == "### assistant:"
     # Qwen3's template with enable_thinking false appends an empty block; R1's opens one
     assert parser.prompt_ends_reasoning("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     assert not parser.prompt_ends_reasoning("<|im_start|>assistant\n<think>\n")

@@ -146,6 +146,24 @@ def test_completions_are_constrained_from_the_first_token(server: RemoteServer) 
     jsonschema.validate(json.loads(body["choices"][0]["text"]), SCHEMA)
 
 
+@needs_guided
+def test_include_reasoning_false_with_a_grammar(client: openai.OpenAI) -> None:
+    """Left out, the reasoning is not waited for: the grammar constrains from the first token
+    and all of it is the answer (newer vLLM), streamed or not."""
+    hidden = {"include_reasoning": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA}}
+    msg = _ask(client, max_tokens=30, response_format=fmt, extra_body=hidden).choices[0].message
+    jsonschema.validate(json.loads(msg.content), SCHEMA)
+    streamed = "".join(c.choices[0].delta.content or "" for c in _ask(
+        client, max_tokens=30, response_format=fmt, extra_body=hidden, stream=True)
+        if c.choices)
+    assert streamed == msg.content
+    tools = [{"type": "function", "function": {"name": "report", "parameters": SCHEMA}}]
+    call = _ask(client, max_tokens=30, tools=tools, tool_choice="required",
+                extra_body=hidden).choices[0].message
+    assert [c.function.name for c in call.tool_calls] == ["report"] and call.reasoning is None
+
+
 def test_cut_off_while_thinking(client: openai.OpenAI) -> None:
     """max_tokens ends the output inside the think block: all of it is reasoning, content
     null (vLLM's reading: the model had not answered yet)."""

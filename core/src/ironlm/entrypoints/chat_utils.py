@@ -125,13 +125,23 @@ def apply_chat_template(
 
 def reply_part(prompt: str, render: Callable[[list[dict[str, Any]]], str],
                messages: list[dict[str, Any]], continue_final_message: bool) -> str:
-    """The end of a chat prompt that belongs to the reply being generated: what the template
-    appended after the conversation's earlier turns (its generation prompt, or the continued
-    final message). ``render(history)`` renders messages without a generation prompt. Empty
-    when the template renders the history otherwise inside the whole prompt (no prefix)."""
-    history = messages[:-1] if continue_final_message else messages
+    """The end of a chat prompt that belongs to the reply being generated: the continued final
+    message's own text, or what the template appended after the conversation's earlier turns
+    (its generation prompt). ``render(history)`` renders messages without a generation
+    prompt; where that rendering is not a prefix of the prompt (a template that ends a
+    conversation otherwise without a generation prompt, Phi-3's EOS), the reply is the
+    prompt past their common start."""
+    if continue_final_message:
+        return _content_text(messages[-1].get("content"))
     try:
-        before = render(history) if history else ""
-    except Exception:  # noqa: BLE001 - a template may refuse a partial conversation
+        before = render(messages)
+    except Exception:  # noqa: BLE001 - a template may refuse a conversation ending so
         return ""
-    return prompt[len(before):] if prompt.startswith(before) else ""
+    if prompt.startswith(before):
+        return prompt[len(before):]
+    same = 0
+    for a, b in zip(before, prompt):
+        if a != b:
+            break
+        same += 1
+    return prompt[same:]

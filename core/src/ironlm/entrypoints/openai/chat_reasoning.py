@@ -25,6 +25,14 @@ class ReasoningPlan:
     template_kwargs: dict[str, Any] = field(default_factory=dict)  # the parser's view too
     include: bool = True  # include_reasoning
     prompt_closed: bool = False  # the prompt's reply closed the reasoning: all is answer
+    guided: bool = False  # the request is constrained (response_format, guided_*, tools)
+
+    @property
+    def answer_only(self) -> bool:
+        """Everything generated is the answer: the prompt closed the reasoning, or a guided
+        request leaves its reasoning out, so the grammar constrains from the first token
+        (newer vLLM) and the model writes no thinking to split off."""
+        return self.prompt_closed or (self.guided and not self.include)
 
     @property
     def active(self) -> bool:
@@ -32,7 +40,7 @@ class ReasoningPlan:
 
     def split(self) -> ReasoningParser | None:
         """A fresh parser for one choice; None when the text is all answer."""
-        if self.parser_cls is None or self.prompt_closed:
+        if self.parser_cls is None or self.answer_only:
             return None
         return self.parser_cls(self.tokenizer, self.template_kwargs)
 
@@ -48,11 +56,10 @@ class ReasoningPlan:
 
     def engine_flag(self) -> bool | None:
         """``add_request(reasoning_ended=...)``: None without a parser (no gate); True when
-        the answer starts at once (a closed prompt, or include_reasoning false, where newer
-        vLLM constrains from the first token)."""
+        the answer starts at once (``answer_only``)."""
         if self.parser_cls is None:
             return None
-        return self.prompt_closed or not self.include
+        return self.answer_only
 
     def tokens(self, outputs: list[Any]) -> int | None:
         """usage's completion_tokens_details.reasoning_tokens over ``outputs``

@@ -116,6 +116,7 @@ async def create_chat_completion(
                        param="tool_choice")
     params = sampling_params(req, max_tokens=limit, logprobs=num_top,
                              guided=guided or tool_guided, defaults=state.default_sampling)
+    reasoning.guided = (guided or tool_guided) is not None
     if reasoning.active and state.reasoning_markers_special:
         params.skip_special_tokens = False  # the split must see the markers
     await compile_guided(state, guided or tool_guided, req.guided_decoding_backend,
