@@ -3,8 +3,8 @@
 With a reasoning parser (``--reasoning-parser``) a guided chat request constrains only the
 answer, as in vLLM: the grammar starts after the parser's end marker has been generated, or
 at once when the chat front end found the reasoning already closed (the prompt's reply holds
-a whole think block, Qwen3 without thinking, ``include_reasoning: false``); it tells the
-engine with ``add_request(..., reasoning_ended=...)``. Requests that carry no such decision
+a whole think block, Qwen3 without thinking, a guided request with ``include_reasoning:
+false``); it tells the engine with ``add_request(..., reasoning_ended=...)``. Requests that carry no such decision
 (completions, ``LLM.generate``: nothing splits their reasoning) are constrained from the
 first token, as is everything with ``structured_outputs_config: {"enable_in_reasoning":
 true}``.
@@ -63,6 +63,9 @@ class MarkerTokens:
 
 
 class ReasoningGate(Grammar):
+    """``inner`` held back until the marker: every token allowed (but those finishing the
+    marker with a rest ``inner`` refuses), none fed to it; then ``inner`` itself."""
+
     def __init__(self, inner: Grammar, markers: MarkerTokens, opened: bool) -> None:
         self.inner = inner
         self.markers = markers
@@ -148,10 +151,9 @@ class ReasoningGate(Grammar):
 
 def gate_grammars(grammars: list[tuple[Any, str | None]], markers: MarkerTokens | None,
                   reasoning_ended: bool | None) -> list[tuple[Any, str | None]]:
-    """The request's (grammar, backend) pairs, each held back by a gate while the front end
+    """A guided request's (grammar, backend) pairs, each held back by a gate while the front end
     says the model reasons (``reasoning_ended`` False; True: open from the start). None, or
     no reasoning parser (``markers`` None): the grammars as they are."""
     if markers is None or reasoning_ended is None:
         return grammars
-    return [(ReasoningGate(g, markers, reasoning_ended) if g is not None else None, name)
-            for g, name in grammars]
+    return [(ReasoningGate(g, markers, reasoning_ended), name) for g, name in grammars]

@@ -127,9 +127,9 @@ def reply_part(prompt: str, render: Callable[[list[dict[str, Any]]], str],
                messages: list[dict[str, Any]], continue_final_message: bool) -> str:
     """The end of a chat prompt that belongs to the reply being generated: the continued final
     message's own text, or what the template appended after the conversation's earlier turns
-    (its generation prompt). ``render(history)`` renders messages without a generation
-    prompt; where that rendering is not a prefix of the prompt (a template that ends a
-    conversation otherwise without a generation prompt, Phi-3's EOS), the reply is the
+    (its generation prompt). ``render(messages)`` renders the conversation without a
+    generation prompt; where that rendering is not a prefix of the prompt (a template that
+    ends a conversation otherwise without a generation prompt, Phi-3's EOS), the reply is the
     prompt past their common start."""
     if continue_final_message:
         return _content_text(messages[-1].get("content"))

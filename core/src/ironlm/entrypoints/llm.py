@@ -133,7 +133,7 @@ class LLM:
             # The template already holds BOS and friends: tokenize without adding them again.
             ids = tok(text, add_special_tokens=False).input_ids
             prompts.append({"prompt": text, "prompt_token_ids": ids})
-            reply = reply_part(text, lambda h: render(h, False, False), conv,
+            reply = reply_part(text, lambda c: render(c, False, False), conv,
                                continue_final_message) if parser_cls is not None else ""
             ended.append(parser_cls(tok, chat_template_kwargs).prompt_ends_reasoning(reply)
                          if parser_cls is not None else None)

@@ -10,6 +10,7 @@ tokenizer the request keeps special tokens in its text, or the split could not s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,14 +77,14 @@ class ReasoningPlan:
 
 def plan_reasoning(parser_cls: type[ReasoningParser] | None, tokenizer: Any,
                    req: ChatCompletionRequest, template_kwargs: dict[str, Any], prompt: str,
-                   render_history: Any) -> ReasoningPlan:
-    """The request's plan. ``render_history(messages)`` renders earlier turns without a
-    generation prompt (the reply is what the prompt has beyond them: chat_utils.reply_part);
-    called on a tokenizer thread."""
+                   render_plain: Callable[[list[dict[str, Any]]], str]) -> ReasoningPlan:
+    """The request's plan (``guided`` is set by the caller). ``render_plain(messages)``
+    renders the conversation without a generation prompt (the reply is what the prompt has
+    beyond it: chat_utils.reply_part); called on a tokenizer thread."""
     if parser_cls is None:
         return ReasoningPlan(None)
     parser = parser_cls(tokenizer, template_kwargs)
-    reply = reply_part(prompt, render_history, req.messages, req.continue_final_message)
+    reply = reply_part(prompt, render_plain, req.messages, req.continue_final_message)
     return ReasoningPlan(parser_cls, tokenizer, template_kwargs, req.include_reasoning,
                          parser.prompt_ends_reasoning(reply))
 

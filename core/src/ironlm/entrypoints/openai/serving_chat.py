@@ -170,7 +170,7 @@ def _render(tokenizer: Any, state: ServerState, req: ChatCompletionRequest
     reasoning = plan_reasoning(
         state.engine.engine.reasoning_parser, tokenizer, req,
         template_kwargs(state.options, req.chat_template_kwargs, req.reasoning_effort), text,
-        lambda history: render(history, False, False))
+        lambda messages: render(messages, False, False))
     return text, tokenize_prompt(tokenizer, text, req.add_special_tokens,
                                  req.truncate_prompt_tokens, max_model_len=state.max_model_len,
                                  room=output_room(_max_tokens(req))), reasoning
