@@ -152,3 +152,15 @@ def outlines_available() -> bool:
 
     reg = PluginManager().registries.guided_backends
     return "outlines" in reg and reg.get("outlines").is_available().available
+
+
+def smollm2_args(*extra: str) -> list[str]:
+    """Flags of the SmolLM2 test servers that run guided cases: a small float32 engine
+    (streamed == non-streamed whatever the CPU's auto dtype), quiet logs, outlines when it
+    is installed, then ``extra``."""
+    args = ["--max-model-len", "1024", "--kv-cache-memory", "128MiB",
+            "--served-model-name", "smollm2", "--disable-log-stats",
+            "--disable-uvicorn-access-log", "--dtype", "float32", *extra]
+    if outlines_available():
+        args += ["--guided-decoding-backend", "outlines"]
+    return args

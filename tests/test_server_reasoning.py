@@ -15,7 +15,7 @@ from typing import Any, Iterator
 import httpx
 import openai
 import pytest
-from server_utils import RemoteServer, outlines_available
+from server_utils import RemoteServer, outlines_available, smollm2_args
 
 
 pytestmark = [pytest.mark.server, pytest.mark.real_model]
@@ -38,11 +38,7 @@ needs_guided = pytest.mark.skipif(not outlines_available(),
 
 @pytest.fixture(scope="module")
 def server(smollm2_dir: Path) -> Iterator[RemoteServer]:
-    args = ["--max-model-len", "1024", "--kv-cache-memory", "128MiB", "--max-num-seqs", "16",
-            "--served-model-name", MODEL, "--reasoning-parser", "deepseek_r1",
-            "--disable-log-stats", "--disable-uvicorn-access-log", "--dtype", "float32"]
-    if outlines_available():
-        args += ["--guided-decoding-backend", "outlines"]
+    args = smollm2_args("--max-num-seqs", "16", "--reasoning-parser", "deepseek_r1")
     with RemoteServer(smollm2_dir, args) as srv:
         yield srv
 

@@ -12,7 +12,7 @@ from typing import Any, Iterator, Literal
 import openai
 import pytest
 from pydantic import BaseModel
-from server_utils import RemoteServer, outlines_available
+from server_utils import RemoteServer, outlines_available, smollm2_args
 
 
 pytestmark = [pytest.mark.server, pytest.mark.real_model]
@@ -70,13 +70,8 @@ needs_guided = pytest.mark.skipif(not outlines_available(),
 def server(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RemoteServer]:
     template = tmp_path_factory.mktemp("tpl") / "tools.jinja"
     template.write_text(TEMPLATE)
-    args = ["--max-model-len", "1024", "--kv-cache-memory", "128MiB", "--max-num-seqs", "32",
-            "--served-model-name", MODEL, "--chat-template", str(template),
-            "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-            "--disable-log-stats", "--disable-uvicorn-access-log",
-            "--dtype", "float32"]  # whatever the CPU's auto dtype: streamed == non-streamed
-    if outlines_available():
-        args += ["--guided-decoding-backend", "outlines"]
+    args = smollm2_args("--max-num-seqs", "32", "--chat-template", str(template),
+                        "--enable-auto-tool-choice", "--tool-call-parser", "hermes")
     with RemoteServer(smollm2_dir, args) as srv:
         yield srv
 

@@ -92,16 +92,22 @@ class ReasoningGate(Grammar):
                 mask[token] = False  # ... but no answer may start with a refused rest
 
     def _inner_takes(self, rest: str) -> bool:
-        taken = 0
-        try:
-            for t in self.markers.rest_tokens(rest):
-                if not self.inner.accept_token(t):
-                    return False
-                taken += 1
-            return True
-        finally:
-            if taken:
-                self.inner.rollback(taken)
+        fed = self._feed(rest)
+        if fed:
+            self.inner.rollback(fed)
+        return fed is not None
+
+    def _feed(self, rest: str) -> int | None:
+        """Feed ``rest``'s tokens to the inner grammar: how many it took, or None (and its
+        state as found) when it refuses one."""
+        fed = 0
+        for t in self.markers.rest_tokens(rest) if rest else []:
+            if not self.inner.accept_token(t):
+                if fed:
+                    self.inner.rollback(fed)
+                return None
+            fed += 1
+        return fed
 
     def accept_token(self, token_id: int) -> bool:
         if self.constraining:
@@ -115,13 +121,10 @@ class ReasoningGate(Grammar):
         at = tail.find(self.markers.marker)
         fed = 0
         if at >= 0:
-            rest = tail[at + len(self.markers.marker):]
-            for t in self.markers.rest_tokens(rest) if rest else []:
-                if not self.inner.accept_token(t):
-                    if fed:
-                        self.inner.rollback(fed)
-                    return False  # the answer would start with text the grammar refuses
-                fed += 1
+            took = self._feed(tail[at + len(self.markers.marker):])
+            if took is None:
+                return False  # the answer would start with text the grammar refuses
+            fed = took
         self._recent, self._tail = recent, tail
         self._fed.append(fed)
         if at >= 0:

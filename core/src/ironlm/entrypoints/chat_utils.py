@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -137,11 +138,4 @@ def reply_part(prompt: str, render: Callable[[list[dict[str, Any]]], str],
         before = render(messages)
     except Exception:  # noqa: BLE001 - a template may refuse a conversation ending so
         return ""
-    if prompt.startswith(before):
-        return prompt[len(before):]
-    same = 0
-    for a, b in zip(before, prompt):
-        if a != b:
-            break
-        same += 1
-    return prompt[same:]
+    return prompt[len(os.path.commonprefix([before, prompt])):]
