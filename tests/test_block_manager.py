@@ -56,6 +56,25 @@ def test_cache_salt_starts_its_own_chain() -> None:
     assert cached("e", None) == 2
 
 
+def test_blocks_filled_by_decode_steps_are_cached() -> None:
+    # decode steps fill blocks one token at a time (most steps need no new block: the fast
+    # path); each block is offered to the cache when it becomes full, so a later prompt of the
+    # prompt + output finds every full block
+    bm = BlockManager(num_kv_blocks=16, block_size=4, enable_prefix_caching=True)
+    a = _req("a", list(range(6)))
+    assert bm.allocate(a, 6)
+    a.num_computed_tokens = 6
+    for tok in range(100, 111):  # 11 decode steps: tokens 6..16
+        a.output_token_ids.append(tok)
+        assert bm.allocate(a, 1)
+        a.num_computed_tokens += 1
+    assert a.num_tokens == 17 and len(bm.block_ids("a")) == 5
+    hashed = [bm.blocks[b].block_hash is not None for b in bm.block_ids("a")]
+    assert hashed == [True, True, True, True, False]  # 16 tokens: 4 full blocks
+    later = _req("b", a.all_token_ids + [7])
+    assert bm.find_cached_prefix(later) == bm.block_ids("a")[:4]
+
+
 def test_allocation_fails_cleanly_when_full() -> None:
     bm = BlockManager(num_kv_blocks=2, block_size=4, enable_prefix_caching=False)
     a = _req("a", list(range(8)))

@@ -2,7 +2,8 @@
 
 The lent machine has torch, triton and transformers but no network: everything else travels
 as wheels (``.whl/``) and small inputs (``.gpu/``), both ignored by git (.git/info/exclude):
-  .whl/   ironlm, ironlm-cuda, ironlm-cpu, ironlm-bench + the server packages the image lacks
+  .whl/   ironlm, ironlm-cuda, ironlm-cpu, ironlm-bench + the server and client packages the
+          image lacks
   .gpu/   tiny/      a seeded 2-layer Llama with SmolLM2's tokenizer (real weights, 29 MB)
           llama1b/   Llama-3.2-1B-shaped config + tokenizer (for --load-format dummy)
           llama8b/   Llama-3-8B-shaped config + tokenizer (for --load-format dummy)
@@ -27,7 +28,11 @@ from ironlm.model_loader.downloads import ensure_test_model
 # the device image's Python is 3.12; versions as in this project's CI venv
 SERVER_WHEELS = ["pydantic==2.14.4", "pydantic_core==2.50.5", "annotated-types==0.8.0",
                  "typing-inspection==0.4.5", "fastapi==0.165.0", "starlette==1.10.0",
-                 "uvicorn==0.54.0", "gguf==0.19.0"]  # fmt: skip
+                 "uvicorn==0.54.0", "gguf==0.19.0", "opentelemetry-api==1.45.2",
+                 # the official client of tests/test_cuda_server.py
+                 "openai==3.57.0", "httpx2==2.16.2", "httpcore2==2.16.2", "truststore==0.10.5",
+                 "jiter==0.19.0", "sniffio==1.3.1", "anyio==4.16.0",
+                 "typing_extensions==4.16.0"]  # fmt: skip
 LLAMA_1B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                 num_attention_heads=32, num_key_value_heads=8, head_dim=64,
                 tie_word_embeddings=True)  # fmt: skip

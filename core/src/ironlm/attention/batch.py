@@ -16,16 +16,17 @@ def build_attention_batch(
 ) -> AttentionBatch:
     seq_lens = [c + q for c, q in zip(context_lens, query_lens)]
     max_blocks = max((len(b) for b in block_tables), default=1) or 1
-    table = torch.zeros((len(block_tables), max_blocks), dtype=torch.int32)
+    rows: list[list[int]] = []  # the block table, each row padded with block 0
     slots: list[int] = []
     for i, (blocks, ctx, q) in enumerate(zip(block_tables, context_lens, query_lens)):
         if len(blocks) * block_size < ctx + q:
             raise ValueError(
                 f"sequence {i} needs {ctx + q} slots but has {len(blocks)} blocks of {block_size}"
             )
-        table[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+        rows.append(blocks + [0] * (max_blocks - len(blocks)))
         for pos in range(ctx, ctx + q):
             slots.append(blocks[pos // block_size] * block_size + pos % block_size)
+    table = torch.tensor(rows, dtype=torch.int32).reshape(len(rows), max_blocks)
     qsl = [0]
     for q in query_lens:
         qsl.append(qsl[-1] + q)

@@ -49,6 +49,9 @@ class BlockManager:
         self._cached: dict[int, int] = {}  # block hash -> block id
         self._req_blocks: dict[str, list[int]] = {}
         self._req_hashes: dict[str, list[int]] = {}  # hashes of the request's full blocks
+        # how many of the request's first blocks were offered to the cache: each block is
+        # offered once, when it becomes full (a decode step then costs no walk over its blocks)
+        self._req_published: dict[str, int] = {}
         self.stats = PrefixCacheStats()
         self.num_swap_blocks = num_swap_blocks
         self._swap_free: list[int] = list(range(num_swap_blocks - 1, -1, -1))  # a stack
@@ -128,9 +131,12 @@ class BlockManager:
         """Make room for ``num_new_tokens`` more tokens of ``req`` (after taking
         ``cached_blocks`` as its prefix, on its first allocation). False if blocks ran out;
         then nothing changed."""
-        cached_blocks = cached_blocks or []
-        owned = self._req_blocks.get(req.request_id, [])
         total = req.num_computed_tokens + num_new_tokens
+        owned = self._req_blocks.get(req.request_id, [])
+        if not cached_blocks and total <= len(owned) * self.block_size:  # a decode, mostly
+            self._register_full_blocks(req, total)
+            return True
+        cached_blocks = cached_blocks or []
         need = self.blocks_needed(total) - len(owned) - len(cached_blocks)
         reusable_free = sum(1 for b in cached_blocks if self.blocks[b].ref_count == 0)
         if need > len(self._free) - reusable_free:
@@ -164,13 +170,19 @@ class BlockManager:
         """Publish the request's blocks that are full once ``num_tokens`` are computed."""
         if not self.enable_prefix_caching:
             return
-        owned = self._req_blocks[req.request_id]
+        rid = req.request_id
         num_full = min(num_tokens, req.num_tokens) // self.block_size
-        for i, h in enumerate(self._hashes(req, num_full)):
-            block = self.blocks[owned[i]]
+        done = self._req_published.get(rid, 0)
+        if num_full <= done:
+            return
+        owned = self._req_blocks[rid]
+        hashes = self._hashes(req, num_full)
+        for i in range(done, num_full):
+            block, h = self.blocks[owned[i]], hashes[i]
             if block.block_hash is None and h not in self._cached:
                 block.block_hash = h
                 self._cached[h] = block.block_id
+        self._req_published[rid] = num_full
 
     def fork(self, parent_id: str, child_id: str) -> None:
         """Share all of the parent's blocks with a new child (copy-on-write by the caller)."""
@@ -179,6 +191,7 @@ class BlockManager:
             self.blocks[b].ref_count += 1
         self._req_blocks[child_id] = blocks
         self._req_hashes[child_id] = list(self._req_hashes.get(parent_id, []))
+        self._req_published[child_id] = self._req_published.get(parent_id, 0)
 
     # -- swap preemption ----------------------------------------------------------------------
     def can_swap_out(self, req: Request) -> bool:
@@ -234,6 +247,7 @@ class BlockManager:
         self._swap_free.extend(reversed(self._swapped.pop(request_id, [])))
         blocks = self._req_blocks.pop(request_id, [])
         self._req_hashes.pop(request_id, None)
+        self._req_published.pop(request_id, None)
         self._free.release(request_id)
         for b in reversed(blocks):
             block = self.blocks[b]

@@ -157,10 +157,11 @@ class OutputProcessor:
     def _flush(self, touched: dict[str, Group]) -> list[RequestOutput]:
         results = []
         for group in touched.values():
-            out = self._request_output(group)
+            finished = all(c.is_finished for c in group.children)
+            out = self._request_output(group, finished)
             if out is not None:
                 results.append(out)
-            if all(c.is_finished for c in group.children):
+            if finished:
                 self.drop_group(group.request_id)
         return results
 
@@ -267,8 +268,9 @@ class OutputProcessor:
             stop_reason=req.stop_reason,
         )
 
-    def _request_output(self, group: Group) -> RequestOutput | None:
-        finished = all(c.is_finished for c in group.children)
+    def _request_output(self, group: Group, finished: bool | None = None) -> RequestOutput | None:
+        if finished is None:
+            finished = all(c.is_finished for c in group.children)
         n, best_of = group.params.n, group.params.best_of or 1
         if best_of > n and not finished:
             return None  # best_of picks among complete sequences only

@@ -26,16 +26,16 @@ class RequestStatus(enum.Enum):
 
     @property
     def finished(self) -> bool:
-        return self in (
-            RequestStatus.FINISHED_STOPPED,
-            RequestStatus.FINISHED_LENGTH,
-            RequestStatus.FINISHED_ABORTED,
-        )
+        return self._value_ in FINISHED_VALUES  # _value_: the plain attribute behind .value
 
     @property
     def finish_reason(self) -> str | None:
         """The OpenAI finish_reason string (None while not finished)."""
         return self.value if self.finished else None
+
+
+# the finished states' values (a constant: read by every request's is_finished each step)
+FINISHED_VALUES = frozenset(("stop", "length", "abort"))
 
 
 @dataclass

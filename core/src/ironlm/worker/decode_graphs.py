@@ -36,9 +36,20 @@ logger = logging.getLogger(__name__)
 class _StaticInputs:
     batch: AttentionBatch  # static: seq_lens, context_lens, block_tables, slot_mapping
     metadata: Any  # the backend's graph metadata over ``batch``
-    input_ids: torch.Tensor  # (size,) int64
-    positions: torch.Tensor  # (size,) int64
+    # (3, size) int64 rows: input ids, positions, slot mapping (batch.slot_mapping is row 2);
+    # one host-to-device copy fills them each step
+    longs: torch.Tensor
+    # (2, size) int32 rows: batch.seq_lens, batch.context_lens; one copy each step
+    lens: torch.Tensor
     lora_slots: torch.Tensor | None  # (size,) int32 adapter slot per row, with LoRA
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        return self.longs[0]
+
+    @property
+    def positions(self) -> torch.Tensor:
+        return self.longs[1]
 
 
 @dataclass
@@ -112,16 +123,10 @@ class DecodeGraphs:
         n, size, bs = len(ids), c.input_ids.shape[0], self.block_size
         pad = size - n
         slots = [t[p // bs] * bs + p % bs for t, p in zip(tables, pos)]
-        rows = torch.tensor(
-            [ids + [0] * pad, pos + [0] * pad, slots + [-1] * pad,
-             [p + 1 for p in pos] + [1] * pad],
-            dtype=torch.int64,
-        )  # fmt: skip
-        c.input_ids.copy_(rows[0])
-        c.positions.copy_(rows[1])
-        c.batch.slot_mapping.copy_(rows[2])
-        c.batch.seq_lens.copy_(rows[3])
-        c.batch.context_lens.copy_(rows[1])
+        c.longs.copy_(torch.tensor([ids + [0] * pad, pos + [0] * pad, slots + [-1] * pad],
+                                   dtype=torch.int64))  # fmt: skip
+        c.lens.copy_(torch.tensor([[p + 1 for p in pos] + [1] * pad, pos + [0] * pad],
+                                  dtype=torch.int32))  # fmt: skip
         width = max(len(t) for t in tables)
         c.batch.block_tables[:n, :width].copy_(
             torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
@@ -133,12 +138,16 @@ class DecodeGraphs:
 
     def _static_inputs(self, size: int) -> _StaticInputs:
         dev = self.device
+        longs = torch.zeros(3, size, dtype=torch.int64, device=dev)
+        longs[2] = -1  # slot mapping: padding rows write nothing
+        lens = torch.zeros(2, size, dtype=torch.int32, device=dev)
+        lens[0] = 1  # seq_lens
         batch = AttentionBatch(
             query_start_loc=torch.arange(size + 1, dtype=torch.int32, device=dev),
-            seq_lens=torch.ones(size, dtype=torch.int32, device=dev),
-            context_lens=torch.zeros(size, dtype=torch.int32, device=dev),
+            seq_lens=lens[0],
+            context_lens=lens[1],
             block_tables=torch.zeros(size, self.max_blocks, dtype=torch.int32, device=dev),
-            slot_mapping=torch.full((size,), -1, dtype=torch.int64, device=dev),
+            slot_mapping=longs[2],
             block_size=self.block_size,
             max_query_len=1,
             max_seq_len=self.max_blocks * self.block_size,
@@ -148,12 +157,10 @@ class DecodeGraphs:
         metadata = self.attention.graph_metadata(batch)
         if metadata is None:
             raise GraphCaptureError(f"attention backend {self.attention.name!r} has no graphs")
-        input_ids = torch.zeros(size, dtype=torch.int64, device=dev)
-        positions = torch.zeros(size, dtype=torch.int64, device=dev)
         lora_slots = None
         if self.lora_state is not None:  # the LoRA kernels read a static slot tensor
             lora_slots = torch.full((size,), -1, dtype=torch.int32, device=dev)
-        return _StaticInputs(batch, metadata, input_ids, positions, lora_slots)
+        return _StaticInputs(batch, metadata, longs, lens, lora_slots)
 
     def _capture(self, inputs: _StaticInputs) -> _Captured:
         if self.lora_state is not None:  # record the LoRA kernels over the static slot tensor
