@@ -138,3 +138,14 @@ def test_max_model_len_auto() -> None:
         assert engine_config_from_args(_parse(["m", "--max-model-len", text])).max_model_len == -1
     with pytest.raises(ValueError, match="at least 1, or -1"):
         engine_config_from_args(_parse(["m", "--max-model-len", "0"]))
+
+
+def test_hub_flags_of_vllm() -> None:
+    # a Hub repository id as the model (tests/test_hub_models.py serves one)
+    args = _parse(["Qwen/Qwen3-0.6B", "--revision", "v2", "--tokenizer-revision", "abc123",
+                   "--download-dir", "/models/hf", "--hf-token", "hf_secret"])
+    config = engine_config_from_args(args)
+    assert config.model == "Qwen/Qwen3-0.6B"
+    assert (config.revision, config.tokenizer_revision) == ("v2", "abc123")
+    assert (config.download_dir, config.hf_token) == ("/models/hf", "hf_secret")
+    assert "hf_secret" not in repr(config)  # the token is kept out of logs

@@ -34,6 +34,14 @@ class EngineConfig:
     tokenizer_extension_path: str | None = None
     tokenizer_mode: str = "auto"  # auto / hf: the HF tokenizer (TOKENIZER_MODES)
     trust_remote_code: bool = False
+    # a model (or tokenizer) named by a Hugging Face Hub repository id (model_loader/hub.py):
+    # its revision (a branch, tag or commit hash; None: main), the tokenizer's when
+    # ``tokenizer`` is a repository id, the cache folder (None: huggingface_hub's), and a
+    # token for gated or private repositories (None: HF_TOKEN or the stored login)
+    revision: str | None = None
+    tokenizer_revision: str | None = None
+    download_dir: str | None = None
+    hf_token: str | None = field(default=None, repr=False)
     # laid over the model's HF config before anything reads it (vLLM's hf_overrides): a
     # nested object updates the sub-config of that name
     hf_overrides: dict[str, Any] = field(default_factory=dict)

@@ -30,7 +30,7 @@ from ironlm.interfaces.executor import Executor
 from ironlm.interfaces.reasoning_parser import ReasoningParser
 from ironlm.interfaces.step import ModelInput, ModelOutput, NewRequestData, ScheduledSeq
 from ironlm.lora.request import LoRARequest
-from ironlm.model_loader import resolve_model
+from ironlm.model_loader import HubOptions, resolve_model
 from ironlm.outputs import RequestOutput
 from ironlm.plugin_manager import PluginManager
 from ironlm.sampling_params import SamplingParams
@@ -59,8 +59,10 @@ class LLMEngine:
         fit_to_cache = config.max_model_len == -1  # vLLM's "auto": capped by the KV cache
         if fit_to_cache:
             config = replace(config, max_model_len=None)
-        source = resolve_model(config.model, config.trust_remote_code, config.hf_overrides)
-        self.tokenizer = source.load_tokenizer(config.tokenizer)
+        hub = HubOptions.of(config)
+        source = resolve_model(config.model, config.trust_remote_code, config.hf_overrides, hub)
+        self.tokenizer = source.load_tokenizer(config.tokenizer,
+                                               replace(hub, revision=config.tokenizer_revision))
         if config.tokenizer_extension_path is not None:
             self.tokenizer = extend_tokenizer(self.tokenizer, config.tokenizer_extension_path)
         self.max_model_len = _max_model_len(config, source.max_position_embeddings)
@@ -167,8 +169,8 @@ class LLMEngine:
             return None
         model_type = None
         if config.speculative_proposer_name is None:
-            model_type = getattr(resolve_model(spec, config.trust_remote_code).hf_config,
-                                 "model_type", None)  # fmt: skip
+            draft = resolve_model(spec, config.trust_remote_code, None, HubOptions.cache_of(config))
+            model_type = getattr(draft.hf_config, "model_type", None)
         proposer_cls = self.pm.select_speculative_proposer(spec, model_type)
         limit = config.speculative_max_model_len
         if limit is not None and limit > self.max_model_len:

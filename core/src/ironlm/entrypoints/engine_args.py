@@ -20,13 +20,22 @@ from ironlm.config import LOAD_FORMATS, EngineConfig
 
 # Help per engine argument (fields missing here still get a flag, with a generic help).
 ENGINE_HELP: dict[str, str] = {
-    "model": "HF folder, GGUF file, or model name to serve (same as the positional MODEL)",
+    "model": "HF folder, GGUF file, or Hugging Face Hub repository id (org/name, or "
+             "org/name-GGUF:QUANT) to serve (same as the positional MODEL)",
     "tokenizer": "tokenizer folder or name (default: the model's)",
     "tokenizer_extension_path": "Python file defining extend_tokenizer(tokenizer) -> "
                                 "tokenizer, called once after the tokenizer loads",
     "tokenizer_mode": "auto or hf: the model's Hugging Face tokenizer (vLLM's other modes, "
                       "mistral, custom, slow, are refused)",
     "trust_remote_code": "trust remote code of the model's HF config",
+    "revision": "with a Hugging Face Hub repository id as the model: the branch, tag or "
+                "commit hash to fetch (default: main)",
+    "tokenizer_revision": "with a Hub repository id as --tokenizer: its branch, tag or "
+                          "commit hash",
+    "download_dir": "folder of the Hugging Face Hub cache models are fetched into and read "
+                    "from (default: huggingface_hub's, e.g. ~/.cache/huggingface/hub)",
+    "hf_token": "token for gated or private Hub repositories (default: HF_TOKEN or the "
+                "token of `hf auth login`)",
     "hf_overrides": "JSON object laid over the model's HF config, e.g. "
                     "'{\"max_position_embeddings\": 4096}' (an object value updates the "
                     "sub-config of that name)",

@@ -11,6 +11,8 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig, PretrainedConfig
 
+from ironlm.model_loader.hub import HubOptions, fetch_model, is_hub_reference
+
 log = logging.getLogger("ironlm.model_loader")
 
 # used when a config names no context length (vLLM's fallback)
@@ -48,13 +50,16 @@ class ModelSource:
             return config
         return config.to_dict()
 
-    def load_tokenizer(self, tokenizer: str | None = None) -> Any:
-        """The HF tokenizer: from ``tokenizer`` (a folder or hub-cache name) when given, else
-        from the model folder, else converted from the GGUF metadata."""
+    def load_tokenizer(self, tokenizer: str | None = None, hub: HubOptions | None = None) -> Any:
+        """The HF tokenizer: from ``tokenizer`` (a folder, or a Hub repository id fetched with
+        ``hub``'s revision, cache folder and token) when given, else from the model folder,
+        else converted from the GGUF metadata."""
         if tokenizer is not None:
+            hub = hub or HubOptions()
             return AutoTokenizer.from_pretrained(
-                tokenizer, trust_remote_code=self.trust_remote_code
-            )
+                tokenizer, trust_remote_code=self.trust_remote_code, revision=hub.revision,
+                cache_dir=hub.download_dir, token=hub.token,
+            )  # fmt: skip
         if self.gguf_file is not None:
             return AutoTokenizer.from_pretrained(
                 str(self.gguf_file.parent),
@@ -73,17 +78,22 @@ class ModelSource:
 
 
 def resolve_model(
-    model: str, trust_remote_code: bool = False, hf_overrides: dict[str, Any] | None = None
-) -> ModelSource:
-    """Resolve ``model`` (a local HF folder with config.json, or a .gguf file) into a
+    model: str, trust_remote_code: bool = False, hf_overrides: dict[str, Any] | None = None,
+    hub: HubOptions | None = None,
+) -> ModelSource:  # fmt: skip
+    """Resolve ``model`` (a local HF folder with config.json, a .gguf file, or a Hugging Face
+    Hub repository id fetched with ``hub``'s options: model_loader/hub.py) into a
     ModelSource, ``hf_overrides`` laid over its config. ValueError when the path does not
     exist or holds no model."""
+    hub = hub or HubOptions()
     path = Path(model).expanduser()
     if not path.exists():
-        raise ValueError(
-            f"model {model!r} does not exist: give a local HF folder (config.json + weights) "
-            "or a .gguf file"
-        )
+        if not is_hub_reference(model):
+            raise ValueError(
+                f"model {model!r} does not exist: give a local HF folder (config.json + "
+                "weights), a .gguf file, or a Hugging Face Hub repository id"
+            )
+        path = fetch_model(model, hub)
     path = path.resolve()
     if path.is_file():
         if path.suffix.lower() != ".gguf":

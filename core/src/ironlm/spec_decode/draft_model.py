@@ -30,7 +30,7 @@ from ironlm.interfaces.spec_decode import (
     ProposerContext,
     SpeculativeProposer,
 )
-from ironlm.model_loader import resolve_model
+from ironlm.model_loader import HubOptions, resolve_model
 
 
 class DraftModelProposer(SpeculativeProposer):
@@ -51,7 +51,7 @@ class DraftModelProposer(SpeculativeProposer):
     def validate(cls, config: EngineConfig, tokenizer: Any, vocab_size: int) -> None:
         path = config.speculative_model
         assert path is not None
-        source = resolve_model(path, config.trust_remote_code)
+        source = resolve_model(path, config.trust_remote_code, None, HubOptions.cache_of(config))
         draft_vocab = int(source.hf_config.vocab_size)
         draft_tok = source.load_tokenizer()
         problem = _tokenizer_difference(tokenizer, draft_tok)

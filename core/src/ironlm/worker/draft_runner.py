@@ -16,7 +16,7 @@ from ironlm.interfaces.model import ModelArchitecture, ModelContext
 from ironlm.interfaces.platform import Platform
 from ironlm.interfaces.quantization import QuantizationMethod, UnquantizedMethod
 from ironlm.interfaces.spec_decode import DraftModel, DraftSeq
-from ironlm.model_loader import load_model, resolve_model
+from ironlm.model_loader import HubOptions, load_model, resolve_model
 from ironlm.plugin_manager import PluginManager
 from ironlm.worker.decode_graphs import DecodeGraphs
 from ironlm.worker.kv_cache import KVCache
@@ -34,7 +34,7 @@ class DraftModelRunner(DraftModel):
         device: torch.device,
         device_index: int,
     ) -> None:
-        source = resolve_model(path, config.trust_remote_code)
+        source = resolve_model(path, config.trust_remote_code, None, HubOptions.cache_of(config))
         layer_ops = platform.layer_ops()
         quant: QuantizationMethod = UnquantizedMethod()
         qcfg = source.quantization_config

@@ -17,7 +17,7 @@ from ironlm.interfaces.spec_decode import SpeculativeProposer
 from ironlm.interfaces.step import ModelInput, ModelOutput
 from ironlm.interfaces.worker import WorkerBase, WorkerRank
 from ironlm.lora.request import LoRARequest
-from ironlm.model_loader import ModelSource, load_model, resolve_model
+from ironlm.model_loader import HubOptions, ModelSource, load_model, resolve_model
 from ironlm.plugin_manager import PluginManager
 from ironlm.registry import UnavailableError
 from ironlm.worker.decode_graphs import DecodeGraphs
@@ -36,7 +36,7 @@ class Worker(WorkerBase):
         super().__init__(config, rank, plugins)
         self.plugins = plugins if plugins is not None else PluginManager()
         self.source: ModelSource = resolve_model(config.model, config.trust_remote_code,
-                                                 config.hf_overrides)
+                                                 config.hf_overrides, HubOptions.of(config))
         self._platform: Platform | None = None
         self._runner: ModelRunner | None = None
         self._kv: KVCache | None = None
@@ -126,8 +126,9 @@ class Worker(WorkerBase):
         assert spec is not None
         model_type = None
         if self.config.speculative_proposer_name is None:
-            model_type = getattr(resolve_model(spec, self.config.trust_remote_code).hf_config,
-                                 "model_type", None)  # fmt: skip
+            draft = resolve_model(spec, self.config.trust_remote_code, None,
+                                  HubOptions.cache_of(self.config))  # fmt: skip
+            model_type = getattr(draft.hf_config, "model_type", None)
         proposer_cls = self.plugins.select_speculative_proposer(spec, model_type)
 
         def load_draft(path: str) -> DraftModelRunner:
