@@ -57,22 +57,58 @@ def test_cache_salt_starts_its_own_chain() -> None:
 
 
 def test_blocks_filled_by_decode_steps_are_cached() -> None:
-    # decode steps fill blocks one token at a time (most steps need no new block: the fast
-    # path); each block is offered to the cache when it becomes full, so a later prompt of the
-    # prompt + output finds every full block
+    # decode steps fill blocks one token at a time (a step that needs no new block takes
+    # allocate's early return); each block is offered to the cache when it becomes full, so
+    # after every step the full blocks are hashed and a later prompt of the prompt + output
+    # finds them all
     bm = BlockManager(num_kv_blocks=16, block_size=4, enable_prefix_caching=True)
     a = _req("a", list(range(6)))
     assert bm.allocate(a, 6)
     a.num_computed_tokens = 6
-    for tok in range(100, 111):  # 11 decode steps: tokens 6..16
+    for tok in range(100, 110):  # 10 decode steps: tokens 6..15
         a.output_token_ids.append(tok)
         assert bm.allocate(a, 1)
         a.num_computed_tokens += 1
-    assert a.num_tokens == 17 and len(bm.block_ids("a")) == 5
-    hashed = [bm.blocks[b].block_hash is not None for b in bm.block_ids("a")]
-    assert hashed == [True, True, True, True, False]  # 16 tokens: 4 full blocks
+        hashed = [bm.blocks[b].block_hash is not None for b in bm.block_ids("a")]
+        assert sum(hashed) == a.num_tokens // 4 and all(hashed[: a.num_tokens // 4])
+    assert a.num_tokens == 16 and len(bm.block_ids("a")) == 4
     later = _req("b", a.all_token_ids + [7])
-    assert bm.find_cached_prefix(later) == bm.block_ids("a")[:4]
+    assert bm.find_cached_prefix(later) == bm.block_ids("a")
+
+
+def test_duplicate_blocks_are_offered_again_once_the_holder_goes() -> None:
+    # two live requests with the same prompt: the second's blocks duplicate the first's and
+    # are not cached while the first holds the hashes; once the first is freed and its blocks
+    # are reused, the second's blocks serve the prefix
+    bm = BlockManager(num_kv_blocks=6, block_size=4, enable_prefix_caching=True)
+    a, b = _req("a", list(range(9))), _req("b", list(range(9)))
+    assert bm.allocate(a, 9) and bm.allocate(b, 9)  # b computes its own copy (no lookup)
+    bm.free("a")
+    filler = _req("f", [50 + i for i in range(12)])
+    assert bm.allocate(filler, 12)  # takes a's freed blocks: their hashes are gone
+    b.num_computed_tokens = 9
+    b.output_token_ids.append(42)
+    assert bm.allocate(b, 1)  # a decode step of b offers its blocks again
+    assert bm.find_cached_prefix(_req("c", list(range(9)))) == bm.block_ids("b")[:2]
+
+
+def test_swapped_in_blocks_take_over_the_hashes_of_their_free_copies() -> None:
+    # swap-out frees the device blocks (they keep their hashes); swap-in copies the KV into
+    # other free blocks, which take the hashes over, so the prefix stays cached after the old
+    # blocks are reused
+    bm = BlockManager(num_kv_blocks=8, block_size=4, enable_prefix_caching=True,
+                      num_swap_blocks=4)  # fmt: skip
+    a = _req("a", list(range(10)))
+    assert bm.allocate(a, 10)
+    a.num_computed_tokens = 10
+    old = list(bm.block_ids("a"))
+    bm.swap_out(a)
+    bm.swap_in(a)
+    new = bm.block_ids("a")
+    assert not set(old) & set(new)  # the pool handed out blocks freed longer ago
+    assert [bm.blocks[b].block_hash is not None for b in new] == [True, True, False]
+    assert bm.allocate(_req("f", [50 + i for i in range(20)]), 20)  # the 5 other blocks
+    assert bm.find_cached_prefix(_req("c", list(range(9)))) == new[:2]
 
 
 def test_allocation_fails_cleanly_when_full() -> None:

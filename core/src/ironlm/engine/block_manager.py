@@ -49,8 +49,9 @@ class BlockManager:
         self._cached: dict[int, int] = {}  # block hash -> block id
         self._req_blocks: dict[str, list[int]] = {}
         self._req_hashes: dict[str, list[int]] = {}  # hashes of the request's full blocks
-        # how many of the request's first blocks were offered to the cache: each block is
-        # offered once, when it becomes full (a decode step then costs no walk over its blocks)
+        # how many of the request's first blocks are settled in the cache: each block is
+        # offered when it becomes full (a decode step then walks none of its blocks); one
+        # whose hash another live request's copy holds is offered again on later steps
         self._req_published: dict[str, int] = {}
         self.stats = PrefixCacheStats()
         self.num_swap_blocks = num_swap_blocks
@@ -177,12 +178,21 @@ class BlockManager:
             return
         owned = self._req_blocks[rid]
         hashes = self._hashes(req, num_full)
+        retry_from = num_full
         for i in range(done, num_full):
             block, h = self.blocks[owned[i]], hashes[i]
-            if block.block_hash is None and h not in self._cached:
+            if block.block_hash is not None:
+                continue  # a cached prefix block it took, or published before
+            holder = self._cached.get(h)
+            if holder is not None and self.blocks[holder].ref_count == 0:
+                self._evict_hash(holder)  # a free copy (e.g. left by a swap-out) gives way
+                holder = None
+            if holder is None:
                 block.block_hash = h
                 self._cached[h] = block.block_id
-        self._req_published[rid] = num_full
+            else:  # another live request's copy holds the hash: offer this one again later
+                retry_from = min(retry_from, i)
+        self._req_published[rid] = retry_from
 
     def fork(self, parent_id: str, child_id: str) -> None:
         """Share all of the parent's blocks with a new child (copy-on-write by the caller)."""
