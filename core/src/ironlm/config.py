@@ -49,6 +49,9 @@ class EngineConfig:
     # None: the model's max_position_embeddings; -1 (vLLM's "auto"): that, or the longest
     # context the KV cache holds when it holds less
     max_model_len: int | None = None
+    # vLLM's: the model's sliding-window layers attend to the whole context, which is capped
+    # to the window (so the outputs are the same); no effect on a model without a window
+    disable_sliding_window: bool = False
     block_size: int | None = None  # None: the platform's default_block_size (16; npu 128)
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True

@@ -30,7 +30,8 @@ from ironlm.interfaces.executor import Executor
 from ironlm.interfaces.reasoning_parser import ReasoningParser
 from ironlm.interfaces.step import ModelInput, ModelOutput, NewRequestData, ScheduledSeq
 from ironlm.lora.request import LoRARequest
-from ironlm.model_loader import HubOptions, resolve_model
+from ironlm.model_loader import HubOptions, ModelSource, resolve_model
+from ironlm.model_loader.source import sliding_window
 from ironlm.outputs import RequestOutput
 from ironlm.plugin_manager import PluginManager
 from ironlm.sampling_params import SamplingParams
@@ -65,7 +66,7 @@ class LLMEngine:
                                                replace(hub, revision=config.tokenizer_revision))
         if config.tokenizer_extension_path is not None:
             self.tokenizer = extend_tokenizer(self.tokenizer, config.tokenizer_extension_path)
-        self.max_model_len = _max_model_len(config, source.max_position_embeddings)
+        self.max_model_len = _max_model_len(config, *_model_limit(config, source))
         config = config.with_scheduler_limits(
             *platform.scheduler_defaults(serving, config.world_size), self.max_model_len
         )
@@ -451,14 +452,24 @@ def _recomputed(plan: SchedulerOutput) -> list[str]:
     return [r.request_id for r in plan.preempted if r.status != RequestStatus.SWAPPED]
 
 
-def _max_model_len(config: EngineConfig, model_max: int | None) -> int:
+def _model_limit(config: EngineConfig, source: ModelSource) -> tuple[int | None, str]:
+    """The longest context the model takes, and what sets it: its max_position_embeddings,
+    or with disable_sliding_window its sliding window when shorter (vLLM's cap)."""
+    window = sliding_window(source.hf_config) if config.disable_sliding_window else None
+    limit = source.max_position_embeddings
+    if window is not None and (limit is None or window < limit):
+        return window, "sliding window (disable_sliding_window caps the length to it)"
+    return limit, "max_position_embeddings"
+
+
+def _max_model_len(config: EngineConfig, model_max: int | None, what: str) -> int:
     if config.max_model_len is None:
         if model_max is None:
             raise ValueError("the model config has no max_position_embeddings; set max_model_len")
         return int(model_max)
     if model_max is not None and config.max_model_len > model_max:
         raise ValueError(
-            f"max_model_len ({config.max_model_len}) is greater than the model's "
-            f"max_position_embeddings ({model_max})"
+            f"max_model_len ({config.max_model_len}) is greater than the model's {what} "
+            f"({model_max})"
         )
     return config.max_model_len

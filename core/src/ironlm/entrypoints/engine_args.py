@@ -43,6 +43,8 @@ ENGINE_HELP: dict[str, str] = {
     "max_model_len": "context length, e.g. 4096, 4k, 4K (default: the model's "
                      "max_position_embeddings; auto or -1: that, or the longest context the KV "
                      "cache holds when it holds less)",
+    "disable_sliding_window": "the model's sliding-window layers attend to the whole "
+                              "context, capped to the window (vLLM's)",
     "block_size": "tokens per KV-cache block (default: the platform's: 16 on cpu and cuda, "
                   "128 on npu)",
     "enable_prefix_caching": "reuse KV blocks of shared prompt prefixes",

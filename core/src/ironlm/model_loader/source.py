@@ -109,6 +109,18 @@ def resolve_model(
     return _source(path, None, config, _config_dtype(config), trust_remote_code)
 
 
+def sliding_window(config: PretrainedConfig) -> int | None:
+    """The window of the model's sliding-window layers; None when no layer slides (no
+    window, ``use_sliding_window`` false, or ``layer_types`` without a sliding layer)."""
+    window = getattr(config, "sliding_window", None)
+    if not window or getattr(config, "use_sliding_window", True) is False:
+        return None
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None and "sliding_attention" not in layer_types:
+        return None
+    return int(window)
+
+
 def _override(config: PretrainedConfig, overrides: dict[str, Any] | None) -> PretrainedConfig:
     """``overrides`` laid over ``config`` (vLLM's hf_overrides): a value that is an object,
     for a key naming a sub-config or an object (``rope_parameters``), updates its fields;

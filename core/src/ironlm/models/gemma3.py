@@ -36,6 +36,12 @@ def layer_types_of(hf_config: Any) -> list[str]:
     return [FULL if (i + 1) % pattern == 0 else SLIDING for i in range(hf_config.num_hidden_layers)]
 
 
+def _window(hf_config: Any) -> int | None:
+    """The sliding layers' window (None: they attend to everything, disable_sliding_window)."""
+    window = getattr(hf_config, "sliding_window", None)
+    return int(window) if window else None
+
+
 class Gemma3DecoderLayer(torch.nn.Module):
     def __init__(
         self,
@@ -61,7 +67,7 @@ class Gemma3DecoderLayer(torch.nn.Module):
             o_bias=bool(getattr(hf_config, "attention_bias", False)),
             qk_norm_eps=eps,
             qk_norm_offset=GEMMA_NORM_OFFSET,
-            sliding_window=int(hf_config.sliding_window) if self.is_sliding else None,
+            sliding_window=_window(hf_config) if self.is_sliding else None,
             logits_soft_cap=getattr(hf_config, "attn_logit_softcapping", None),
         )
         self.mlp = GatedMLP(

@@ -37,6 +37,10 @@ class Worker(WorkerBase):
         self.plugins = plugins if plugins is not None else PluginManager()
         self.source: ModelSource = resolve_model(config.model, config.trust_remote_code,
                                                  config.hf_overrides, HubOptions.of(config))
+        if config.disable_sliding_window and getattr(self.source.hf_config, "sliding_window", None):
+            # vLLM's: every layer attends to the whole context (the engine capped the length
+            # to the window first, so the outputs are the windowed model's)
+            self.source.hf_config.sliding_window = None
         self._platform: Platform | None = None
         self._runner: ModelRunner | None = None
         self._kv: KVCache | None = None
