@@ -97,6 +97,14 @@ class EngineConfig:
     generation_config: str = "auto"
     override_generation_config: dict[str, Any] = field(default_factory=dict)
     enforce_eager: bool = False
+    # decode graphs (vLLM's CUDA-graph sizes): the decode batch sizes captured (a batch runs
+    # padded to the next one) and the largest; None: vLLM's pattern, 1, 2, 4, then steps of
+    # 8 to 256 and of 16 beyond, up to the largest (None: the platform's; cuda 256, cpu 64)
+    cudagraph_capture_sizes: list[int] | None = None
+    max_cudagraph_capture_size: int | None = None
+    # vLLM's compilation_config JSON: its cudagraph_capture_sizes, max_cudagraph_capture_size
+    # and cudagraph_mode ("NONE": enforce_eager) are taken (config_aliases.py)
+    compilation_config: dict[str, Any] | None = None
     kv_cache_dtype: str = "auto"
     disable_log_stats: bool = True
     # Speculative decoding (vLLM's flags): a draft model's path, or "[ngram]" (prompt lookup), or
@@ -172,6 +180,11 @@ class EngineConfig:
                              f"got {type(self.hf_overrides).__name__}")
         apply_vllm_aliases(self)
         _check_speculative(self)
+        sizes = [*(self.cudagraph_capture_sizes or []), self.max_cudagraph_capture_size or 1]
+        if any(not isinstance(n, int) or isinstance(n, bool) or n < 1
+               for n in sizes):
+            raise ValueError(f"cudagraph capture sizes must be positive integers, got "
+                             f"{self.cudagraph_capture_sizes} / {self.max_cudagraph_capture_size}")
         if self.num_scheduler_steps < 1:
             raise ValueError(
                 f"num_scheduler_steps must be at least 1, got {self.num_scheduler_steps}"

@@ -9,10 +9,13 @@ are taken; each alias is moved into the older field and cleared, which keeps
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ironlm.config import EngineConfig
+
+log = logging.getLogger("ironlm.config")
 
 # speculative_config keys and the EngineConfig field each one sets
 _SPEC_FIELDS = {
@@ -39,6 +42,54 @@ def apply_vllm_aliases(cfg: EngineConfig) -> None:
     if cfg.structured_outputs_config is not None:
         _apply_structured_outputs_config(cfg, cfg.structured_outputs_config)
         cfg.structured_outputs_config = None
+    if cfg.compilation_config is not None:
+        _apply_compilation_config(cfg, cfg.compilation_config)
+        cfg.compilation_config = None
+
+
+# compilation_config keys of vLLM's torch.compile (IronLM compiles nothing: accepted, logged)
+_COMPILE_ONLY = frozenset({
+    "level", "mode", "backend", "custom_ops", "splitting_ops", "use_inductor",
+    "compile_sizes", "inductor_compile_config", "inductor_passes", "pass_config",
+    "debug_dump_path", "cache_dir", "local_cache_dir", "compile_cache_save_format",
+    "use_inductor_graph_partition", "cudagraph_num_of_warmups", "cudagraph_copy_inputs",
+    "cudagraph_specialize_lora", "full_cuda_graph", "use_cudagraph", "dynamic_shapes_config",
+})  # fmt: skip
+# vLLM's cudagraph modes; IronLM's graphs are full graphs of pure decode steps (prefill and
+# mixed steps run eagerly), so every mode but NONE gives those
+_CUDAGRAPH_MODES = frozenset({"NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY",
+                              "FULL_AND_PIECEWISE"})
+
+
+def _apply_compilation_config(cfg: EngineConfig, cc: dict[str, Any]) -> None:
+    """vLLM's compilation_config: capture sizes onto the graph fields, cudagraph_mode NONE
+    onto enforce_eager; torch.compile's keys are accepted and logged as unused."""
+    if not isinstance(cc, dict):
+        raise ValueError(f"compilation_config must be a JSON object, got {cc!r}")
+    graph_keys = {"cudagraph_capture_sizes", "max_cudagraph_capture_size", "cudagraph_mode"}
+    unknown = sorted(set(cc) - graph_keys - _COMPILE_ONLY)
+    if unknown:
+        raise ValueError(f"compilation_config keys {unknown} are not supported; IronLM takes "
+                         f"{sorted(graph_keys)} (and accepts torch.compile's, unused)")
+    unused = sorted(set(cc) & _COMPILE_ONLY)
+    if unused:
+        log.warning("compilation_config %s unused: IronLM compiles nothing", unused)
+    for key in ("cudagraph_capture_sizes", "max_cudagraph_capture_size"):
+        if cc.get(key) is not None:
+            if getattr(cfg, key) is not None:
+                raise ValueError(f"compilation_config's {key} and {key} given: use one form")
+            if key == "cudagraph_capture_sizes" and not isinstance(cc[key], list):
+                raise ValueError(f"compilation_config cudagraph_capture_sizes must be a list "
+                                 f"of batch sizes, got {cc[key]!r}")
+            setattr(cfg, key, cc[key])
+    mode = cc.get("cudagraph_mode")
+    if mode is not None:
+        name = str(mode).upper()
+        if name not in _CUDAGRAPH_MODES:
+            raise ValueError(f"compilation_config cudagraph_mode {mode!r} is not one of "
+                             f"{sorted(_CUDAGRAPH_MODES)}")
+        if name == "NONE":
+            cfg.enforce_eager = True
 
 
 # StructuredOutputsConfig options and the value that leaves them off (vLLM's defaults); a

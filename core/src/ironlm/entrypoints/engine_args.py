@@ -88,6 +88,15 @@ ENGINE_HELP: dict[str, str] = {
                          "max_tokens), vllm (none), or a folder holding a generation_config.json",
     "override_generation_config": "JSON object laid over the generation config's sampling "
                                   "fields, e.g. '{\"temperature\": 0.5}'",
+    "cudagraph_capture_sizes": "decode batch sizes captured as graphs, e.g. 1 2 4 8 16 (a "
+                               "batch runs padded to the next; default: 1, 2, 4, then every "
+                               "8th to 256, every 16th beyond, up to the largest)",
+    "max_cudagraph_capture_size": "the largest decode batch captured (default: the "
+                                  "platform's: cuda 256, cpu 64)",
+    "compilation_config": "vLLM's JSON: its cudagraph_capture_sizes, "
+                          "max_cudagraph_capture_size and cudagraph_mode (NONE: "
+                          "--enforce-eager) are taken; torch.compile's keys are accepted "
+                          "and unused (IronLM compiles nothing)",
     "enforce_eager": "never capture device graphs",
     "kv_cache_dtype": "KV-cache dtype (auto: the model dtype)",
     "speculative_model": "draft model (HF folder or GGUF sharing the tokenizer), or \"[ngram]\" "
@@ -195,6 +204,8 @@ def add_engine_args(
             group.add_argument(flag, type=_length_or_auto, default=default, help=help_text)
         elif f.name in _HUMAN_INT_FIELDS:
             group.add_argument(flag, type=human_readable_int, default=default, help=help_text)
+        elif typing.get_origin(base) is list:  # list[int]: space-separated values
+            group.add_argument(flag, type=int, nargs="+", default=default, help=help_text)
         elif typing.get_origin(base) is dict or base is dict:
             group.add_argument(flag, type=json_object, default=None, help=help_text)
         elif base in (int, float, str):

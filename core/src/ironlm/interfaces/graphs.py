@@ -37,8 +37,9 @@ class StepGraph(ABC):
 class GraphCapture(ABC):
     """Captures forwards for one model on one platform.
 
-    ``max_batch_size``: the largest decode batch worth a graph here (batches are padded up to
-    the next captured size: 1, 2, 4, 8, ... up to this).
+    ``max_batch_size``: the largest decode batch worth a graph here by default (batches are
+    padded up to the next captured size: vLLM's 1, 2, 4, 8, 16, 24, ... up to this, unless
+    the engine's cudagraph_capture_sizes / max_cudagraph_capture_size say otherwise).
     ``computes_on_capture``: whether the forward that ``capture`` records also computed its
     output from the static inputs' contents at that time (cpu: the recorded calls ran; CUDA:
     a captured stream only records), so the step that captured needs no replay."""

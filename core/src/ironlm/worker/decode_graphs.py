@@ -1,11 +1,12 @@
 """DecodeGraphs: pure-decode steps of small batches through the platform's captured graphs.
 
 vLLM's CUDA-graph scheme, through the platform (``ironlm.interfaces.graphs``): a batch of n
-decode sequences is padded to the next capture size (1, 2, 4, ... up to the capture's
-``max_batch_size``); the first step of each size copies its inputs into static tensors and runs
-the forward, LM head included, under capture (where the platform's capture computes as it
-records, that forward is the step: no replay); every later step of that size copies its inputs
-into those tensors and replays. Padding rows read token 0 at position 0 with seq_len 1 and write
+decode sequences is padded to the next capture size (``capture_sizes``: vLLM's 1, 2, 4, 8,
+16, 24, ... up to the capture's ``max_batch_size``, or the engine's cudagraph_capture_sizes /
+max_cudagraph_capture_size); the first step of each size copies its inputs into static
+tensors and runs the forward, LM head included, under capture (where the platform's capture
+computes as it records, that forward is the step: no replay); every later step of that size
+copies its inputs into those tensors and replays. Padding rows read token 0 at position 0 with seq_len 1 and write
 nothing (slot -1); their logits are dropped. A capture that fails (``GraphCaptureError``) turns
 graphs off for the engine, with the reason logged once, and every step runs eagerly, as with
 ``enforce_eager``.
@@ -59,6 +60,19 @@ class _Captured:
     logits: torch.Tensor  # (size, vocab) float32, rewritten by each replay
 
 
+def capture_sizes(
+    requested: list[int] | None, largest: int | None, platform_largest: int
+) -> list[int]:
+    """The decode batch sizes to capture, ascending: the ``requested`` ones (none above
+    ``largest`` when given), else vLLM's pattern, 1, 2, 4, then every 8th size to 256 and
+    every 16th beyond, up to ``largest`` (None: the platform's)."""
+    if requested:
+        return sorted({n for n in requested if largest is None or n <= largest})
+    top = largest or platform_largest
+    pattern = [1, 2, 4, *range(8, 256, 8), *range(256, top + 1, 16)]
+    return [n for n in pattern if n <= top]
+
+
 class DecodeGraphs:
     def __init__(
         self,
@@ -70,6 +84,7 @@ class DecodeGraphs:
         max_model_len: int,
         device: torch.device,
         lora_state: LoRAStepState | None = None,
+        sizes: list[int] | None = None,  # ascending (capture_sizes); None: its default
     ) -> None:
         self.capture = capture
         self.lora_state = lora_state
@@ -79,8 +94,7 @@ class DecodeGraphs:
         self.block_size = block_size
         self.device = device
         self.max_blocks = -(-max_model_len // block_size)
-        self.sizes = [1 << i for i in range(capture.max_batch_size.bit_length())]
-        self.sizes = [s for s in self.sizes if s <= capture.max_batch_size]
+        self.sizes = sizes or capture_sizes(None, None, capture.max_batch_size)
         self.graphs: dict[int, _Captured] = {}
         self.disabled: str | None = None  # why graphs are off, once a capture failed
 

@@ -20,7 +20,7 @@ from ironlm.lora.request import LoRARequest
 from ironlm.model_loader import HubOptions, ModelSource, load_model, resolve_model
 from ironlm.plugin_manager import PluginManager
 from ironlm.registry import UnavailableError
-from ironlm.worker.decode_graphs import DecodeGraphs
+from ironlm.worker.decode_graphs import DecodeGraphs, capture_sizes
 from ironlm.worker.draft_runner import DraftModelRunner
 from ironlm.worker.kv_cache import KVCache
 from ironlm.worker.lora_manager import WorkerLoRAManager
@@ -205,6 +205,8 @@ class Worker(WorkerBase):
                 capture, runner.model, runner.attention, kv_caches, self.config.block_size,
                 min(longest or cache_tokens, cache_tokens), self.device,
                 runner.lora.state if runner.lora is not None else None,
+                capture_sizes(self.config.cudagraph_capture_sizes,
+                              self.config.max_cudagraph_capture_size, capture.max_batch_size),
             )  # fmt: skip
 
     def num_swap_blocks(self) -> int:
