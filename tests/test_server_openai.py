@@ -455,6 +455,11 @@ def test_metrics_counters_move(server: RemoteServer, client: openai.OpenAI) -> N
         metric(before, "vllm:request_generation_tokens_sum", 0) == 3
     assert metric(after, "vllm:request_params_max_tokens_sum") - \
         metric(before, "vllm:request_params_max_tokens_sum", 0) == 3
+    # vLLM's tokens-per-step histogram: the prompt's step(s), then two decode steps
+    steps = metric(after, "vllm:iteration_tokens_total_count") - \
+        metric(before, "vllm:iteration_tokens_total_count", 0)
+    assert steps >= 3 and metric(after, "vllm:iteration_tokens_total_sum") - \
+        metric(before, "vllm:iteration_tokens_total_sum", 0) >= steps
     # the prompt was looked up in the prefix cache (vLLM's counters, in tokens)
     assert metric(after, "vllm:prefix_cache_queries_total") > \
         metric(before, "vllm:prefix_cache_queries_total")

@@ -19,6 +19,7 @@ from ironlm.engine.adapter_cache import AdapterCache
 from ironlm.engine.block_manager import BlockManager
 from ironlm.engine.guided_manager import GuidedManager
 from ironlm.engine.input_processor import InputProcessor, PromptType
+from ironlm.engine.iteration_tokens import IterationTokens
 from ironlm.engine.output_processor import OutputProcessor
 from ironlm.engine.reasoning_gate import MarkerTokens, gate_grammars
 from ironlm.engine.request import Request, RequestStatus
@@ -134,6 +135,7 @@ class LLMEngine:
             self.max_model_len,
         )
         self.outputs = OutputProcessor(self.tokenizer, self.max_model_len)
+        self.iteration_tokens = IterationTokens()  # vllm:iteration_tokens_total
         self.reasoning_markers = MarkerTokens(self.tokenizer, self.reasoning_parser.end_marker) \
             if self.reasoning_parser is not None \
             and not config.structured_outputs_enable_in_reasoning else None
@@ -325,6 +327,7 @@ class LLMEngine:
                 ))
             return failed
         output = self.executor.execute_model(self._model_input(plan))
+        self.iteration_tokens.observe(plan.num_tokens)
         self.scheduler.on_step_done(plan, output)
         results = self.outputs.update(plan.scheduled, output, self.scheduler,
                                       per_step=bool(plan.num_steps))  # fmt: skip
@@ -422,6 +425,7 @@ class LLMEngine:
             "swap_usage": bm.swap_usage,
             "num_swap_blocks": bm.num_swap_blocks,
             "time": time.time(),
+            "iteration_tokens": self.iteration_tokens.to_dict(),
             **(self.spec.stats.to_dict() if self.spec is not None else {}),
             **self._lora_stats(),
         }

@@ -19,9 +19,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.registry import Collector
 
 from ironlm.engine.async_engine import AsyncEngine
 from ironlm.outputs import RequestOutput
@@ -161,6 +163,11 @@ class ServerMetrics:
             )
         }
         self._spec_seen: dict[str, float] = {}
+        # vLLM's tokens-per-step histogram: the engine keeps the cumulative counts
+        self.iteration_tokens = _EngineHistogram(
+            "vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+            model_name)
+        reg.register(self.iteration_tokens)
         # vLLM's lora_requests_info: adapters of running / waiting requests as labels (names,
         # comma-separated), the value the time they were read
         self.lora_info = Gauge(
@@ -192,6 +199,8 @@ class ServerMetrics:
         if total > self._preemptions_seen:  # the engine counts; the counter follows
             self.preemptions.labels(m).inc(total - self._preemptions_seen)
             self._preemptions_seen = total
+        if "iteration_tokens" in stats:
+            self.iteration_tokens.latest = stats["iteration_tokens"]
         if "spec_decode_num_draft_tokens" in stats:
             for key, g in self.spec_gauges.items():
                 g.labels(m).set(stats[key])
@@ -210,6 +219,27 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _EngineHistogram(Collector):
+    """A histogram the engine counts (cumulative buckets, sum, count in its stats: the
+    engine's IterationTokens.to_dict), exported as read at the last scrape."""
+
+    def __init__(self, name: str, doc: str, model_name: str) -> None:
+        self.name, self.doc, self.model_name = name, doc, model_name
+        self.latest: dict[str, Any] | None = None
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily(self.name, self.doc, labels=["model_name"])
+        if self.latest is not None:
+            buckets = [(_le(bound), count) for bound, count in self.latest["buckets"]]
+            family.add_metric([self.model_name], buckets, sum_value=self.latest["sum"])
+        yield family
+
+
+def _le(bound: float) -> str:
+    """A bucket's le label as prometheus_client writes it ("8.0", "+Inf")."""
+    return "+Inf" if bound == float("inf") else str(float(bound))
 
 
 async def fresh_stats(engine: AsyncEngine, timeout: float = 1.0) -> dict[str, Any]:
