@@ -38,6 +38,7 @@ from ironlm.entrypoints.openai.metrics import fresh_stats, log_stats_forever
 from ironlm.entrypoints.openai.middleware import (
     APIKeyMiddleware,
     BodySizeLimitMiddleware,
+    RequestIdHeaderMiddleware,
     load_middleware,
 )
 from ironlm.entrypoints.openai.protocol import (
@@ -265,6 +266,8 @@ def build_app(
     if api_keys:
         app.add_middleware(APIKeyMiddleware, api_keys=api_keys)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=args.max_request_body_size)
+    if args.enable_request_id_headers:  # outside the key and size checks: their errors too
+        app.add_middleware(RequestIdHeaderMiddleware)
     app.add_middleware(
         CORSMiddleware, allow_origins=args.allowed_origins,
         allow_credentials=args.allow_credentials, allow_methods=args.allowed_methods,

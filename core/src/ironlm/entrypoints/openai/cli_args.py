@@ -62,6 +62,9 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     srv.add_argument("--max-waiting-requests", type=int, default=1024,
                      help="more waiting requests than this get 503 (IronLM; default: "
                      "%(default)s)")
+    srv.add_argument("--enable-request-id-headers", action="store_true",
+                     help="answer with an X-Request-Id header: the request's own, else a new "
+                     "id (vLLM's)")
     srv.add_argument("--disable-fastapi-docs", action="store_true",
                      help="disable /docs, /redoc and /openapi.json")
     srv.add_argument("--lora-modules", type=parse_lora_module, nargs="+", action="extend",

@@ -1,4 +1,5 @@
-"""ASGI middleware of the server: API key, request-body size limit, and --middleware loading.
+"""ASGI middleware of the server: API key, request-body size limit, X-Request-Id headers, and
+--middleware loading.
 
 Pure ASGI (not BaseHTTPMiddleware): streaming responses and disconnect detection pass through
 untouched.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import hmac
 import importlib
 import inspect
+import uuid
 from typing import Any, Awaitable, Callable
 
 from fastapi import FastAPI
@@ -33,6 +35,29 @@ async def _send_error(send: Send, error: APIError) -> None:
 
 async def _no_receive() -> Message:  # JSONResponse never reads the request
     return {"type": "http.disconnect"}
+
+
+class RequestIdHeaderMiddleware:
+    """--enable-request-id-headers (vLLM's): every response carries ``X-Request-Id``, the
+    request's own header when it sent one (its completion ids carry it too), else a new id."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        value = dict(scope.get("headers") or []).get(b"x-request-id") or uuid.uuid4().hex.encode()
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [(k, v) for k, v in message.get("headers", [])
+                           if k.lower() != b"x-request-id"]  # fmt: skip
+                message = {**message, "headers": [*headers, (b"x-request-id", value)]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
 
 
 class APIKeyMiddleware:

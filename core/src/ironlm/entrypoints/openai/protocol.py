@@ -79,6 +79,9 @@ class SamplingFields(GuidedFields):
     cache_salt: str | None = None
     guided_decoding_backend: str | None = None  # the backend that enforces the GuidedFields
     return_tokens_as_token_ids: bool | None = None
+    # vLLM's: the id the request runs and is logged under and the response carries (with its
+    # prefix); an X-Request-Id header takes precedence; unset, a random one
+    request_id: str | None = None
 
 
 class CompletionRequest(SamplingFields):
@@ -131,6 +134,7 @@ class EmbeddingRequest(_Request):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
     user: str | None = None
+    request_id: str | None = None  # as SamplingFields.request_id
     add_special_tokens: bool | None = None  # default: True for input, False for messages
     add_generation_prompt: bool = False
     continue_final_message: bool = False

@@ -50,7 +50,7 @@ from ironlm.entrypoints.openai.request_inputs import (
     tokenize_prompt,
 )
 from ironlm.entrypoints.openai.serving_beam import beam_search, beam_search_params
-from ironlm.entrypoints.openai.state import ServerState, random_id
+from ironlm.entrypoints.openai.state import ServerState, request_id_for
 from ironlm.entrypoints.openai.streaming import close_all, sse
 from ironlm.entrypoints.openai.tool_calls import ToolExtractor, ToolPlan, plan_tools, tool_call_id
 from ironlm.interfaces.reasoning_parser import ReasoningDelta
@@ -127,7 +127,8 @@ async def create_chat_completion(
     echo = last["content"] if req.echo and last.get("role") == role \
         and isinstance(last.get("content"), str) else ""
     as_ids = bool(req.return_tokens_as_token_ids or state.options.return_tokens_as_token_ids)
-    ctx = _Ctx(state, req, random_id("chatcmpl"), int(time.time()), role, echo, plan, num_top,
+    rid = request_id_for("chatcmpl", request, req.request_id)
+    ctx = _Ctx(state, req, rid, int(time.time()), role, echo, plan, num_top,
                TokenNamer(state.tokenizer, as_ids), state.response_model(lora, req.model),
                reasoning)
     state.log_request(ctx.request_id, text, prompt.token_ids, params)

@@ -46,7 +46,7 @@ from ironlm.entrypoints.openai.request_inputs import (
     tokenize_prompts,
 )
 from ironlm.entrypoints.openai.serving_beam import beam_search, beam_search_params
-from ironlm.entrypoints.openai.state import ServerState, random_id
+from ironlm.entrypoints.openai.state import ServerState, request_id_for
 from ironlm.entrypoints.openai.streaming import close_all, merge, sse
 from ironlm.outputs import CompletionOutput, RequestOutput
 from ironlm.sampling_params import SamplingParams
@@ -108,7 +108,8 @@ async def create_completion(
     ]
     await compile_guided(state, guided, req.guided_decoding_backend, guided_field(req))
     as_ids = bool(req.return_tokens_as_token_ids or state.options.return_tokens_as_token_ids)
-    ctx = _Ctx(state, req, random_id("cmpl"), int(time.time()), prompts,
+    rid = request_id_for("cmpl", request, req.request_id)
+    ctx = _Ctx(state, req, rid, int(time.time()), prompts,
                TokenNamer(state.tokenizer, as_ids), state.response_model(lora, req.model))
     gens = []
     for i, (p, sp) in enumerate(zip(prompts, params)):

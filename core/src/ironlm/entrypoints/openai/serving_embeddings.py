@@ -27,7 +27,7 @@ from ironlm.entrypoints.openai.request_inputs import (
     tokenize_prompt,
     tokenize_prompts,
 )
-from ironlm.entrypoints.openai.state import ServerState, random_id
+from ironlm.entrypoints.openai.state import ServerState, request_id_for
 from ironlm.outputs import RequestOutput
 from ironlm.sampling_params import SamplingParams
 
@@ -59,7 +59,7 @@ async def create_embedding(
                 "generation. Please reduce the length of the input.", 400,
                 param="input" if req.messages is None else "messages",
             )
-    request_id = random_id("embd")
+    request_id = request_id_for("embd", request, req.request_id)
     gens = []
     for i, p in enumerate(prompts):
         params = SamplingParams(max_tokens=1)

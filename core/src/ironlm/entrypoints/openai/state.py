@@ -10,6 +10,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+from starlette.requests import Request
+
 from ironlm import __version__
 from ironlm.engine.async_engine import AsyncEngine
 from ironlm.entrypoints.openai.chat_reasoning import markers_are_special
@@ -154,3 +156,11 @@ class ServerState:
 
 def random_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def request_id_for(prefix: str, request: Request, given: str | None = None) -> str:
+    """vLLM's request ids: ``prefix-`` and the X-Request-Id header, else the body's
+    ``request_id``, else a random id. Two requests in flight under one id: the second is
+    refused (400)."""
+    base = request.headers.get("x-request-id") or given
+    return f"{prefix}-{base}" if base else random_id(prefix)
