@@ -145,11 +145,12 @@ def test_model_source_flags_of_vllm() -> None:
     # window flag (tests/test_sliding_window_flag.py)
     args = _parse(["Qwen/Qwen3-0.6B", "--revision", "v2", "--tokenizer-revision", "abc123",
                    "--download-dir", "/models/hf", "--hf-token", "hf_secret",
-                   "--disable-sliding-window"])
+                   "--disable-sliding-window", "--logprobs-mode", "processed_logits"])
     config = engine_config_from_args(args)
     assert config.model == "Qwen/Qwen3-0.6B"
     assert (config.revision, config.tokenizer_revision) == ("v2", "abc123")
     assert (config.download_dir, config.hf_token) == ("/models/hf", "hf_secret")
     assert "hf_secret" not in repr(config)  # the token is kept out of logs
+    assert config.logprobs_mode == "processed_logits"  # tests/test_logprobs_mode.py
     assert config.disable_sliding_window and not engine_config_from_args(
         _parse(["m"])).disable_sliding_window

@@ -20,6 +20,8 @@ _DTYPES: dict[str, torch.dtype] = {
 LOAD_FORMATS = ("auto", "safetensors", "pt", "gguf", "dummy")
 # vLLM's tokenizer modes IronLM honours: both load the model's Hugging Face tokenizer
 TOKENIZER_MODES = ("auto", "hf")
+# vLLM's logprobs modes: the model's distribution (raw) or the one the draw used (processed)
+LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
 # vLLM's accepted LoRA limits (max_lora_rank values; extra vocabulary sizes)
 LORA_MAX_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 LORA_EXTRA_VOCAB_SIZES = (0, 256, 512)
@@ -91,6 +93,9 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     max_logprobs: int = 20
+    # what logprobs (and prompt logprobs) report (LOGPROBS_MODES; vLLM's, default raw):
+    # processed = after penalties, bans, temperature and top-k / top-p / min-p
+    logprobs_mode: str = "raw_logprobs"
     # Default sampling parameters (engine/sampling_defaults.py): "auto" (the model's
     # generation_config.json), "vllm" (none) or a folder holding one; the override's fields
     # are laid over it
@@ -145,6 +150,9 @@ class EngineConfig:
             if getattr(self, name) is not None and getattr(self, name) < 1 \
                     and name != "max_logprobs":
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode {self.logprobs_mode!r} is not supported; choose one "
+                             f"of {list(LOGPROBS_MODES)}")
         if self.max_logprobs < -1:
             raise ValueError(f"max_logprobs must be non-negative or -1 (no limit), got "
                              f"{self.max_logprobs}")
@@ -180,6 +188,9 @@ class EngineConfig:
                              f"got {type(self.hf_overrides).__name__}")
         apply_vllm_aliases(self)
         _check_speculative(self)
+        if self.speculative_model is not None and self.logprobs_mode != "raw_logprobs":
+            raise ValueError(f"logprobs_mode {self.logprobs_mode!r} is not supported with "
+                             "speculative decoding yet (its verification reports raw logprobs)")
         sizes = [*(self.cudagraph_capture_sizes or []), self.max_cudagraph_capture_size or 1]
         if any(not isinstance(n, int) or isinstance(n, bool) or n < 1
                for n in sizes):

@@ -81,6 +81,9 @@ ENGINE_HELP: dict[str, str] = {
     "rank; for more, ray when Ray is installed, otherwise mp)",
     "tensor_parallel_size": "number of tensor-parallel ranks (each layer split over them)",
     "pipeline_parallel_size": "number of pipeline stages (the layers split over them)",
+    "logprobs_mode": "what logprobs report: raw_logprobs (the model's), raw_logits, "
+                     "processed_logprobs or processed_logits (after penalties, temperature, "
+                     "top-k / top-p / min-p: what the draw used); vLLM's",
     "max_logprobs": "most logprobs a request may ask for (-1: no limit)",
     "generation_config": "default sampling parameters: auto (from the model's "
                          "generation_config.json: a request's unset temperature, top_p, top_k, "

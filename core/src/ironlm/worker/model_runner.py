@@ -72,7 +72,7 @@ class ModelRunner:
         self.swap_caches: list[torch.Tensor] = []  # host swap space, one per layer (or none)
         self.graphs: DecodeGraphs | None = None  # set with the KV cache unless enforce_eager
         self.lora = lora  # the adapters, when LoRA is enabled
-        self.sampler = Sampler(ops)
+        self.sampler = Sampler(ops, config.logprobs_mode)
         self.states: dict[str, SamplingState] = {}
         self.embed_sums: dict[str, torch.Tensor] = {}  # pooling requests: running hidden sums
         self.speculator: Speculator | None = None  # set by the worker with a proposer
@@ -268,7 +268,9 @@ class ModelRunner:
         rows = list(range(0, last_pos - seq.start_pos))
         if not rows:
             return []
-        lps = torch.log_softmax(self.model.compute_logits(hidden[rows]), dim=-1)
+        lps = self.model.compute_logits(hidden[rows])  # (rows, V): the logits modes report these
+        if self.sampler.logprobs_mode.endswith("_logprobs"):  # no processor acts on a prompt
+            lps = torch.log_softmax(lps, dim=-1)
         k = state.params.prompt_logprobs or 0
         return [
             top_logprobs(lps[j], prompt[seq.start_pos + r + 1], k) for j, r in enumerate(rows)

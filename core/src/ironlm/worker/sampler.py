@@ -84,8 +84,12 @@ class Sampler:
     draw at a temperature (``LayerOps.categorical``), with top-k / top-p / min-p
     (``LayerOps.truncated_categorical``)."""
 
-    def __init__(self, ops: LayerOps | None = None) -> None:
+    def __init__(self, ops: LayerOps | None = None, logprobs_mode: str = "raw_logprobs") -> None:
         self.ops = ops if ops is not None else LayerOps()
+        # vLLM's logprobs_mode: what logprobs report (config.LOGPROBS_MODES): raw_logprobs
+        # (the model's distribution), raw_logits, or processed_logprobs / processed_logits
+        # (what the draw used: after penalties, bans, temperature, top-k / top-p / min-p)
+        self.logprobs_mode = logprobs_mode
 
     def __call__(
         self,
@@ -98,14 +102,18 @@ class Sampler:
         # and none when no request reports them (SamplingParams.reports_logprobs)
         want_top = any(s.params.logprobs is not None for s in states)
         want_lp = any(s.params.reports_logprobs for s in states)
-        raw_logprobs = torch.log_softmax(logits, dim=-1) if want_top else None  # (B, V)
         # every rule and processor copies before it writes: x is logits when none applied;
         # temperature and truncation come with the draw (greedy rows take the argmax of x)
         x = self._process(logits, states, allowed_mask)
         greedy = [s.params.sampling_type_greedy for s in states]
+        # (B, V) what the logprobs report, when the top ones are wanted or the mode is not
+        # raw_logprobs (whose sampled tokens' values need no (B, V) tensor)
+        reported = None
+        if want_top or (want_lp and self.logprobs_mode != "raw_logprobs"):
+            reported = self._reported(logits, x, states, greedy)
         raw_greedy = x is logits and any(greedy)  # the argmax of the raw logits is wanted
         log_norm, raw_argmax = None, None
-        if not want_top and (want_lp or raw_greedy):
+        if reported is None and (want_lp or raw_greedy):
             log_norm, raw_argmax = self.ops.logsumexp_argmax(
                 logits, argmax=raw_greedy, logsumexp=want_lp)
         tokens = None
@@ -117,8 +125,8 @@ class Sampler:
                 torch.tensor(greedy, device=x.device), tokens, drawn)
         assert tokens is not None
         chosen_lp = None
-        if raw_logprobs is not None:
-            chosen_lp = raw_logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)  # (B,)
+        if reported is not None:
+            chosen_lp = reported.gather(1, tokens.unsqueeze(1)).squeeze(1)  # (B,)
         elif want_lp:
             assert log_norm is not None
             chosen_lp = logits.gather(1, tokens.unsqueeze(1)).squeeze(1) - log_norm
@@ -127,8 +135,8 @@ class Sampler:
         lp_list = chosen_lp.tolist() if chosen_lp is not None else [None] * len(states)
         for i, s in enumerate(states):
             top = None
-            if s.params.logprobs is not None and raw_logprobs is not None:
-                top = top_logprobs(raw_logprobs[i], tok_list[i], s.params.logprobs)
+            if s.params.logprobs is not None and reported is not None:
+                top = top_logprobs(reported[i], tok_list[i], s.params.logprobs)
             lp = lp_list[i] if s.params.reports_logprobs else None
             out.append(SampledToken(tok_list[i], lp, top))
             s.record(tok_list[i])
@@ -157,13 +165,31 @@ class Sampler:
             device=x.device, dtype=x.dtype,
         ).unsqueeze(1)
 
+    def _reported(
+        self, logits: torch.Tensor, x: torch.Tensor, states: list[SamplingState],
+        greedy: list[bool],
+    ) -> torch.Tensor:  # fmt: skip
+        """(B, V) the values logprobs report under ``logprobs_mode``: from the raw ``logits``
+        or the processed ``x`` as the draw sees it (``_finish``)."""
+        mode = self.logprobs_mode
+        if mode.startswith("raw_"):
+            return logits if mode == "raw_logits" else torch.log_softmax(logits, dim=-1)
+        final = self._finish(x, states, greedy)
+        return final if mode == "processed_logits" else torch.log_softmax(final, dim=-1)
+
     def final_logits(
         self, logits: torch.Tensor, states: list[SamplingState], allowed: torch.Tensor | None
     ) -> torch.Tensor:
         """(B, V) logits after every processor; sampling draws from softmax of these (greedy
         rows take the argmax; their temperature / top-k / top-p / min-p are not applied)."""
         x = self._process(logits, states, allowed)  # copies before any in-place change
-        greedy = [s.params.sampling_type_greedy for s in states]
+        return self._finish(x, states, [s.params.sampling_type_greedy for s in states])
+
+    def _finish(
+        self, x: torch.Tensor, states: list[SamplingState], greedy: list[bool]
+    ) -> torch.Tensor:
+        """The processed logits ``x`` at each row's temperature, truncated by its top-k / top-p
+        / min-p (greedy rows as they are)."""
         if all(greedy):
             return x
         scale = 1.0 / self._temperatures(x, states, greedy)
