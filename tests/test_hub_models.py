@@ -40,8 +40,11 @@ def add_snapshot(cache: Path, repo_id: str, refs: list[str], files: dict[str, Pa
     snapshot = repo / "snapshots" / commit
     snapshot.mkdir(parents=True)
     for name, content in files.items():
-        if isinstance(content, Path):
-            (snapshot / name).symlink_to(content)
+        if isinstance(content, Path):  # as huggingface_hub: snapshot -> blobs/<hash> (no suffix)
+            blob = repo / "blobs" / commit_of(str(content) + commit)
+            blob.parent.mkdir(exist_ok=True)
+            blob.symlink_to(content)
+            (snapshot / name).symlink_to(Path("../../blobs") / blob.name)
         else:
             (snapshot / name).write_text(content)
     (repo / "refs").mkdir(exist_ok=True)

@@ -64,7 +64,8 @@ class LLMEngine:
         hub = HubOptions.of(config)
         source = resolve_model(config.model, config.trust_remote_code, config.hf_overrides, hub)
         self.tokenizer = source.load_tokenizer(config.tokenizer,
-                                               replace(hub, revision=config.tokenizer_revision))
+                                               replace(hub, revision=config.tokenizer_revision
+                                                            or config.revision))
         if config.tokenizer_extension_path is not None:
             self.tokenizer = extend_tokenizer(self.tokenizer, config.tokenizer_extension_path)
         self.max_model_len = _max_model_len(config, *_model_limit(config, source))

@@ -94,7 +94,9 @@ def resolve_model(
                 "weights), a .gguf file, or a Hugging Face Hub repository id"
             )
         path = fetch_model(model, hub)
-    path = path.resolve()
+    # the folder resolved, not the file: a hub cache's snapshot file links to a blob without
+    # the .gguf suffix
+    path = path.parent.resolve() / path.name
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ValueError(f"model {model!r} is a file but not a .gguf file")
