@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -43,7 +44,10 @@ def add_snapshot(cache: Path, repo_id: str, refs: list[str], files: dict[str, Pa
         if isinstance(content, Path):  # as huggingface_hub: snapshot -> blobs/<hash> (no suffix)
             blob = repo / "blobs" / commit_of(str(content) + commit)
             blob.parent.mkdir(exist_ok=True)
-            blob.symlink_to(content)
+            try:  # a blob is a file of its own (no .gguf suffix to follow a link to)
+                os.link(content, blob)
+            except OSError:
+                shutil.copyfile(content, blob)
             (snapshot / name).symlink_to(Path("../../blobs") / blob.name)
         else:
             (snapshot / name).write_text(content)
