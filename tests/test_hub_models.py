@@ -20,12 +20,13 @@ import httpx
 import pytest
 from server_utils import RemoteServer, free_port, run_serve_cli
 
-from ironlm.model_loader.hub import first_matching_pattern, is_hub_reference
+from ironlm.model_loader.hub import gguf_file, is_hub_reference, weight_files
 
 pytestmark = [pytest.mark.real_model]
 
 REPO = "HuggingFaceTB/SmolLM2-135M-Instruct"
 GGUF_REPO = "someone/SmolLM2-135M-Instruct-GGUF"
+BROKEN_REPO = "someone/missing-shard"
 V1_TEMPLATE = "{% for m in messages %}v1 says: {{ m['content'] }}\n{% endfor %}"
 
 
@@ -70,6 +71,10 @@ def hub_cache(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> tu
     commit = add_snapshot(cache, REPO, ["v1"], v1)
     gguf = ensure_test_gguf("smollm2")
     add_snapshot(cache, GGUF_REPO, ["main"], {gguf.name: gguf, "README.md": "a GGUF repo"})
+    # a snapshot whose index names a shard the cache lacks
+    index = {"weight_map": {"lm_head.weight": "model-00001-of-00002.safetensors"}}
+    add_snapshot(cache, BROKEN_REPO, ["main"], {"config.json": smollm2_dir / "config.json",
+                                                "model.safetensors.index.json": json.dumps(index)})
     return cache, commit
 
 
@@ -85,18 +90,58 @@ def run_python(code: str, env: dict[str, str]) -> str:
     return done.stdout
 
 
-def test_reference_shapes_and_weight_choice() -> None:
+def test_reference_shapes() -> None:
     assert is_hub_reference("Qwen/Qwen3-0.6B") and is_hub_reference("gpt2")
     assert is_hub_reference("unsloth/Qwen3-0.6B-GGUF:Q4_K_M")
     assert not is_hub_reference("/models/model") and not is_hub_reference("./model")
     assert not is_hub_reference("a/b/c") and not is_hub_reference("model.gguf:Q4_0")
-    patterns = ["*.safetensors", "*.bin", "*.pt"]
-    assert first_matching_pattern(["model.safetensors", "pytorch_model.bin"], patterns) == [
-        "*.safetensors"]
-    # Meta's original/ copies do not count; the first format the repository has wins
-    assert first_matching_pattern(["original/model.safetensors", "pytorch_model.bin"],
-                                  patterns) == ["*.bin"]  # fmt: skip
-    assert first_matching_pattern(["config.json"], patterns) == patterns
+
+
+def test_weight_files_follow_the_loader() -> None:
+    index = {"weight_map": {"a": "model-00001-of-00002.safetensors",
+                            "b": "model-00002-of-00002.safetensors"}}  # fmt: skip
+    asked: list[str] = []
+
+    def read(name: str) -> dict:
+        asked.append(name)
+        return index
+
+    sharded = ["config.json", "model.safetensors.index.json", "model-00001-of-00002.safetensors",
+               "model-00002-of-00002.safetensors", "consolidated.safetensors",
+               "original/consolidated.00.pth", "pytorch_model.bin"]  # fmt: skip
+    # the index's shards only: not Mistral's consolidated copy, not the .bin copy
+    assert weight_files(sharded, "auto", read) == [
+        "model.safetensors.index.json", *sorted(set(index["weight_map"].values()))]
+    assert asked == ["model.safetensors.index.json"]
+    # the single file wins over other top-level copies; nested folders never count
+    single = ["model.safetensors", "consolidated.safetensors", "onnx/model.safetensors"]
+    assert weight_files(single, "auto", read) == ["model.safetensors"]
+    assert weight_files(["a.safetensors", "sub/b.safetensors"], "auto", read) == [
+        "a.safetensors"]
+    # the first format the repository has at its top level; load_format narrows the choice
+    assert weight_files(["original/model.safetensors", "pytorch_model.bin"], "auto",
+                        read) == ["pytorch_model.bin"]  # fmt: skip
+    assert weight_files(["model.safetensors", "pytorch_model.bin"], "pt", read) == [
+        "pytorch_model.bin"]
+    assert weight_files(["weights.pt"], "auto", read) == ["weights.pt"]
+    assert weight_files(["model.safetensors"], "dummy", read) == []
+    assert weight_files(["config.json"], "auto", read) == []
+
+
+def test_gguf_file_matches_the_whole_quantization_name() -> None:
+    files = ["README.md", "m-BF16.gguf", "m-F16.gguf", "m-Q4_K_M.gguf", "m-Q4_K_S.gguf",
+             "m.q8_0.gguf", "Q2_K/m-Q2_K-00001-of-00002.gguf",
+             "Q2_K/m-Q2_K-00002-of-00002.gguf"]  # fmt: skip
+    assert gguf_file(files, "r", "F16") == "m-F16.gguf"  # not m-BF16.gguf
+    assert gguf_file(files, "r", "bf16") == "m-BF16.gguf"
+    assert gguf_file(files, "r", "Q8_0") == "m.q8_0.gguf"
+    assert gguf_file(files, "r", "q4_k_m") == "m-Q4_K_M.gguf"
+    with pytest.raises(ValueError, match="found none"):
+        gguf_file(files, "r", "Q4_K")  # Q4_K_M and Q4_K_S are other types
+    with pytest.raises(ValueError, match="split in parts"):
+        gguf_file(files, "r", "Q2_K")
+    with pytest.raises(ValueError, match="found m-Q4_K_M.gguf, m2-Q4_K_M.gguf"):
+        gguf_file(["m-Q4_K_M.gguf", "m2-Q4_K_M.gguf"], "r", "Q4_K_M")
 
 
 @pytest.fixture(scope="module")
@@ -139,8 +184,8 @@ def test_offline_llm_by_commit_and_gguf_reference(hub_cache: tuple[Path, str]) -
 from ironlm import LLM, SamplingParams
 from ironlm.model_loader import HubOptions, resolve_model
 cache = {str(cache)!r}
-source = resolve_model({REPO!r}, hub=HubOptions(revision={commit!r}, download_dir=cache))
-print("commit", source.path.name)
+source = resolve_model({REPO!r}, hub=HubOptions(revision="v1", download_dir=cache))
+print("commit", source.path.name, source.revision)
 gguf = resolve_model({GGUF_REPO + ":q4_1"!r}, hub=HubOptions(download_dir=cache))
 print("gguf", gguf.gguf_file.name)
 llm = LLM({GGUF_REPO + ":Q4_1"!r}, download_dir=cache, max_model_len=256,
@@ -148,10 +193,13 @@ llm = LLM({GGUF_REPO + ":Q4_1"!r}, download_dir=cache, max_model_len=256,
 out = llm.generate(["The capital of France is"], SamplingParams(max_tokens=8, temperature=0),
                    use_tqdm=False)[0].outputs[0]
 print("text", len(out.token_ids), repr(out.text))
+print("pinned", llm.engine.config.revision, llm.engine.config.tokenizer_revision)
 """
     lines = dict(line.split(" ", 1) for line in run_python(code, offline_env()).splitlines()
-                 if line.split(" ", 1)[0] in ("commit", "gguf", "text"))  # fmt: skip
-    assert lines["commit"] == commit  # the snapshot of that commit, not main's
+                 if line.split(" ", 1)[0] in ("commit", "gguf", "text", "pinned"))  # fmt: skip
+    assert lines["commit"] == f"{commit} {commit}"  # the tag's snapshot, not main's
+    # the workers load the commit the engine resolved main to; the tokenizer keeps "main"
+    assert lines["pinned"] == f"{commit_of(GGUF_REPO + 'main')} None"
     assert lines["gguf"].endswith("Q4_1.gguf")
     assert lines["text"].startswith("8 ")
 
@@ -172,6 +220,8 @@ print(resolve_model({REPO!r}, hub=HubOptions(download_dir={str(cache)!r})).path.
     ("HuggingFaceTB/not-cached", [], "not in the cache"),
     (REPO, ["--revision", "v9"], "revision v9"),
     (GGUF_REPO + ":Q8_0", [], "found none"),
+    (REPO, ["--load-format", "gguf"], "repo_id:QUANT"),
+    (BROKEN_REPO, [], "lacks model-00001-of-00002.safetensors"),
 ])  # fmt: skip
 def test_errors_name_the_repository(hub_cache: tuple[Path, str], model: str, extra: list[str],
                                     message: str) -> None:

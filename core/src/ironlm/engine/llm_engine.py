@@ -63,9 +63,12 @@ class LLMEngine:
             config = replace(config, max_model_len=None)
         hub = HubOptions.of(config)
         source = resolve_model(config.model, config.trust_remote_code, config.hf_overrides, hub)
+        # vLLM's: the tokenizer's revision defaults to the model's
+        config = replace(config, tokenizer_revision=config.tokenizer_revision or config.revision)
         self.tokenizer = source.load_tokenizer(config.tokenizer,
-                                               replace(hub, revision=config.tokenizer_revision
-                                                            or config.revision))
+                                               replace(hub, revision=config.tokenizer_revision))
+        if source.revision is not None:  # a Hub model: the workers load the same commit
+            config = replace(config, revision=source.revision)
         if config.tokenizer_extension_path is not None:
             self.tokenizer = extend_tokenizer(self.tokenizer, config.tokenizer_extension_path)
         self.max_model_len = _max_model_len(config, *_model_limit(config, source))

@@ -3,26 +3,36 @@
 
 The repository's files come through ``huggingface_hub`` into its cache (``--download-dir``
 instead of the default one), at ``--revision`` (a branch, tag or commit hash; default the main
-branch); with ``HF_HUB_OFFLINE=1`` the cache alone answers and the Hub is never asked; gated or
-private repositories take ``--hf-token`` (or ``HF_TOKEN``, or the token of ``hf auth login``). A
-GGUF repository is named ``repo_id:QUANT`` (vLLM's form: ``unsloth/Qwen3-0.6B-GGUF:Q4_K_M``),
-which stands for its one .gguf file of that quantization type.
+branch); with ``HF_HUB_OFFLINE=1``, or when the Hub cannot be reached, the cache alone answers.
+Gated or private repositories take ``--hf-token`` (or ``HF_TOKEN``, or the token of ``hf auth
+login``). A GGUF repository is named ``repo_id:QUANT`` (vLLM's form:
+``unsloth/Qwen3-0.6B-GGUF:Q4_K_M``), which stands for its one .gguf file of that quantization
+type.
 
 Only what a model needs is fetched: configs, tokenizer files, chat templates, code (for
-``trust_remote_code``) and one weight format, the first of safetensors, .bin and .pt files the
-repository has (vLLM's order; none for ``load_format="dummy"``), never ``original/`` (Meta's
-consolidated copies of the same weights).
+``trust_remote_code``) and the checkpoint files the loader reads (model_loader/loader.py) of
+one weight format, the first of safetensors, .bin and .pt the repository has (vLLM's order;
+none for ``load_format="dummy"``): an index's shards, else the single-file checkpoint, else
+every top-level file of that format; never ``original/`` or Mistral's consolidated copies.
+The engine pins its workers to the commit the files came from (ModelSource.revision), so a
+branch that moves while they start does not mix two versions.
 """
 
 from __future__ import annotations
 
-import fnmatch
+import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
-from huggingface_hub import HfApi, constants, snapshot_download
-from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+from huggingface_hub import HfApi, constants, hf_hub_download, snapshot_download
+from huggingface_hub.errors import (
+    HfHubHTTPError,
+    LocalEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
 
 from ironlm.config import EngineConfig
 
@@ -33,16 +43,31 @@ GGUF_REFERENCE = re.compile(r"([A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_
                             r"([A-Za-z0-9_+-]+)")  # fmt: skip
 # everything but the weights: configs, tokenizers, chat templates, remote code
 META_PATTERNS = ["*.json", "*.jinja", "*.model", "*.tiktoken", "*.txt", "*.py"]
-WEIGHT_PATTERNS = {
-    "auto": ["*.safetensors", "*.bin", "*.pt"],
-    "safetensors": ["*.safetensors"],
-    "pt": ["*.bin", "*.pt"],
-    "gguf": ["*.gguf"],
-    "dummy": [],
-}
 IGNORE_PATTERNS = ["original/*"]
 # a GGUF file split in parts: name-00001-of-00003.gguf
-SPLIT_GGUF = re.compile(r"-\d{5}-of-\d{5}\.gguf$")
+SPLIT_GGUF = re.compile(r"-\d{5}-of-\d{5}\.gguf$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class CheckpointLayout:
+    """How one weight format is laid out, in the loader's order: an index naming the shards,
+    else one file, else every top-level file matching ``suffix``."""
+
+    index: str | None
+    single: str | None
+    suffix: str
+
+
+SAFETENSORS = CheckpointLayout("model.safetensors.index.json", "model.safetensors", ".safetensors")
+BIN = CheckpointLayout("pytorch_model.bin.index.json", "pytorch_model.bin", ".bin")
+PT = CheckpointLayout(None, None, ".pt")
+# the formats each load format takes, first preferred (vLLM's order)
+LOAD_FORMAT_LAYOUTS: dict[str, list[CheckpointLayout]] = {
+    "auto": [SAFETENSORS, BIN, PT],
+    "safetensors": [SAFETENSORS],
+    "pt": [BIN, PT],
+    "dummy": [],
+}
 
 
 @dataclass(frozen=True)
@@ -52,8 +77,8 @@ class HubOptions:
 
     revision: str | None = None  # branch, tag or commit hash; None: main
     download_dir: str | None = None  # the cache folder; None: huggingface_hub's default
-    token: str | None = None  # None: HF_TOKEN or the stored login token
-    load_format: str = "auto"  # which weight files are fetched (WEIGHT_PATTERNS)
+    token: str | None = field(default=None, repr=False)  # None: HF_TOKEN or the login token
+    load_format: str = "auto"  # which weight files are fetched (LOAD_FORMAT_LAYOUTS)
 
     @classmethod
     def of(cls, config: EngineConfig) -> HubOptions:
@@ -67,78 +92,159 @@ class HubOptions:
         return cls(download_dir=config.download_dir, token=config.hf_token)
 
 
+@dataclass(frozen=True)
+class Fetched:
+    """A fetched model: its snapshot folder (or, for ``repo_id:QUANT``, its .gguf file) and
+    the commit it is at."""
+
+    path: Path
+    commit: str
+
+
 def is_hub_reference(model: str) -> bool:
     """Whether ``model``, named and not found locally, reads as a repository id (or a GGUF
     repository's ``repo_id:QUANT``)."""
     return bool(REPO_ID.fullmatch(model) or GGUF_REFERENCE.fullmatch(model))
 
 
-def fetch_model(model: str, hub: HubOptions) -> Path:
-    """The local snapshot folder of repository ``model`` (or, for ``repo_id:QUANT``, its
-    .gguf file), downloaded where the cache lacks it. ValueError naming the repository when
-    it cannot be had (unknown, gated, not cached while offline, no such revision)."""
+def fetch_model(model: str, hub: HubOptions) -> Fetched:
+    """Repository ``model`` (or, for ``repo_id:QUANT``, its .gguf file) in the local cache,
+    downloaded where the cache lacks it. ValueError naming the repository when it cannot be
+    had (unknown, gated, no such revision or file, not cached while offline)."""
     gguf = GGUF_REFERENCE.fullmatch(model)
     repo_id = gguf.group(1) if gguf else model
-    offline = bool(constants.HF_HUB_OFFLINE)
+    revision = hub.revision or "main"
+    if hub.load_format == "gguf" and not gguf:
+        raise ValueError(f"model {model!r}: load_format 'gguf' takes a GGUF repository as "
+                         f"repo_id:QUANT (e.g. {model}:Q4_K_M), or a local .gguf file")  # fmt: skip
+    unreachable: Exception | None = None
+    if not constants.HF_HUB_OFFLINE:
+        try:
+            info = HfApi(token=hub.token).model_info(repo_id, revision=hub.revision)
+        except (RepositoryNotFoundError, RevisionNotFoundError) as exc:  # and gated ones
+            raise ValueError(f"model {model!r} cannot be fetched from the Hugging Face Hub "
+                             f"(revision {revision}): {_reason(exc)}") from exc  # fmt: skip
+        except HfHubHTTPError as exc:
+            if exc.response is not None and exc.response.status_code == 401:  # refused token
+                raise ValueError(f"model {model!r}: the Hugging Face Hub refused the token: "
+                                 f"{_reason(exc)}") from exc  # fmt: skip
+            unreachable = exc  # the Hub failing (5xx): the cache answers, below
+        except Exception as exc:  # noqa: BLE001 the transport's errors, whose classes are
+            unreachable = exc  # huggingface_hub's HTTP library's: the cache answers, below
+        else:
+            files = [s.rfilename for s in info.siblings or []]
+            return _fetch_online(model, repo_id, hub, files, gguf)
+    return _from_cache(model, repo_id, hub, gguf, unreachable)
+
+
+def _fetch_online(model: str, repo_id: str, hub: HubOptions, files: list[str],
+                  gguf: re.Match[str] | None) -> Fetched:  # fmt: skip
+    """Download what ``files`` (the repository's listing at the revision) says the model
+    needs; refusals come before any download. Files are fetched at the revision as named
+    (so the cache records the branch or tag for later offline runs); the commit is the
+    snapshot's they landed in."""
+    revision = hub.revision or "main"
+
+    def download(name: str) -> Path:
+        try:
+            return Path(hf_hub_download(repo_id, name, revision=hub.revision,
+                                        cache_dir=hub.download_dir, token=hub.token))
+        except Exception as exc:  # HTTP, transport or disk: say which file
+            raise ValueError(f"model {model!r}: {name} at revision {revision} cannot be "
+                             f"downloaded: {_reason(exc)}") from exc  # fmt: skip
+
     if gguf:
-        quant = gguf.group(2)
-        allow = [f"*{quant}*.gguf", f"*{quant.lower()}*.gguf", f"*{quant.upper()}*.gguf"]
-    else:
-        allow = META_PATTERNS + _weight_patterns(repo_id, hub, offline)
+        path = download(gguf_file(files, model, gguf.group(2)))
+        return Fetched(path, _snapshot_commit(path))
+    if "config.json" not in files:
+        raise ValueError(f"model {model!r}: the repository has no config.json at revision "
+                         f"{revision} (not a Transformers model)")  # fmt: skip
+    weights = weight_files(files, hub.load_format, lambda name: json.loads(
+        download(name).read_text()))  # fmt: skip
     try:
         folder = Path(snapshot_download(
             repo_id, revision=hub.revision, cache_dir=hub.download_dir, token=hub.token,
-            allow_patterns=allow, ignore_patterns=IGNORE_PATTERNS, local_files_only=offline,
+            allow_patterns=META_PATTERNS + weights, ignore_patterns=IGNORE_PATTERNS,
+        ))  # fmt: skip
+    except Exception as exc:  # HTTP, transport or disk: say what failed
+        raise ValueError(f"model {model!r} cannot be fetched at revision {revision}: "
+                         f"{_reason(exc)}") from exc  # fmt: skip
+    return Fetched(folder, folder.name)
+
+
+def _reason(exc: Exception) -> str:
+    """``exc`` on one line, its class first (huggingface_hub's messages span lines)."""
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+
+
+def _snapshot_commit(path: Path) -> str:
+    """The commit of the hub-cache snapshot holding ``path`` (.../snapshots/<commit>/...)."""
+    while path.parent.name != "snapshots":
+        path = path.parent
+    return path.name
+
+
+def _from_cache(model: str, repo_id: str, hub: HubOptions, gguf: re.Match[str] | None,
+                unreachable: Exception | None) -> Fetched:  # fmt: skip
+    """The cached snapshot at the revision, checked for what the model needs (a snapshot the
+    cache knows to be incomplete still serves when the missing files are not those)."""
+    why = (f"the Hugging Face Hub cannot be reached ({type(unreachable).__name__})"
+           if unreachable is not None else "HF_HUB_OFFLINE is set")  # fmt: skip
+    try:
+        folder = Path(snapshot_download(
+            repo_id, revision=hub.revision, cache_dir=hub.download_dir, allow_patterns=[],
+            local_files_only=True,
         ))  # fmt: skip
     except LocalEntryNotFoundError as exc:
-        where = "HF_HUB_OFFLINE is set" if offline else "the Hugging Face Hub cannot be reached"
         raise ValueError(
-            f"model {model!r} is not a local path, and {where}: its files at revision "
-            f"{hub.revision or 'main'} are not in the cache ({hub.download_dir or 'default'})"
+            f"model {model!r} is not a local path, and {why}: it is not in the cache "
+            f"({hub.download_dir or 'default'}) at revision {hub.revision or 'main'}"
         ) from exc
-    except (HfHubHTTPError, OSError) as exc:
-        raise ValueError(f"model {model!r} cannot be fetched from the Hugging Face Hub "
-                         f"(revision {hub.revision or 'main'}): {exc}") from exc  # fmt: skip
+    files = [str(f.relative_to(folder)) for f in folder.rglob("*") if f.is_file()]
     if gguf:
-        return _one_gguf(folder, model, gguf.group(2))
-    if not (folder / "config.json").is_file():
-        raise ValueError(f"model {model!r}: the repository has no config.json at revision "
-                         f"{hub.revision or 'main'} (not a Transformers model)")  # fmt: skip
-    return folder
+        return Fetched(folder / gguf_file(files, model, gguf.group(2)), folder.name)
+    if "config.json" not in files:
+        raise ValueError(f"model {model!r}: the cached snapshot at revision "
+                         f"{hub.revision or 'main'} has no config.json ({why})")  # fmt: skip
+    weights = weight_files(files, hub.load_format,
+                           lambda name: json.loads((folder / name).read_text()))  # fmt: skip
+    missing = [name for name in weights if not (folder / name).is_file()]
+    if missing:
+        raise ValueError(f"model {model!r}: the cached snapshot lacks {', '.join(missing[:3])}"
+                         f"{' ...' if len(missing) > 3 else ''} ({why})")  # fmt: skip
+    return Fetched(folder, folder.name)
 
 
-def _weight_patterns(repo_id: str, hub: HubOptions, offline: bool) -> list[str]:
-    """The weight files to fetch: those of the first pattern of the load format that the
-    repository has (listed on the Hub); offline, all of them (the cache has what it has)."""
-    patterns = WEIGHT_PATTERNS.get(hub.load_format, WEIGHT_PATTERNS["auto"])
-    if offline or len(patterns) < 2:
-        return patterns
-    try:
-        files = HfApi(token=hub.token).list_repo_files(repo_id, revision=hub.revision)
-    except Exception:  # unreachable or refused: snapshot_download says why, or uses the cache
-        return patterns
-    return first_matching_pattern(files, patterns)
+def weight_files(files: list[str], load_format: str,
+                 read_index: Callable[[str], dict]) -> list[str]:  # fmt: skip
+    """The checkpoint files the loader reads, of the first layout of ``load_format`` that
+    ``files`` (a repository listing) has: the shards an index names (``read_index`` reads
+    it), else the single file, else every top-level file of its suffix; [] when none (the
+    loader then says the folder holds no weights). The index itself comes along."""
+    top = [name for name in files if "/" not in name]
+    for layout in LOAD_FORMAT_LAYOUTS.get(load_format, LOAD_FORMAT_LAYOUTS["auto"]):
+        if layout.index is not None and layout.index in top:
+            shards = sorted(set(read_index(layout.index)["weight_map"].values()))
+            return [layout.index, *shards]
+        if layout.single is not None and layout.single in top:
+            return [layout.single]
+        matches = sorted(name for name in top if name.endswith(layout.suffix))
+        if matches:
+            return matches
+    return []
 
 
-def first_matching_pattern(files: list[str], patterns: list[str]) -> list[str]:
-    """[the first of ``patterns`` some file outside original/ matches] (vLLM's choice of one
-    weight format), or all of them when none matches."""
-    files = [f for f in files if not f.startswith("original/")]
-    for pattern in patterns:
-        if fnmatch.filter(files, pattern):
-            return [pattern]
-    return patterns
-
-
-def _one_gguf(folder: Path, model: str, quant: str) -> Path:
-    """The snapshot's one .gguf file of quantization ``quant`` (names compared without case)."""
-    want = quant.lower()
-    files = sorted(f for f in folder.rglob("*.gguf") if want in f.name.lower())
-    if any(SPLIT_GGUF.search(f.name) for f in files):
+def gguf_file(files: list[str], model: str, quant: str) -> str:
+    """The one .gguf file of ``files`` whose name carries quantization type ``quant`` as a
+    whole part (``-Q4_K_M.gguf``, ``.q4_k_m.gguf``; F16 is not BF16, Q4_K is not Q4_K_M);
+    ValueError when it is split in parts, missing or ambiguous."""
+    part = re.compile(rf"(?:^|[-_.]){re.escape(quant)}(?:[-.]|$)", re.IGNORECASE)
+    found = sorted(name for name in files if name.lower().endswith(".gguf")
+                   and part.search(Path(name).name[: -len(".gguf")]))  # fmt: skip
+    if any(SPLIT_GGUF.search(name) for name in found):
         raise ValueError(f"model {model!r}: the {quant} GGUF is split in parts "
-                         f"({', '.join(f.name for f in files)}); give one merged .gguf file")
-    if len(files) != 1:
-        found = ", ".join(f.name for f in files) or "none"
+                         f"({', '.join(found)}); give one merged .gguf file")  # fmt: skip
+    if len(found) != 1:
         raise ValueError(f"model {model!r}: expected one .gguf file of type {quant} in the "
-                         f"repository, found {found}")  # fmt: skip
-    return files[0]
+                         f"repository, found {', '.join(found) or 'none'}")  # fmt: skip
+    return found[0]

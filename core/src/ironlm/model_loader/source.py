@@ -4,7 +4,7 @@ ModelSource (config, checkpoint dtype, architectures, tokenizer)."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ class ModelSource:
     architectures: list[str]  # HF architecture names, e.g. ["LlamaForCausalLM"]
     max_position_embeddings: int
     trust_remote_code: bool = False
+    revision: str | None = None  # the commit of a Hub repository's snapshot (None: local)
 
     @property
     def is_gguf(self) -> bool:
@@ -85,15 +86,21 @@ def resolve_model(
     Hub repository id fetched with ``hub``'s options: model_loader/hub.py) into a
     ModelSource, ``hf_overrides`` laid over its config. ValueError when the path does not
     exist or holds no model."""
-    hub = hub or HubOptions()
     path = Path(model).expanduser()
-    if not path.exists():
-        if not is_hub_reference(model):
-            raise ValueError(
-                f"model {model!r} does not exist: give a local HF folder (config.json + "
-                "weights), a .gguf file, or a Hugging Face Hub repository id"
-            )
-        path = fetch_model(model, hub)
+    if path.exists():
+        return _resolve_path(model, path, trust_remote_code, hf_overrides)
+    if not is_hub_reference(model):
+        raise ValueError(
+            f"model {model!r} does not exist: give a local HF folder (config.json + "
+            "weights), a .gguf file, or a Hugging Face Hub repository id"
+        )
+    fetched = fetch_model(model, hub or HubOptions())
+    source = _resolve_path(model, fetched.path, trust_remote_code, hf_overrides)
+    return replace(source, revision=fetched.commit)
+
+
+def _resolve_path(model: str, path: Path, trust_remote_code: bool,
+                  hf_overrides: dict[str, Any] | None) -> ModelSource:  # fmt: skip
     # the folder resolved, not the file: a hub cache's snapshot file links to a blob without
     # the .gguf suffix
     path = path.parent.resolve() / path.name
