@@ -24,7 +24,12 @@ def test_default_pattern_and_requested_sizes() -> None:
     assert cuda[:5] == [1, 2, 4, 8, 16] and cuda[-2:] == [248, 256] and len(cuda) == 35
     assert capture_sizes(None, 512, 256)[-3:] == [480, 496, 512]  # every 16th past 256
     assert capture_sizes(None, 20, 256) == [1, 2, 4, 8, 16]
-    assert capture_sizes([8, 1, 4, 4, 300], 256, 64) == [1, 4, 8]  # sorted, unique, capped
+    assert capture_sizes([8, 1, 4, 4], 8, 64) == [1, 4, 8]  # sorted, unique
+    # vLLM's default largest size: twice the tokens a decode step of max_num_seqs takes
+    assert capture_sizes(None, None, 256, max_num_seqs=8) == [1, 2, 4, 8, 16]
+    assert capture_sizes(None, None, 256, max_num_seqs=4, num_speculative_tokens=2) == [
+        1, 2, 4, 8, 16, 24]
+    assert capture_sizes(None, None, 64, max_num_seqs=256)[-1] == 64  # the platform's cap
 
 
 def _config(**kwargs: object) -> EngineConfig:
@@ -38,13 +43,22 @@ def test_compilation_config_sets_the_graph_fields(caplog: pytest.LogCaptureFixtu
     assert cfg.compilation_config is None and not cfg.enforce_eager
     assert _config(compilation_config={"cudagraph_mode": "none"}).enforce_eager
     assert not _config(compilation_config={"cudagraph_mode": "FULL_AND_PIECEWISE"}).enforce_eager
+    assert _config(compilation_config={"cudagraph_mode": 0}).enforce_eager  # the enum's value
+    assert not _config(compilation_config={"cudagraph_mode": 2}).enforce_eager
+    _config(compilation_config={"compile_ranges_split_points": [8], "compile_mm_encoder": False})
     with caplog.at_level(logging.WARNING, logger="ironlm.config"):
         _config(compilation_config={"level": 3, "custom_ops": ["all"]})
     assert "['custom_ops', 'level'] unused" in caplog.text
     for bad, message in (({"cudagraph_mode": "SOMETIMES"}, "cudagraph_mode"),
                          ({"splitting": 1}, "not supported"),
                          ({"cudagraph_capture_sizes": 8}, "must be a list"),
-                         ({"cudagraph_capture_sizes": [0, 2]}, "positive integers")):
+                         ({"cudagraph_capture_sizes": [0, 2]}, "positive integers"),
+                         ({"cudagraph_capture_sizes": []}, "is empty"),
+                         # vLLM's: a given largest size is the largest listed one
+                         ({"cudagraph_capture_sizes": [128], "max_cudagraph_capture_size": 64},
+                          "should be the largest"),
+                         ({"cudagraph_capture_sizes": [1, 2, 4], "max_cudagraph_capture_size": 8},
+                          "should be the largest")):
         with pytest.raises(ValueError, match=message):
             _config(compilation_config=bad)
     with pytest.raises(ValueError, match="use one form"):
@@ -61,6 +75,17 @@ def test_flags() -> None:
     assert (cfg.cudagraph_capture_sizes, cfg.max_cudagraph_capture_size) == ([1, 2, 4], 4)
     cfg = config("--compilation-config", '{"cudagraph_capture_sizes": [2, 6]}')
     assert cfg.cudagraph_capture_sizes == [2, 6]
+    # vLLM's -cc and its dotted keys, laid over the flag's own JSON
+    cfg = config("-cc", '{"cudagraph_capture_sizes": [2, 6]}', "-cc.max_cudagraph_capture_size=6")
+    assert (cfg.cudagraph_capture_sizes, cfg.max_cudagraph_capture_size) == ([2, 6], 6)
+    cfg = config("--compilation_config.cudagraph_capture_sizes", "[1, 3]",
+                 "--compilation-config.cudagraph_mode", "NONE")  # fmt: skip
+    assert cfg.cudagraph_capture_sizes == [1, 3] and cfg.enforce_eager
+    cfg = config("--speculative-config.method", "ngram",
+                 "--speculative-config.num_speculative_tokens", "3",
+                 "--hf-overrides.rope_parameters.factor", "2.0")  # fmt: skip
+    assert (cfg.speculative_proposer_name, cfg.num_speculative_tokens) == ("ngram", 3)
+    assert cfg.hf_overrides == {"rope_parameters": {"factor": 2.0}}
 
 
 def _tokens(llm: LLM, n: int) -> list[list[int]]:

@@ -48,8 +48,10 @@ def test_logprobs_modes(smollm2_dir: Path) -> None:
         assert set(r_vals) == set(g_vals)  # the same top tokens
         shifted(g_vals, r_vals)  # logits = logprobs + logsumexp
         assert max(g_vals.values()) > max(r_vals.values())  # not normalised
+    # prompt logprobs are the model's logprobs in every mode (vLLM's)
     for r, g in zip(raw.prompt_logprobs[1:], logits.prompt_logprobs[1:]):
-        shifted(values(g), values(r))
+        assert values(g) == pytest.approx(values(r), abs=1e-5)
+        assert all(v <= 0 for v in values(g).values())
 
     sample = {"temperature": 0.5, "top_k": 3}
     raw_s = run(smollm2_dir, "raw_logprobs", **sample)
@@ -71,6 +73,29 @@ def test_logprobs_modes(smollm2_dir: Path) -> None:
     # the sampled token's reported value comes from the same tensor
     assert proc.outputs[0].cumulative_logprob == pytest.approx(
         sum(values(e)[t] for e, t in zip(proc.outputs[0].logprobs, tokens)), abs=1e-3)
+
+
+def test_raw_modes_see_the_grammar(smollm2_dir: Path) -> None:
+    # vLLM applies a guided request's grammar mask before the sampler: the raw distribution
+    # is the model's over the tokens the grammar allows
+    from ironlm import GuidedDecodingParams
+
+    guided = GuidedDecodingParams(choice=["Paris", "London"])
+    out = run(smollm2_dir, "raw_logprobs", temperature=0, guided_decoding=guided)
+    free = run(smollm2_dir, "raw_logprobs", temperature=0)
+    assert out.outputs[0].text in ("Paris", "London", " Paris", " London")
+    first, unguided = values(out.outputs[0].logprobs[0]), values(free.outputs[0].logprobs[0])
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    # the top tokens are starts of the choices only, none of the model's free favourites
+    assert all(any(c.startswith(tok.decode([t])) for c in ("Paris", "London")) for t in first)
+    assert sum(math.exp(v) for v in first.values()) <= 1.0 + 1e-4
+    shared = [t for t in first if t in unguided]
+    for t in shared:  # the same logits, renormalised over fewer tokens
+        assert first[t] > unguided[t]
+    if len(shared) >= 2:
+        shifted(first, unguided)
 
 
 def test_mode_is_checked() -> None:

@@ -191,11 +191,7 @@ class EngineConfig:
         if self.speculative_model is not None and self.logprobs_mode != "raw_logprobs":
             raise ValueError(f"logprobs_mode {self.logprobs_mode!r} is not supported with "
                              "speculative decoding yet (its verification reports raw logprobs)")
-        sizes = [*(self.cudagraph_capture_sizes or []), self.max_cudagraph_capture_size or 1]
-        if any(not isinstance(n, int) or isinstance(n, bool) or n < 1
-               for n in sizes):
-            raise ValueError(f"cudagraph capture sizes must be positive integers, got "
-                             f"{self.cudagraph_capture_sizes} / {self.max_cudagraph_capture_size}")
+        _check_capture_sizes(self.cudagraph_capture_sizes, self.max_cudagraph_capture_size)
         if self.num_scheduler_steps < 1:
             raise ValueError(
                 f"num_scheduler_steps must be at least 1, got {self.num_scheduler_steps}"
@@ -343,3 +339,18 @@ def _check_speculative(cfg: EngineConfig) -> None:
         raise ValueError(
             f"ngram_prompt_lookup_min ({lo}) cannot be larger than ngram_prompt_lookup_max ({hi})"
         )
+
+
+def _check_capture_sizes(sizes: list[int] | None, largest: int | None) -> None:
+    """vLLM's checks of the decode-graph sizes: positive integers, at least one when a list is
+    given, and a given largest size equal to the largest listed one."""
+    given = [*(sizes or []), *([] if largest is None else [largest])]
+    if any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in given):
+        raise ValueError(f"cudagraph capture sizes must be positive integers, got "
+                         f"{sizes} / {largest}")  # fmt: skip
+    if sizes is not None and not sizes:
+        raise ValueError("cudagraph_capture_sizes is empty: name at least one decode batch "
+                         "size (enforce_eager turns the graphs off)")  # fmt: skip
+    if sizes and largest is not None and largest != max(sizes):
+        raise ValueError(f"max_cudagraph_capture_size ({largest}) should be the largest of "
+                         f"cudagraph_capture_sizes ({max(sizes)})")  # fmt: skip

@@ -54,11 +54,15 @@ _COMPILE_ONLY = frozenset({
     "debug_dump_path", "cache_dir", "local_cache_dir", "compile_cache_save_format",
     "use_inductor_graph_partition", "cudagraph_num_of_warmups", "cudagraph_copy_inputs",
     "cudagraph_specialize_lora", "full_cuda_graph", "use_cudagraph", "dynamic_shapes_config",
+    "compile_ranges_split_points", "compile_mm_encoder",
 })  # fmt: skip
 # vLLM's cudagraph modes; IronLM's graphs are full graphs of pure decode steps (prefill and
 # mixed steps run eagerly), so every mode but NONE gives those
 _CUDAGRAPH_MODES = frozenset({"NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY",
                               "FULL_AND_PIECEWISE"})
+# the integer values of vLLM's CUDAGraphMode enum (JSON may give those; the two combined
+# modes' values are pairs, spelt by name only)
+_CUDAGRAPH_MODE_VALUES = {0: "NONE", 1: "PIECEWISE", 2: "FULL"}
 
 
 def _apply_compilation_config(cfg: EngineConfig, cc: dict[str, Any]) -> None:
@@ -84,7 +88,8 @@ def _apply_compilation_config(cfg: EngineConfig, cc: dict[str, Any]) -> None:
             setattr(cfg, key, cc[key])
     mode = cc.get("cudagraph_mode")
     if mode is not None:
-        name = str(mode).upper()
+        name = _CUDAGRAPH_MODE_VALUES.get(mode, str(mode).upper()) \
+            if not isinstance(mode, bool) else str(mode)
         if name not in _CUDAGRAPH_MODES:
             raise ValueError(f"compilation_config cudagraph_mode {mode!r} is not one of "
                              f"{sorted(_CUDAGRAPH_MODES)}")

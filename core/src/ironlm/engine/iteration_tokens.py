@@ -1,8 +1,11 @@
 """Tokens per engine step, bucketed as vLLM's ``vllm:iteration_tokens_total`` histogram.
 
-The engine observes each step's scheduled tokens (prompt chunks, decodes, drafts); the server
-exports the cumulative counts from the engine's stats at scrape time (no observation is lost
-to a stats reading in between).
+The engine observes each step's scheduled tokens (prompt chunks, decodes, drafts): the work
+of the step, which is what the histogram's name says. vLLM V1 observes, per step with outputs,
+the whole prompt of each request whose prefill finished in it (cached tokens included) plus
+the tokens generated, so the two differ with prefix-cache hits, chunked prefill and drafts.
+The server exports the cumulative counts from the engine's stats at scrape time (no
+observation is lost to a stats reading in between).
 """
 
 from __future__ import annotations

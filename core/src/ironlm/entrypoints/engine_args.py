@@ -16,7 +16,7 @@ from collections.abc import Collection
 from dataclasses import MISSING, fields
 from typing import Any
 
-from ironlm.config import LOAD_FORMATS, EngineConfig
+from ironlm.config import LOAD_FORMATS, LOGPROBS_MODES, EngineConfig
 
 # Help per engine argument (fields missing here still get a flag, with a generic help).
 ENGINE_HELP: dict[str, str] = {
@@ -175,9 +175,12 @@ def json_object(text: str) -> dict[str, Any]:
     return value
 
 
+# flags that take one of a few names (argparse's "invalid choice" error, as vLLM's)
+FLAG_CHOICES: dict[str, tuple[str, ...]] = {"logprobs_mode": LOGPROBS_MODES}
+
 # vLLM's short aliases of engine flags.
 SHORT_FLAGS: dict[str, str] = {"tensor_parallel_size": "-tp", "pipeline_parallel_size": "-pp",
-                               "quantization": "-q"}
+                               "quantization": "-q", "compilation_config": "-cc"}
 
 
 def add_engine_args(
@@ -210,10 +213,12 @@ def add_engine_args(
         elif typing.get_origin(base) is list:  # list[int]: space-separated values
             group.add_argument(flag, type=int, nargs="+", default=default, help=help_text)
         elif typing.get_origin(base) is dict or base is dict:
-            group.add_argument(flag, type=json_object, default=None, help=help_text)
+            names = [flag] + ([SHORT_FLAGS[f.name]] if f.name in SHORT_FLAGS else [])
+            group.add_argument(*names, type=json_object, default=None, help=help_text)
         elif base in (int, float, str):
             names = [flag] + ([SHORT_FLAGS[f.name]] if f.name in SHORT_FLAGS else [])
-            group.add_argument(*names, type=base, default=default, help=help_text)
+            group.add_argument(*names, type=base, default=default, help=help_text,
+                               choices=FLAG_CHOICES.get(f.name))  # fmt: skip
         else:
             raise TypeError(f"EngineConfig.{f.name}: no flag type for {hint!r}")
 

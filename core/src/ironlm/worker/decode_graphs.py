@@ -61,14 +61,20 @@ class _Captured:
 
 
 def capture_sizes(
-    requested: list[int] | None, largest: int | None, platform_largest: int
-) -> list[int]:
-    """The decode batch sizes to capture, ascending: the ``requested`` ones (none above
-    ``largest`` when given), else vLLM's pattern, 1, 2, 4, then every 8th size to 256 and
-    every 16th beyond, up to ``largest`` (None: the platform's)."""
+    requested: list[int] | None, largest: int | None, platform_largest: int,
+    max_num_seqs: int | None = None, num_speculative_tokens: int = 0,
+) -> list[int]:  # fmt: skip
+    """The decode batch sizes to capture, ascending: the ``requested`` ones (EngineConfig
+    checked them against ``largest``), else vLLM's pattern, 1, 2, 4, then every 8th size to
+    256 and every 16th beyond, up to ``largest``; by default (vLLM's) twice the tokens a step
+    of ``max_num_seqs`` sequences decodes, within the platform's largest."""
     if requested:
-        return sorted({n for n in requested if largest is None or n <= largest})
-    top = largest or platform_largest
+        return sorted(set(requested))
+    top = largest
+    if top is None:
+        top = platform_largest
+        if max_num_seqs is not None:
+            top = min(top, max_num_seqs * (1 + num_speculative_tokens) * 2)
     pattern = [1, 2, 4, *range(8, 256, 8), *range(256, top + 1, 16)]
     return [n for n in pattern if n <= top]
 

@@ -268,9 +268,9 @@ class ModelRunner:
         rows = list(range(0, last_pos - seq.start_pos))
         if not rows:
             return []
-        lps = self.model.compute_logits(hidden[rows])  # (rows, V): the logits modes report these
-        if self.sampler.logprobs_mode.endswith("_logprobs"):  # no processor acts on a prompt
-            lps = torch.log_softmax(lps, dim=-1)
+        # (rows, V) logprobs of the model's distribution in every logprobs_mode (vLLM's: no
+        # processor acts on a prompt, and its prompt logprobs are logprobs in the logits modes)
+        lps = torch.log_softmax(self.model.compute_logits(hidden[rows]).float(), dim=-1)
         k = state.params.prompt_logprobs or 0
         return [
             top_logprobs(lps[j], prompt[seq.start_pos + r + 1], k) for j, r in enumerate(rows)

@@ -104,7 +104,9 @@ class Sampler:
         want_lp = any(s.params.reports_logprobs for s in states)
         # every rule and processor copies before it writes: x is logits when none applied;
         # temperature and truncation come with the draw (greedy rows take the argmax of x)
-        x = self._process(logits, states, allowed_mask)
+        if allowed_mask is not None:  # vLLM's: the grammar's mask comes before the sampler,
+            logits = logits.masked_fill(~allowed_mask, _NEG_INF)  # so raw values see it too
+        x = self._process(logits, states, None)
         greedy = [s.params.sampling_type_greedy for s in states]
         # (B, V) what the logprobs report, when the top ones are wanted or the mode is not
         # raw_logprobs (whose sampled tokens' values need no (B, V) tensor)

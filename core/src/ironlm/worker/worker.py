@@ -206,7 +206,8 @@ class Worker(WorkerBase):
                 min(longest or cache_tokens, cache_tokens), self.device,
                 runner.lora.state if runner.lora is not None else None,
                 capture_sizes(self.config.cudagraph_capture_sizes,
-                              self.config.max_cudagraph_capture_size, capture.max_batch_size),
+                              self.config.max_cudagraph_capture_size, capture.max_batch_size,
+                              self.config.max_num_seqs, self.config.num_speculative_tokens or 0),
             )  # fmt: skip
 
     def num_swap_blocks(self) -> int:

@@ -29,8 +29,8 @@ class CudaStepGraph(StepGraph):
 
 
 class CudaGraphCapture(GraphCapture):
-    """``max_batch_size``: the largest decode batch captured (vLLM captures up to 512; batches
-    are padded to the next power of two, so 256 rows cost at most 2x the work of 129)."""
+    """``max_batch_size``: the largest decode batch captured by default (vLLM's default goes
+    to 512; batches run padded to the next captured size, worker/decode_graphs.py)."""
 
     def __init__(self, max_batch_size: int = 256) -> None:
         self.max_batch_size = max_batch_size

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import ssl
+from typing import Any
 
 from ironlm.config import EngineConfig
 from ironlm.entrypoints.chat_content_format import CONTENT_FORMATS
@@ -177,8 +178,10 @@ def expand_argv(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
     for arg in argv:
         if arg.startswith("--") and len(arg) > 2:
             name, eq, value = arg.partition("=")
-            arg = name.replace("_", "-") + eq + value
+            flag, dot, keys = name.partition(".")  # a dotted JSON key keeps its underscores
+            arg = flag.replace("_", "-") + dot + keys + eq + value
         out.append(arg)
+    out = fold_dotted_json(out, parser)
     path = None
     for i, arg in enumerate(out):
         if arg == "--config" and i + 1 < len(out):
@@ -213,6 +216,60 @@ def expand_argv(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
     # before the first flag of the command line (after a leading MODEL): later flags win
     at = next((i for i, a in enumerate(out) if a.startswith("-")), len(out))
     return out[:at] + flags + out[at:]
+
+
+def fold_dotted_json(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """vLLM's dotted form of a JSON flag: ``--compilation-config.cudagraph_mode NONE`` (or
+    ``-cc.cudagraph_mode=NONE``; ``a.b`` sets a nested key) sets one key of that flag's JSON
+    object. The keys are laid over the flag's own JSON where the command line gives it too
+    (the last one), and the flag goes where that one stood, else at the end. A value is
+    JSON where it parses as JSON, else a string; a key with no value is true."""
+    dotted: dict[str, dict[str, Any]] = {}  # option string -> the keys it was given
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg, i = argv[i], i + 1
+        name, eq, value = arg.partition("=")
+        flag, _, keys = name.partition(".")
+        # argparse lists its option strings only in this attribute
+        action = parser._option_string_actions.get(flag) if arg.startswith("-") else None
+        if not keys or action is None or action.type is not json_object:
+            out.append(arg)
+            continue
+        if not eq:
+            if i < len(argv) and not argv[i].startswith("--"):
+                value, i = argv[i], i + 1
+            else:
+                value = "true"
+        try:
+            parsed: Any = json.loads(value)
+        except json.JSONDecodeError:
+            parsed = value
+        node = dotted.setdefault(action.option_strings[0], {})
+        *path, last = keys.split(".")
+        for key in path:
+            node = node.setdefault(key, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"{arg}: {key} is not a JSON object")
+        node[last] = parsed
+    for flag, keys in dotted.items():
+        action = parser._option_string_actions[flag]
+        at = max((j for j, a in enumerate(out[:-1]) if a in action.option_strings),
+                 default=None)  # fmt: skip
+        if at is None:
+            out += [flag, json.dumps(keys)]
+        else:
+            out[at + 1] = json.dumps(_merged(json_object(out[at + 1]), keys))
+    return out
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` laid over ``base``, nested objects merged key by key."""
+    out = dict(base)
+    for key, value in over.items():
+        both = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = _merged(out[key], value) if both else value
+    return out
 
 
 def make_parser(prog: str = "ironlm serve") -> argparse.ArgumentParser:

@@ -127,15 +127,15 @@ async def create_chat_completion(
     echo = last["content"] if req.echo and last.get("role") == role \
         and isinstance(last.get("content"), str) else ""
     as_ids = bool(req.return_tokens_as_token_ids or state.options.return_tokens_as_token_ids)
-    rid = request_id_for("chatcmpl", request, req.request_id)
-    ctx = _Ctx(state, req, rid, int(time.time()), role, echo, plan, num_top,
+    response_id, engine_id = request_id_for("chatcmpl", request, req.request_id)
+    ctx = _Ctx(state, req, response_id, int(time.time()), role, echo, plan, num_top,
                TokenNamer(state.tokenizer, as_ids), state.response_model(lora, req.model),
                reasoning)
-    state.log_request(ctx.request_id, text, prompt.token_ids, params)
+    state.log_request(engine_id, text, prompt.token_ids, params)
     gen = tracked(
-        beam_search(state, ctx.request_id, prompt, beams, req.n, req.priority, lora)
+        beam_search(state, engine_id, prompt, beams, req.n, req.priority, lora)
         if beams is not None else
-        state.engine.generate(ctx.request_id, prompt.as_engine_prompt(), params,
+        state.engine.generate(engine_id, prompt.as_engine_prompt(), params,
                               priority=req.priority, lora_request=lora,
                               reasoning_ended=reasoning.engine_flag()),
         state.new_tracker(req.n, req.best_of, params.max_tokens),

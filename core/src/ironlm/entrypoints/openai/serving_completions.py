@@ -108,12 +108,12 @@ async def create_completion(
     ]
     await compile_guided(state, guided, req.guided_decoding_backend, guided_field(req))
     as_ids = bool(req.return_tokens_as_token_ids or state.options.return_tokens_as_token_ids)
-    rid = request_id_for("cmpl", request, req.request_id)
-    ctx = _Ctx(state, req, rid, int(time.time()), prompts,
+    response_id, engine_id = request_id_for("cmpl", request, req.request_id)
+    ctx = _Ctx(state, req, response_id, int(time.time()), prompts,
                TokenNamer(state.tokenizer, as_ids), state.response_model(lora, req.model))
     gens = []
     for i, (p, sp) in enumerate(zip(prompts, params)):
-        rid = f"{ctx.request_id}-{i}"
+        rid = f"{engine_id}-{i}"
         state.log_request(rid, p.text, p.token_ids, sp)
         gen = beam_search(state, rid, p, beams[i], req.n, req.priority, lora) \
             if beams is not None else state.engine.generate(

@@ -59,13 +59,13 @@ async def create_embedding(
                 "generation. Please reduce the length of the input.", 400,
                 param="input" if req.messages is None else "messages",
             )
-    request_id = request_id_for("embd", request, req.request_id)
+    request_id, engine_id = request_id_for("embd", request, req.request_id)
     gens = []
     for i, p in enumerate(prompts):
         params = SamplingParams(max_tokens=1)
-        state.log_request(f"{request_id}-{i}", p.text, p.token_ids, params)
+        state.log_request(f"{engine_id}-{i}", p.text, p.token_ids, params)
         gens.append(tracked(
-            state.engine.generate(f"{request_id}-{i}", p.as_engine_prompt(), params,
+            state.engine.generate(f"{engine_id}-{i}", p.as_engine_prompt(), params,
                                   priority=req.priority, pooling=True, lora_request=lora),
             state.new_tracker(),
         ))

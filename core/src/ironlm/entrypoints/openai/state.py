@@ -158,9 +158,13 @@ def random_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def request_id_for(prefix: str, request: Request, given: str | None = None) -> str:
-    """vLLM's request ids: ``prefix-`` and the X-Request-Id header, else the body's
-    ``request_id``, else a random id. Two requests in flight under one id: the second is
-    refused (400)."""
+def request_id_for(prefix: str, request: Request, given: str | None = None) -> tuple[str, str]:
+    """(the response's id, the engine's), as vLLM makes them: ``prefix-`` and the X-Request-Id
+    header, else the body's ``request_id``, else a random id. An id the caller named may be in
+    flight twice (a retry, a gateway reusing ids), so the engine's id adds 8 random hex digits
+    to it (vLLM's randomisation); logs and aborts use the engine's."""
     base = request.headers.get("x-request-id") or given
-    return f"{prefix}-{base}" if base else random_id(prefix)
+    if not base:
+        rid = random_id(prefix)
+        return rid, rid
+    return f"{prefix}-{base}", f"{prefix}-{base}-{uuid.uuid4().hex[:8]}"
