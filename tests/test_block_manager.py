@@ -155,3 +155,20 @@ def test_scheduler_chunks_prefill_and_preempts_when_out_of_blocks() -> None:
     s.finish(a, RequestStatus.FINISHED_STOPPED)
     s.finish(b, RequestStatus.FINISHED_ABORTED)
     assert bm.num_used_blocks == 0 and not s.has_unfinished()
+
+
+def test_long_prefill_token_threshold_caps_a_prompt_per_step() -> None:
+    # vLLM's long_prefill_token_threshold: a 10-token prompt goes 4 tokens a step, and the
+    # budget it leaves takes the next request in the same step
+    bm = BlockManager(num_kv_blocks=16, block_size=4, enable_prefix_caching=False)
+    s = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=16, enable_chunked_prefill=True,
+                  long_prefill_token_threshold=4)  # fmt: skip
+    a, b = _req("a", list(range(10))), _req("b", list(range(100, 103)))
+    s.add(a)
+    s.add(b)
+    steps = []
+    while a.num_computed_tokens < a.num_tokens:
+        plan = s.schedule()
+        steps.append([(r.request_id, n) for r, n in plan.scheduled])
+        s.on_step_done(plan, ModelOutput())
+    assert steps == [[("a", 4), ("b", 3)], [("a", 4)], [("a", 2)]]

@@ -92,6 +92,22 @@ def test_batched_cached_chunked_and_preempted_runs_match(
     assert warm.engine.stats()["prefix_cache_hits"] >= 3 * 16
 
 
+def test_long_prefill_threshold_and_block_override(smollm2_dir: Path) -> None:
+    # vLLM's long_prefill_token_threshold: the same greedy tokens, the prompt 16 tokens a
+    # step (iteration_tokens counts the steps); num_gpu_blocks_override is num_kv_blocks
+    prompt = "You are a helpful assistant who answers briefly and precisely. " * 4
+    params = SamplingParams(temperature=0.0, max_tokens=4)
+    plain = LLM(str(smollm2_dir), dtype="float32", max_model_len=256, num_kv_blocks=16)
+    capped = LLM(str(smollm2_dir), dtype="float32", max_model_len=256,
+                 num_gpu_blocks_override=16, long_prefill_token_threshold=16)  # fmt: skip
+    assert capped.engine.stats()["num_kv_blocks"] == 16
+    want = _tokens(plain.generate([prompt], params, use_tqdm=False))
+    assert _tokens(capped.generate([prompt], params, use_tqdm=False)) == want
+    prompt_len = len(capped.get_tokenizer()(prompt).input_ids)
+    steps = [s.engine.stats()["iteration_tokens"]["count"] for s in (plain, capped)]
+    assert steps == [1 + 3, -(-prompt_len // 16) + 3]  # prefill steps, then 3 decodes
+
+
 def test_many_mixed_requests_leave_no_blocks(smollm2_dir: Path) -> None:
     llm = LLM(str(smollm2_dir), max_model_len=256, kv_cache_memory=32 << 20, max_num_seqs=32)
     g = torch.Generator().manual_seed(0)

@@ -72,3 +72,37 @@ def test_generate_returns_final_outputs_and_leaves_the_params_alone(llm: LLM) ->
 def test_output_kind_must_be_the_enum() -> None:
     with pytest.raises(ValueError, match="output_kind"):
         SamplingParams(output_kind="delta")  # type: ignore[arg-type]
+
+
+def test_stream_interval_batches_the_deltas(smollm2_dir: Path, llm: LLM) -> None:
+    # vLLM's stream_interval: the first token at once, then every 5th, then the end
+    every = _outputs(llm, RequestOutputKind.DELTA)
+    batched_llm = LLM(str(smollm2_dir), device="cpu", max_model_len=256,
+                      kv_cache_memory=32 * 2**20, stream_interval=5)  # fmt: skip
+    batched = _outputs(batched_llm, RequestOutputKind.DELTA)
+    assert [len(d.outputs[0].token_ids) for d in batched] == [1, 5, 5, 1]
+    assert [d.finished for d in batched] == [False, False, False, True]
+    for i in range(2):
+        assert [t for d in batched for t in d.outputs[i].token_ids] == \
+            [t for d in every for t in d.outputs[i].token_ids]  # fmt: skip
+        assert "".join(d.outputs[i].text for d in batched) == \
+            "".join(d.outputs[i].text for d in every)  # fmt: skip
+        assert len([lp for d in batched for lp in d.outputs[i].logprobs]) == 12
+    with pytest.raises(ValueError, match="stream_interval must be at least 1"):
+        LLM(str(smollm2_dir), stream_interval=0)
+
+
+def test_server_streams_at_the_interval(smollm2_dir: Path) -> None:
+    from server_utils import RemoteServer
+
+    args = ["--max-model-len", "256", "--kv-cache-memory", "32MiB", "--stream-interval", "4"]
+    with RemoteServer(smollm2_dir, args) as server:
+        client = server.openai_client(timeout=60)
+        body = {"model": str(smollm2_dir), "prompt": "The capital of France is",
+                "max_tokens": 10, "temperature": 0, "extra_body": {"ignore_eos": True}}
+        chunks = [c for c in client.completions.create(stream=True, **body)]
+        whole = client.completions.create(**body).choices[0].text
+    texts = [c.choices[0].text for c in chunks if c.choices]
+    assert "".join(texts) == whole
+    # token 1, tokens 2-5, 6-9, 10 (the finish reason with the last)
+    assert len(texts) == 4 and chunks[-1].choices[0].finish_reason == "length"

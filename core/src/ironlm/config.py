@@ -63,11 +63,15 @@ class EngineConfig:
     max_num_seqs: int | None = None
     scheduling_policy: str = "fcfs"  # fcfs | priority (lower priority value runs first)
     max_num_batched_tokens: int | None = None
+    # vLLM's: a prompt longer than this is prefilled at most this many tokens a step, so long
+    # prompts do not hold the decodes of a step back (0: no cap)
+    long_prefill_token_threshold: int = 0
     # KV cache size: bytes for the KV cache (vLLM's kv_cache_memory). None: platform default
     # (cpu: 4 GiB like VLLM_CPU_KVCACHE_SPACE; devices: gpu_memory_utilization of free memory).
     kv_cache_memory: int | None = None
     kv_cache_memory_bytes: int | None = None  # vLLM's name of kv_cache_memory (give one)
     num_kv_blocks: int | None = None  # exact override (vLLM's num_gpu_blocks_override)
+    num_gpu_blocks_override: int | None = None  # vLLM's name of num_kv_blocks (give one)
     gpu_memory_utilization: float = 0.9
     # GiB of host memory (per rank) that preempted requests' KV is swapped to; when it is
     # full, or 0, preemption recomputes instead (vLLM's default: 4)
@@ -124,6 +128,9 @@ class EngineConfig:
     # proposer name, "model", "num_speculative_tokens", ...} (config_aliases.py)
     speculative_config: dict[str, Any] | None = None
     num_scheduler_steps: int = 1  # multi-step: most decode steps the runner runs per plan
+    # vLLM's stream_interval: a streamed (DELTA) request's outputs come with its first token,
+    # then once per this many new tokens, and at its end (fewer outputs: less host work)
+    stream_interval: int = 1
     # Multi-LoRA serving (vLLM's names and defaults; see docs/lora.md)
     enable_lora: bool = False
     max_loras: int = 1  # adapters that may run in one step (others wait)
@@ -192,6 +199,11 @@ class EngineConfig:
             raise ValueError(f"logprobs_mode {self.logprobs_mode!r} is not supported with "
                              "speculative decoding yet (its verification reports raw logprobs)")
         _check_capture_sizes(self.cudagraph_capture_sizes, self.max_cudagraph_capture_size)
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError(f"long_prefill_token_threshold must be 0 (no cap) or positive, "
+                             f"got {self.long_prefill_token_threshold}")  # fmt: skip
+        if self.stream_interval < 1:
+            raise ValueError(f"stream_interval must be at least 1, got {self.stream_interval}")
         if self.num_scheduler_steps < 1:
             raise ValueError(
                 f"num_scheduler_steps must be at least 1, got {self.num_scheduler_steps}"

@@ -1,7 +1,7 @@
 """vLLM's newer spellings of engine arguments, folded into the fields EngineConfig runs on.
 
 vLLM renamed some arguments over its releases: ``kv_cache_memory_bytes`` is its name for the
-KV budget per rank, and ``speculative_config`` (a JSON object on the command line) replaced
+KV budget per rank, ``num_gpu_blocks_override`` for the exact number of KV blocks, and ``speculative_config`` (a JSON object on the command line) replaced
 the ``--speculative-model`` family of flags. Users copy either form from vLLM's docs, so both
 are taken; each alias is moved into the older field and cleared, which keeps
 ``EngineConfig.__post_init__`` (run again by every ``dataclasses.replace``) idempotent.
@@ -36,6 +36,11 @@ def apply_vllm_aliases(cfg: EngineConfig) -> None:
             raise ValueError("give kv_cache_memory or kv_cache_memory_bytes (vLLM's name of "
                              "the same budget), not both")
         cfg.kv_cache_memory, cfg.kv_cache_memory_bytes = cfg.kv_cache_memory_bytes, None
+    if cfg.num_gpu_blocks_override is not None:
+        if cfg.num_kv_blocks is not None:
+            raise ValueError("give num_kv_blocks or num_gpu_blocks_override (vLLM's name of "
+                             "the same override), not both")
+        cfg.num_kv_blocks, cfg.num_gpu_blocks_override = cfg.num_gpu_blocks_override, None
     if cfg.speculative_config is not None:
         _apply_speculative_config(cfg, cfg.speculative_config)
         cfg.speculative_config = None

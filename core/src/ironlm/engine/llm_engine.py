@@ -128,6 +128,7 @@ class LLMEngine:
             use_priority=config.scheduling_policy == "priority", spec=self.spec,
             num_scheduler_steps=config.num_scheduler_steps, max_model_len=self.max_model_len,
             max_loras=config.max_loras if config.enable_lora else 0,
+            long_prefill_token_threshold=config.long_prefill_token_threshold,
         )
         self.adapters = AdapterCache(self.executor, int(config.max_cpu_loras or 1)) \
             if config.enable_lora else None
@@ -138,7 +139,7 @@ class LLMEngine:
             self.pm, self.tokenizer, self.vocab_size, config.guided_decoding_backend,
             self.max_model_len,
         )
-        self.outputs = OutputProcessor(self.tokenizer, self.max_model_len)
+        self.outputs = OutputProcessor(self.tokenizer, self.max_model_len, config.stream_interval)
         self.iteration_tokens = IterationTokens()  # vllm:iteration_tokens_total
         self.reasoning_markers = MarkerTokens(self.tokenizer, self.reasoning_parser.end_marker) \
             if self.reasoning_parser is not None \

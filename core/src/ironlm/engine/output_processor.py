@@ -35,12 +35,15 @@ class Group:
     error: str | None = None  # why the request failed (a guided backend's dead end)
     # DELTA outputs: per child, the tokens, text characters and logprob entries sent so far
     sent: list[tuple[int, int, int]] = field(default_factory=list)
+    # per child, its tokens at the group's last output (None: no output yet; stream_interval)
+    streamed: list[int] | None = None
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer: Any, max_model_len: int) -> None:
+    def __init__(self, tokenizer: Any, max_model_len: int, stream_interval: int = 1) -> None:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
+        self.stream_interval = stream_interval  # DELTA outputs: at most one per this many tokens
         self.groups: dict[str, Group] = {}
         self._child_group: dict[str, Group] = {}
 
@@ -268,6 +271,16 @@ class OutputProcessor:
             stop_reason=req.stop_reason,
         )
 
+    def _holds_back(self, group: Group) -> bool:
+        """Whether an unfinished group's next output waits (vLLM's stream_interval): it had
+        an output already and no child has stream_interval new tokens since. vLLM applies it
+        to DELTA outputs, which its server streams; IronLM's server streams CUMULATIVE ones,
+        so it applies to both."""
+        if self.stream_interval == 1 or group.streamed is None:
+            return False
+        return all(len(c.output_token_ids) - last < self.stream_interval
+                   for c, last in zip(group.children, group.streamed))  # fmt: skip
+
     def _request_output(self, group: Group, finished: bool | None = None) -> RequestOutput | None:
         if finished is None:
             finished = all(c.is_finished for c in group.children)
@@ -277,6 +290,9 @@ class OutputProcessor:
         kind = group.params.output_kind
         if kind == RequestOutputKind.FINAL_ONLY and not finished:
             return None
+        if not finished and self._holds_back(group):
+            return None
+        group.streamed = [len(c.output_token_ids) for c in group.children]
         # the prompt's logprobs go with the first output only when outputs are deltas
         with_prompt_lps = group.params.prompt_logprobs is not None and (
             kind != RequestOutputKind.DELTA or all(s == (0, 0, 0) for s in group.sent))

@@ -79,6 +79,7 @@ class Scheduler:
         num_scheduler_steps: int = 1,
         max_model_len: int | None = None,
         max_loras: int = 0,  # 0: LoRA disabled
+        long_prefill_token_threshold: int = 0,  # most prompt tokens a step (0: no cap)
     ) -> None:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
@@ -89,6 +90,7 @@ class Scheduler:
         self.num_scheduler_steps = num_scheduler_steps
         self.max_model_len = max_model_len
         self.max_loras = max_loras
+        self.long_prefill_cap = long_prefill_token_threshold or max_num_batched_tokens
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()  # preempted to host swap, oldest first
@@ -141,7 +143,7 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             owed = req.num_tokens - req.num_computed_tokens
-            n = min(owed, budget)
+            n = min(owed, budget, self.long_prefill_cap)
             if spec_on and n == owed and self._speculate(req, n, budget, out):
                 n += len(out.spec_tokens.get(req.request_id, []))
             else:
@@ -163,7 +165,7 @@ class Scheduler:
             if out.preempted:
                 break  # KV is short this step
             req = self.swapped[0]
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            n = min(req.num_tokens - req.num_computed_tokens, budget, self.long_prefill_cap)
             if not self.block_manager.can_swap_in(req, n):
                 break
             self.swapped.popleft()
@@ -189,7 +191,7 @@ class Scheduler:
             wants_all = req.sampling_params.prompt_logprobs is not None or req.pooling
             cached = [] if wants_all else self.block_manager.find_cached_prefix(req)
             num_cached = len(cached) * self.block_manager.block_size
-            n = req.num_tokens - num_cached
+            n = min(req.num_tokens - num_cached, self.long_prefill_cap)
             if n > budget:
                 if not self.enable_chunked_prefill:
                     break

@@ -59,6 +59,9 @@ ENGINE_HELP: dict[str, str] = {
     "kv_cache_memory_bytes": "vLLM's name of --kv-cache-memory, read as vLLM reads it: "
                              "4G = 4 GiB, 4g = 4e9 bytes (give one of the two)",
     "num_kv_blocks": "exact number of KV blocks (overrides the memory-based size)",
+    "num_gpu_blocks_override": "vLLM's name of --num-kv-blocks",
+    "long_prefill_token_threshold": "vLLM's: prefill a longer prompt at most this many tokens "
+                                    "a step (0: no cap)",
     "gpu_memory_utilization": "fraction of device memory the engine may use",
     "swap_space": "GiB of host memory per rank that preempted requests' KV is swapped to "
     "(0, or when full: preempt by recompute)",
@@ -117,6 +120,8 @@ ENGINE_HELP: dict[str, str] = {
                           "num_speculative_tokens, max_model_len, disable_by_batch_size, "
                           "prompt_lookup_max, prompt_lookup_min",
     "num_scheduler_steps": "the maximum number of forward steps per scheduler call",
+    "stream_interval": "vLLM's: a streamed request's chunks come with its first token, then "
+                       "once per this many tokens, and at its end (1: every token)",
     "enable_lora": "serve LoRA adapters (--lora-modules, requests naming an adapter)",
     "max_loras": "most adapters that run in one batch step (requests of others wait)",
     "max_lora_rank": "highest adapter rank accepted",
