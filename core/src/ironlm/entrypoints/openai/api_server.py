@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request
@@ -38,6 +38,8 @@ from ironlm.entrypoints.openai.metrics import fresh_stats, log_stats_forever
 from ironlm.entrypoints.openai.middleware import (
     APIKeyMiddleware,
     BodySizeLimitMiddleware,
+    LoadCounter,
+    LoadTrackingMiddleware,
     RequestIdHeaderMiddleware,
     load_middleware,
 )
@@ -54,6 +56,7 @@ from ironlm.entrypoints.openai.shutdown import DrainingServer
 from ironlm.entrypoints.openai.startup import (
     StartupError,
     bind_server_socket,
+    bind_unix_socket,
     load_plugin_file,
     preflight,
 )
@@ -178,6 +181,37 @@ async def embeddings(request: Request) -> Response:
     return await serving_embeddings.create_embedding(_server(request), request, req)
 
 
+@router.get("/load")
+async def load(request: Request) -> dict[str, int]:
+    """vLLM's: the generation requests in flight (--enable-server-load-tracking; else 0)."""
+    counter = request.app.state.server_load
+    return {"server_load": counter.value if counter is not None else 0}
+
+
+# SageMaker's one route: the body's key picks the endpoint (vLLM's order of request types)
+_INVOCATION_TYPES: list[tuple[str, type[BaseModel], Callable[..., Awaitable[Response]]]] = [
+    ("messages", ChatCompletionRequest, serving_chat.create_chat_completion),
+    ("prompt", CompletionRequest, serving_completions.create_completion),
+    ("input", EmbeddingRequest, serving_embeddings.create_embedding),
+]
+
+
+@router.post("/invocations")
+async def invocations(request: Request) -> Response:
+    """A chat body (``messages``), a completion (``prompt``) or an embedding (``input``),
+    validated as that request (a bad field is a 400 naming it)."""
+    body = await parse_body(request, None)
+    for key, request_type, endpoint in _INVOCATION_TYPES:
+        if isinstance(body, dict) and key in body:
+            try:
+                req = request_type.model_validate(body)
+            except ValidationError as exc:
+                raise validation_error(exc.errors()) from None
+            return await endpoint(_server(request), request, req)
+    names = ", ".join(t.__name__ for _, t, _ in _INVOCATION_TYPES)
+    raise APIError(f"Cannot find suitable handler for request. Expected one of: {names}", 400)
+
+
 @router.post("/tokenize")
 async def tokenize(request: Request) -> JSONResponse:
     req = await parse_body(request, TokenizeRequest)
@@ -215,6 +249,8 @@ def server_options(args: argparse.Namespace, model: str) -> ServerOptions:
         tool_call_parser=args.tool_call_parser,
         max_log_len=args.max_log_len,
         log_requests=args.enable_log_requests and not args.disable_log_requests,
+        log_outputs=args.enable_log_outputs and args.enable_log_requests
+        and not args.disable_log_requests,
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         enable_force_include_usage=args.enable_force_include_usage,
         disable_log_stats=args.disable_log_stats,
@@ -247,6 +283,7 @@ def build_app(
         docs_url="/docs" if docs else None, redoc_url="/redoc" if docs else None,
     )
     app.state.server = state
+    app.state.server_load = None  # a LoadCounter with --enable-server-load-tracking
     install_error_handlers(app)
     app.include_router(router)
     if args.enable_tokenizer_info_endpoint:  # vLLM's opt-in: it shows the chat template
@@ -263,6 +300,9 @@ def build_app(
     # surrounding whitespace (a secret file's newline) is no part of a key; blank keys were
     # refused at start-up, and an unset variable is no key
     api_keys = [key.strip() for key in (args.api_key or [env_key]) if key and key.strip()]
+    if args.enable_server_load_tracking:  # inside the key check: refused calls do not count
+        app.state.server_load = LoadCounter()
+        app.add_middleware(LoadTrackingMiddleware, counter=app.state.server_load)
     if api_keys:
         app.add_middleware(APIKeyMiddleware, api_keys=api_keys)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=args.max_request_body_size)
@@ -297,7 +337,8 @@ def run_server(args: argparse.Namespace) -> None:
     load_chat_template(args.chat_template)  # a bad --chat-template fails before loading
     torch.manual_seed(config.seed)  # unseeded sampling draws from the global generator
     host = args.host or "0.0.0.0"
-    sock = bind_server_socket(host, args.port)  # before any worker takes a port
+    # before any worker takes a port
+    sock = bind_unix_socket(args.uds) if args.uds else bind_server_socket(host, args.port)
     log.info("IronLM %s: loading %s on %s", __version__, config.model, platform.name)
     server: DrainingServer | None = None
 

@@ -40,6 +40,9 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     srv = parser.add_argument_group("server")
     srv.add_argument("--host", default=None, help="bind address (default: all interfaces)")
     srv.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
+    srv.add_argument("--uds", default=None,
+                     help="serve on this Unix domain socket instead of --host / --port "
+                     "(vLLM's)")
     srv.add_argument("--uvicorn-log-level", default="info",
                      choices=["debug", "info", "warning", "error", "critical", "trace"])
     srv.add_argument("--root-path", default=None,
@@ -66,6 +69,12 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     srv.add_argument("--enable-request-id-headers", action="store_true",
                      help="answer with an X-Request-Id header: the request's own, else a new "
                      "id (vLLM's)")
+    srv.add_argument("--enable-server-load-tracking", action="store_true",
+                     help="count the generation requests in flight, shown by GET /load "
+                     "(vLLM's; without it /load reads 0)")
+    srv.add_argument("--api-server-count", type=int, default=1,
+                     help="vLLM's number of API server processes: only 1 (default: "
+                     "%(default)s)")
     srv.add_argument("--disable-fastapi-docs", action="store_true",
                      help="disable /docs, /redoc and /openapi.json")
     srv.add_argument("--lora-modules", type=parse_lora_module, nargs="+", action="extend",
@@ -132,6 +141,9 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     logs.add_argument("--disable-log-requests", action="store_true",
                       help="deprecated (vLLM's too): requests are logged only with "
                       "--enable-log-requests")
+    logs.add_argument("--enable-log-outputs", action="store_true",
+                      help="with --enable-log-requests, log each request's generated text, "
+                      "token ids and finish reason when it ends (vLLM's)")
     logs.add_argument("--disable-uvicorn-access-log", action="store_true",
                       help="no access-log line per HTTP request")
     logs.add_argument("--disable-log-stats", action=argparse.BooleanOptionalAction,
@@ -160,6 +172,12 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         raise ValueError(
             f"--data-parallel-size {args.data_parallel_size}: IronLM has no data parallelism; "
             "run one server per replica behind a load balancer (and -tp / -pp within one)"
+        )
+    if args.api_server_count != 1:
+        raise ValueError(
+            f"--api-server-count {args.api_server_count}: IronLM serves from one process "
+            "(its front end tokenizes on worker threads); run one server per replica behind a "
+            "load balancer for more"
         )
     kwargs = engine_kwargs(args)
     if args.optimization_level == 0:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, AsyncIterator, Iterator
+from typing import Any, AsyncIterator, Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import HistogramMetricFamily
@@ -257,8 +257,10 @@ class RequestTracker:
     and at the end the request's sizes (prompt / generated tokens, n, best_of, max_tokens)."""
 
     def __init__(self, metrics: ServerMetrics, n: int = 1, best_of: int | None = None,
-                 max_tokens: int | None = None) -> None:
+                 max_tokens: int | None = None,
+                 on_finish: Callable[[RequestOutput], None] | None = None) -> None:
         self.metrics = metrics
+        self.on_finish = on_finish  # told the request's last output (output logging)
         self.n = n
         self.best_of = best_of or n
         self.max_tokens = max_tokens  # the request's limit as the engine ran it
@@ -284,6 +286,8 @@ class RequestTracker:
             self.num_tokens = total
             self.last = now
         if out.finished:
+            if self.on_finish is not None:
+                self.on_finish(out)
             m.e2e.labels(name).observe(now - self.arrival)
             m.request_prompt.labels(name).observe(len(out.prompt_token_ids))
             m.request_generation.labels(name).observe(total)

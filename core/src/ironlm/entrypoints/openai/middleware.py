@@ -1,5 +1,5 @@
-"""ASGI middleware of the server: API key, request-body size limit, X-Request-Id headers, and
---middleware loading.
+"""ASGI middleware of the server: API key, request-body size limit, X-Request-Id headers, the
+server-load count, and --middleware loading.
 
 Pure ASGI (not BaseHTTPMiddleware): streaming responses and disconnect detection pass through
 untouched.
@@ -35,6 +35,37 @@ async def _send_error(send: Send, error: APIError) -> None:
 
 async def _no_receive() -> Message:  # JSONResponse never reads the request
     return {"type": "http.disconnect"}
+
+
+# the routes that run the engine, counted by --enable-server-load-tracking (vLLM's)
+LOAD_TRACKED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/embeddings",
+                                "/generate", "/invocations"})
+
+
+class LoadCounter:
+    """Requests in flight on LOAD_TRACKED_PATHS (GET /load). One event loop updates it."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+
+class LoadTrackingMiddleware:
+    """--enable-server-load-tracking: a generation request counts from its arrival until its
+    response, streamed ones included, has been sent (or the client left)."""
+
+    def __init__(self, app: ASGIApp, counter: LoadCounter) -> None:
+        self.app = app
+        self.counter = counter
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or _route_path(scope) not in LOAD_TRACKED_PATHS:
+            await self.app(scope, receive, send)
+            return
+        self.counter.value += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.counter.value -= 1
 
 
 class RequestIdHeaderMiddleware:

@@ -92,6 +92,25 @@ def preflight(pm: PluginManager, config: EngineConfig, platform: Platform,
                            "the chat template call, set by each request")
 
 
+def bind_unix_socket(path: str) -> socket.socket:
+    """--uds (vLLM's): the server's Unix domain socket at ``path``, bound before the engine
+    starts as bind_server_socket's; a stale socket file there is replaced, anything else is
+    refused (OSError)."""
+    target = Path(path)
+    if target.is_socket():
+        target.unlink()
+    elif target.exists():
+        raise OSError(f"--uds {path}: exists and is not a socket")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+    except OSError as exc:
+        sock.close()
+        raise OSError(exc.errno, f"cannot listen on {path}: {exc.strerror}") from exc
+    target.chmod(0o666)  # as uvicorn leaves its own: any local user may connect
+    return sock
+
+
 def bind_server_socket(host: str, port: int) -> socket.socket:
     """The HTTP server's socket, bound before the engine starts: the engine's workers and
     their process groups (gloo, Ray) take ephemeral ports while it loads, and one of them could

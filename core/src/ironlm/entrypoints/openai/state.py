@@ -43,6 +43,7 @@ class ServerOptions:
     tool_call_parser: str | None = None
     max_log_len: int | None = None
     log_requests: bool = False  # vLLM's default since 0.10: off (--enable-log-requests)
+    log_outputs: bool = False  # with log_requests: each request's output when it ends
     enable_prompt_tokens_details: bool = False  # usage names the prompt's cached tokens
     enable_force_include_usage: bool = False  # every stream ends with a usage chunk
     disable_log_stats: bool = False
@@ -141,7 +142,17 @@ class ServerState:
 
     def new_tracker(self, n: int = 1, best_of: int | None = None,
                     max_tokens: int | None = None) -> RequestTracker:
-        return RequestTracker(self.metrics, n, best_of, max_tokens)
+        on_finish = self.log_output if self.options.log_outputs else None
+        return RequestTracker(self.metrics, n, best_of, max_tokens, on_finish)
+
+    def log_output(self, out: RequestOutput) -> None:
+        """vLLM's --enable-log-outputs line, one per choice of a request that ended."""
+        n = self.options.max_log_len
+        for o in out.outputs:
+            text = o.text[:n] if n is not None else o.text
+            ids = o.token_ids[:n] if n is not None else o.token_ids
+            log.info("Generated response %s: output: %r, output_token_ids: %s, "
+                     "finish_reason: %s", out.request_id, text, list(ids), o.finish_reason)
 
     def log_request(self, request_id: str, prompt: str | None, token_ids: list[int],
                     params: Any) -> None:
