@@ -30,6 +30,7 @@ from ironlm.entrypoints.openai import (
     serving_embeddings,
     serving_generate,
     serving_models,
+    serving_responses,
     serving_tokenize,
 )
 from ironlm.entrypoints.openai.cli_args import engine_config_from_args, expand_argv, make_parser
@@ -52,6 +53,7 @@ from ironlm.entrypoints.openai.protocol import (
     TokenizeRequest,
     UnloadLoRAAdapterRequest,
 )
+from ironlm.entrypoints.openai.responses_api import ResponsesRequest
 from ironlm.entrypoints.openai.shutdown import DrainingServer
 from ironlm.entrypoints.openai.startup import (
     StartupError,
@@ -179,6 +181,22 @@ async def chat_completions(request: Request) -> Response:
 async def embeddings(request: Request) -> Response:
     req = await parse_body(request, EmbeddingRequest)
     return await serving_embeddings.create_embedding(_server(request), request, req)
+
+
+@router.post("/v1/responses")
+async def responses(request: Request) -> Response:
+    req = await parse_body(request, ResponsesRequest)
+    return await serving_responses.create_response(_server(request), request, req)
+
+
+@router.get("/v1/responses/{response_id}")
+async def get_response(request: Request, response_id: str) -> dict[str, Any]:
+    return serving_responses.retrieve_response(_server(request), response_id)
+
+
+@router.delete("/v1/responses/{response_id}")
+async def delete_response(request: Request, response_id: str) -> dict[str, Any]:
+    return serving_responses.delete_response(_server(request), response_id)
 
 
 @router.get("/load")

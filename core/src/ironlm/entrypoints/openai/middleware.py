@@ -39,7 +39,7 @@ async def _no_receive() -> Message:  # JSONResponse never reads the request
 
 # the routes that run the engine, counted by --enable-server-load-tracking (vLLM's)
 LOAD_TRACKED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/embeddings",
-                                "/generate", "/invocations"})
+                                "/v1/responses", "/generate", "/invocations"})
 
 
 class LoadCounter:

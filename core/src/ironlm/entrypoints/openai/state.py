@@ -19,6 +19,7 @@ from ironlm.entrypoints.openai.errors import APIError
 from ironlm.entrypoints.openai.lora_modules import LoRAModulePath
 from ironlm.entrypoints.openai.metrics import RequestTracker, ServerMetrics
 from ironlm.entrypoints.openai.protocol import StreamOptions
+from ironlm.entrypoints.openai.responses_api import ResponseStore
 from ironlm.entrypoints.openai.tokenizer_pool import TokenizerPool
 from ironlm.interfaces.tool_parser import ToolParser
 from ironlm.lora.request import LoRARequest
@@ -72,6 +73,8 @@ class ServerState:
     # LoRA adapters served by name (--lora-modules, /v1/load_lora_adapter), in load order
     loras: dict[str, LoRARequest] = field(default_factory=dict)
     lora_ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+    # Responses API: stored responses (store=true), for previous_response_id and GET
+    responses: ResponseStore = field(default_factory=ResponseStore)
     # the reasoning parser's markers are special tokens: chat requests keep them in the text
     reasoning_markers_special: bool = False
 
