@@ -114,3 +114,41 @@ def test_unix_domain_socket(smollm2_dir: Path, tmp_path: Path) -> None:
 def test_one_api_server_only(smollm2_dir: Path) -> None:
     done = run_serve_cli([str(smollm2_dir), "--api-server-count", "2"])
     assert done.returncode == 2 and "--api-server-count 2" in done.stderr
+
+
+def test_return_token_ids(server: RemoteServer, smollm2_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    client = server.openai_client(timeout=60)
+    extra = {"return_token_ids": True}
+    prompt = "The capital of France is"
+    want_prompt = tok(prompt).input_ids
+    done = client.completions.create(model="s", prompt=prompt, max_tokens=8, temperature=0,
+                                     extra_body=extra).model_dump()  # fmt: skip
+    choice = done["choices"][0]
+    assert choice["prompt_token_ids"] == want_prompt
+    assert tok.decode(choice["token_ids"]) == choice["text"] and len(choice["token_ids"]) == 8
+    chunks = [c.model_dump() for c in client.completions.create(
+        model="s", prompt=prompt, max_tokens=8, temperature=0, stream=True, extra_body=extra)]
+    assert chunks[0]["choices"][0]["prompt_token_ids"] == want_prompt
+    assert all("prompt_token_ids" not in c["choices"][0] or c["choices"][0]["prompt_token_ids"]
+               is None for c in chunks[1:])  # fmt: skip
+    assert [t for c in chunks for t in c["choices"][0]["token_ids"]] == choice["token_ids"]
+
+    messages = [{"role": "user", "content": "Name one colour."}]
+    chat = client.chat.completions.create(model="s", messages=messages, max_tokens=6,
+                                          temperature=0, extra_body=extra).model_dump()
+    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    templated = tok(text, add_special_tokens=False).input_ids
+    assert chat["prompt_token_ids"] == list(templated)
+    ids = chat["choices"][0]["token_ids"]
+    assert tok.decode(ids) == chat["choices"][0]["message"]["content"] and len(ids) == 6
+    stream = [c.model_dump() for c in client.chat.completions.create(
+        model="s", messages=messages, max_tokens=6, temperature=0, stream=True,
+        extra_body=extra)]
+    assert stream[0]["prompt_token_ids"] == list(templated)
+    assert [t for c in stream if c["choices"] for t in c["choices"][0]["token_ids"] or []] == ids
+    # not asked: no ids
+    plain = client.completions.create(model="s", prompt=prompt, max_tokens=2).model_dump()
+    assert plain["choices"][0]["token_ids"] is None

@@ -79,6 +79,9 @@ class SamplingFields(GuidedFields):
     cache_salt: str | None = None
     guided_decoding_backend: str | None = None  # the backend that enforces the GuidedFields
     return_tokens_as_token_ids: bool | None = None
+    # vLLM's: the reply carries the prompt's token ids and each choice's generated ones (in a
+    # stream: the prompt's with the first chunk, each chunk's new ids with it)
+    return_token_ids: bool | None = None
     # vLLM's: the id the request runs and is logged under and the response carries (with its
     # prefix); an X-Request-Id header takes precedence; unset, a random one
     request_id: str | None = None
@@ -210,6 +213,8 @@ class CompletionChoice(BaseModel):
     # generated tokens' log-probabilities
     sentence_length: int | None = None
     cum_log_probs: float | None = None
+    prompt_token_ids: list[int] | None = None  # return_token_ids
+    token_ids: list[int] | None = None  # return_token_ids: the generated tokens
 
 
 class CompletionResponse(BaseModel):
@@ -267,6 +272,7 @@ class ChatChoice(BaseModel):
     stop_reason: int | str | None = None
     sentence_length: int | None = None  # characters of the generated text
     cum_log_probs: float | None = None  # sum of the generated tokens' log-probabilities
+    token_ids: list[int] | None = None  # return_token_ids: the generated tokens
 
 
 class ChatCompletionResponse(BaseModel):
@@ -278,6 +284,7 @@ class ChatCompletionResponse(BaseModel):
     choices: list[ChatChoice]
     usage: UsageInfo
     prompt_logprobs: list[dict[int, dict[str, Any]] | None] | None = None
+    prompt_token_ids: list[int] | None = None  # return_token_ids
 
 
 class DeltaFunctionCall(BaseModel):
@@ -321,6 +328,7 @@ class ChatStreamChoice(BaseModel):
     logprobs: ChatLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # return_token_ids: this chunk's new tokens
 
 
 class EmbeddingData(BaseModel):

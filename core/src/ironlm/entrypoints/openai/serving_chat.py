@@ -217,6 +217,7 @@ def _response(ctx: _Ctx, final: RequestOutput) -> ChatCompletionResponse:
             stop_reason=o.stop_reason,
             sentence_length=len(o.text),
             cum_log_probs=o.cumulative_logprob,
+            token_ids=list(o.token_ids) if ctx.req.return_token_ids else None,
         ))
     prompt_tokens = len(final.prompt_token_ids)
     completion_tokens = sum(len(o.token_ids) for o in final.outputs)
@@ -230,6 +231,7 @@ def _response(ctx: _Ctx, final: RequestOutput) -> ChatCompletionResponse:
                            ctx.reasoning.tokens(final.outputs)),
         prompt_logprobs=prompt_logprobs_json(final.prompt_logprobs)
         if ctx.req.prompt_logprobs is not None else None,
+        prompt_token_ids=list(final.prompt_token_ids) if ctx.req.return_token_ids else None,
     )
 
 
@@ -292,11 +294,11 @@ async def _stream(
         return UsageInfo.of(prompt_tokens, completion_tokens, ctx.state.cached_tokens([latest]),
                             reasoning_tokens).model_dump()
 
-    def chunk(choice: ChatStreamChoice | None) -> str:
+    def chunk(choice: ChatStreamChoice | None, **top: Any) -> str:
         body: dict[str, Any] = {
             "id": ctx.request_id, "object": "chat.completion.chunk", "created": ctx.created,
             "model": ctx.model, "system_fingerprint": ctx.state.system_fingerprint,
-            "choices": [choice.model_dump()] if choice is not None else [],
+            "choices": [choice.model_dump()] if choice is not None else [], **top,
         }
         if include_usage:  # as vLLM: a choice's chunk counts its own tokens, the last all
             if choice is None:  # the last chunk: reasoning tokens counted once, at the end
@@ -313,7 +315,11 @@ async def _stream(
 
     try:
         for i in range(req.n):
-            yield chunk(ChatStreamChoice(index=i, delta=DeltaMessage(role=ctx.role, content="")))
+            # vLLM's return_token_ids: the prompt's ids go with the first chunk
+            top = {"prompt_token_ids": list(first.prompt_token_ids)} \
+                if i == 0 and req.return_token_ids else {}
+            yield chunk(ChatStreamChoice(index=i, delta=DeltaMessage(role=ctx.role, content="")),
+                        **top)
             if ctx.echo:
                 yield chunk(ChatStreamChoice(index=i, delta=DeltaMessage(content=ctx.echo)))
         async for out in outputs():
@@ -342,6 +348,7 @@ async def _stream(
                     index=o.index, delta=delta, logprobs=logprobs,
                     finish_reason=_finish_reason(o.finish_reason, bool(ch.ids), ctx.plan.mode),
                     stop_reason=o.stop_reason if finished else None,
+                    token_ids=list(new_ids) if req.return_token_ids else None,
                 ))
         if include_usage:
             yield chunk(None)

@@ -152,6 +152,8 @@ def _choice(ctx: _Ctx, prompt_idx: int, final: RequestOutput, o: CompletionOutpu
         if req.prompt_logprobs is not None else None,
         sentence_length=0 if ctx.echo_only else len(o.text),
         cum_log_probs=None if ctx.echo_only else o.cumulative_logprob,
+        prompt_token_ids=list(final.prompt_token_ids) if req.return_token_ids else None,
+        token_ids=list(o.token_ids) if req.return_token_ids else None,
     )
 
 
@@ -180,6 +182,7 @@ async def _stream(
     sent_tokens = [0] * num_choices
     offset = [0] * num_choices  # text offset of the next token (logprobs)
     done = [False] * num_choices
+    ids_sent: list[int | None] = [None] * num_choices  # return_token_ids: None before any
     # the prompt goes out once per choice (vLLM's has_echoed): an output can list a choice
     # before its first token, and it must not be echoed again with that token
     echoed = [False] * num_choices
@@ -240,6 +243,11 @@ async def _stream(
                 done[idx] = o.finish_reason is not None
                 choice = {"index": idx, "text": text, "logprobs": logprobs,
                           "finish_reason": o.finish_reason, "stop_reason": o.stop_reason}
+                if req.return_token_ids:  # the prompt's ids with a choice's first chunk
+                    if ids_sent[idx] is None:
+                        choice["prompt_token_ids"] = list(out.prompt_token_ids)
+                    choice["token_ids"] = list(o.token_ids[ids_sent[idx] or 0:])
+                    ids_sent[idx] = len(o.token_ids)
                 if done[idx] and not ctx.echo_only:
                     choice.update(sentence_length=len(o.text),
                                   cum_log_probs=o.cumulative_logprob)
