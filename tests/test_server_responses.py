@@ -74,6 +74,15 @@ def test_stream_events_add_up(server: RemoteServer) -> None:
     assert deltas == whole.output_text == events[-1].response.output_text
     assert "response.output_text.done" in types and "response.output_item.done" in types
     assert events[-1].response.usage.output_tokens == whole.usage.output_tokens
+    # top_logprobs: one entry a generated token on the text, streamed or not
+    scored = client.responses.create(top_logprobs=2, **kwargs).model_dump()
+    entries = scored["output"][0]["content"][0]["logprobs"]
+    assert len(entries) == scored["usage"]["output_tokens"]
+    assert all(len(e["top_logprobs"]) == 2 and e["logprob"] <= 0 for e in entries)
+    streamed = [e.model_dump() for e in client.responses.create(stream=True, top_logprobs=2,
+                                                                **kwargs)]  # fmt: skip
+    assert [e["token"] for d in streamed if d["type"] == "response.output_text.delta"
+            for e in d["logprobs"]] == [e["token"] for e in entries]  # fmt: skip
 
 
 def test_previous_response_continues_the_conversation(server: RemoteServer) -> None:
@@ -124,6 +133,16 @@ def test_function_tools_and_text_format(server: RemoteServer) -> None:
     ({"input": "x", "n": 2}, "n"),
     ({"input": "x", "max_output_tokens": "many"}, "max_output_tokens"),
     ({"input": "x", "text": {"format": {"type": "yaml"}}}, "text.format"),
+    ({"input": "x", "text": {"format": "json"}}, "text.format"),
+    ({"input": [{"type": "message", "content": 5}]}, "input[0].content"),
+    ({"input": [{"type": "message", "content": [5]}]}, "input[0].content"),
+    ({"input": [{"type": "function_call", "name": "f"}]}, "input[0].call_id"),
+    ({"input": [{"type": "function_call_output", "call_id": "c", "output": 5}]},
+     "input[0].output"),
+    # the chat request's checks, named as the Responses request names the field
+    ({"input": "x", "max_output_tokens": -1}, "max_output_tokens"),
+    ({"input": "x", "reasoning": {"effort": 5}}, "reasoning.effort"),
+    ({"input": []}, "input"),
 ])  # fmt: skip
 def test_unsupported_is_a_400_naming_the_field(server: RemoteServer, body: dict,
                                                param: str) -> None:  # fmt: skip

@@ -110,6 +110,8 @@ def chat_body(req: ResponsesRequest,
         body["parallel_tool_calls"] = req.parallel_tool_calls
         body["tool_choice"] = _chat_tool_choice(req.tool_choice)
     fmt = (req.text or {}).get("format")
+    if fmt is not None and not isinstance(fmt, dict):
+        raise APIError("text.format must be an object with a type", 400, param="text.format")
     if fmt and fmt.get("type") == "json_object":
         body["response_format"] = {"type": "json_object"}
     elif fmt and fmt.get("type") == "json_schema":
@@ -136,8 +138,9 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
             out.append({"role": item.get("role", "user"),
                         "content": _text(item.get("content", ""), i)})
         elif kind == "function_call":
-            call = {"id": item.get("call_id"), "type": "function", "function": {
-                "name": item.get("name"), "arguments": item.get("arguments", "")}}
+            _require_strings(item, i, "call_id", "name")
+            call = {"id": item["call_id"], "type": "function", "function": {
+                "name": item["name"], "arguments": item.get("arguments", "")}}
             last = out[-1] if out else None
             if last is not None and last["role"] == "assistant" and last.get("tool_calls") \
                     and not last.get("content"):
@@ -145,23 +148,34 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
             else:
                 out.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind == "function_call_output":
-            output = item.get("output", "")
-            out.append({"role": "tool", "tool_call_id": item.get("call_id"),
-                        "content": output if isinstance(output, str) else _text(output, i)})
+            _require_strings(item, i, "call_id")
+            out.append({"role": "tool", "tool_call_id": item["call_id"],
+                        "content": _text(item.get("output", ""), i, "output")})
         elif kind != "reasoning":
             raise APIError(f"input[{i}].type {kind!r} is not supported (message, function_call, "
                            "function_call_output, reasoning)", 400, param=f"input[{i}]")
     return out
 
 
-def _text(content: str | list[dict[str, Any]], i: int) -> str:
+def _require_strings(item: dict[str, Any], i: int, *keys: str) -> None:
+    for key in keys:
+        if not isinstance(item.get(key), str):
+            raise APIError(f"input[{i}].{key} must be a string", 400, param=f"input[{i}].{key}")
+
+
+def _text(content: Any, i: int, key: str = "content") -> str:
+    """The text of an item's content: a string, or a list of text parts."""
     if isinstance(content, str):
         return content
+    where = f"input[{i}].{key}"
+    if not isinstance(content, list):
+        raise APIError(f"{where} must be a string or a list of text parts", 400, param=where)
     parts = []
     for part in content:
-        if part.get("type") not in TEXT_PARTS:
-            raise APIError(f"input[{i}] content of type {part.get('type')!r} is not supported "
-                           "(text only)", 400, param=f"input[{i}].content")  # fmt: skip
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in TEXT_PARTS or not isinstance(part.get("text", ""), str):
+            raise APIError(f"{where} part of type {kind!r} is not supported (text only)", 400,
+                           param=where)  # fmt: skip
         parts.append(part.get("text", ""))
     return "".join(parts)
 
@@ -178,6 +192,21 @@ def _chat_tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
     if isinstance(choice, dict) and choice.get("type") == "function":
         return {"type": "function", "function": {"name": choice.get("name")}}
     return choice
+
+
+# the chat request's fields, as the Responses request names them (errors name the latter)
+_PARAM_NAMES = {"max_completion_tokens": "max_output_tokens", "reasoning_effort":
+                "reasoning.effort", "messages": "input", "response_format": "text.format"}
+
+
+def responses_param(param: str | None) -> str | None:
+    """The Responses field an error of the chat request's field ``param`` is about."""
+    if param is None:
+        return None
+    head, dot, rest = param.partition(".")
+    if head == "response_format":
+        return "text.format"
+    return _PARAM_NAMES.get(head, head) + dot + rest
 
 
 def new_id(prefix: str) -> str:
@@ -214,8 +243,10 @@ def usage_of(chat_usage: dict[str, Any] | None) -> dict[str, Any] | None:
             "total_tokens": chat_usage["total_tokens"]}  # fmt: skip
 
 
-def output_items(message: dict[str, Any]) -> list[dict[str, Any]]:
-    """The output items of a chat reply's message: its reasoning, its text, its calls."""
+def output_items(message: dict[str, Any], logprobs: list[dict[str, Any]] | None = None
+                 ) -> list[dict[str, Any]]:  # fmt: skip
+    """The output items of a chat reply's message (and its ``logprobs.content``, which go
+    with the text): its reasoning, its text, its calls."""
     items: list[dict[str, Any]] = []
     reasoning = message.get("reasoning") or message.get("reasoning_content")
     if reasoning:
@@ -223,6 +254,7 @@ def output_items(message: dict[str, Any]) -> list[dict[str, Any]]:
     calls = message.get("tool_calls") or []
     if message.get("content") or not calls:
         items.append(message_item(new_id("msg"), message.get("content") or "", "completed"))
+        items[-1]["content"][0]["logprobs"] = logprobs or []
     for call in calls:
         items.append(call_item(new_id("fc"), call["id"], call["function"]["name"],
                                call["function"]["arguments"], "completed"))

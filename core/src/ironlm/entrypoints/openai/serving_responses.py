@@ -16,8 +16,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ironlm.entrypoints.openai import serving_chat
-from ironlm.entrypoints.openai.errors import validation_error
+from ironlm.entrypoints.openai.errors import APIError, from_value_error, validation_error
 from ironlm.entrypoints.openai.protocol import ChatCompletionRequest
+from ironlm.entrypoints.openai.request_inputs import KNOWN_FIELDS
 from ironlm.entrypoints.openai.responses_api import (
     ResponsesRequest,
     StoredResponse,
@@ -30,6 +31,7 @@ from ironlm.entrypoints.openai.responses_api import (
     output_items,
     reasoning_item,
     response_object,
+    responses_param,
     text_part,
     usage_of,
 )
@@ -44,15 +46,23 @@ async def create_response(state: ServerState, request: Request,
     if req.stream:
         body.update(stream=True, stream_options={"include_usage": True})
     try:
-        chat_req = ChatCompletionRequest.model_validate(body)
-    except ValidationError as exc:
-        raise validation_error(exc.errors()) from None
-    reply = await serving_chat.create_chat_completion(state, request, chat_req)
+        try:
+            chat_req = ChatCompletionRequest.model_validate(body)
+        except ValidationError as exc:
+            raise validation_error(exc.errors()) from None
+        reply = await serving_chat.create_chat_completion(state, request, chat_req)
+    except APIError as exc:  # named as the Responses request names the field
+        exc.param = responses_param(exc.param)
+        raise
+    except ValueError as exc:
+        error = from_value_error(exc, KNOWN_FIELDS)
+        error.param = responses_param(error.param)
+        raise error from exc
     response_id, created = new_id("resp"), now()
     if not isinstance(reply, StreamingResponse):
         data = json.loads(bytes(reply.body))
         choice = data["choices"][0]
-        output = output_items(choice["message"])
+        output = output_items(choice["message"], (choice.get("logprobs") or {}).get("content"))
         status = "incomplete" if choice["finish_reason"] == "length" else "completed"
         final = response_object(req, response_id, created, status, output,
                                 usage_of(data.get("usage")))  # fmt: skip
@@ -108,7 +118,8 @@ class _Events:
                     return
                 usage = data.get("usage") or usage
                 for choice in data.get("choices") or []:
-                    for out in self.delta(choice.get("delta") or {}):
+                    logprobs = (choice.get("logprobs") or {}).get("content") or []
+                    for out in self.delta(choice.get("delta") or {}, logprobs):
                         yield out
                     finish = choice.get("finish_reason") or finish
         finally:
@@ -123,7 +134,7 @@ class _Events:
                 final, conversation_after(self.conversation, self.output)))
         yield self.event(f"response.{status}", response=final)
 
-    def delta(self, delta: dict[str, Any]) -> list[str]:
+    def delta(self, delta: dict[str, Any], logprobs: list[dict[str, Any]]) -> list[str]:
         out: list[str] = []
         reasoning = delta.get("reasoning") or delta.get("reasoning_content")
         if reasoning:
@@ -139,8 +150,9 @@ class _Events:
                                       content_index=0, part=text_part("")))  # fmt: skip
                 self.open["content"] = [text_part("")]  # type: ignore[index]
             self.open["content"][0]["text"] += delta["content"]  # type: ignore[index]
+            self.open["content"][0]["logprobs"] += logprobs  # type: ignore[index]
             out.append(self.event("response.output_text.delta", **self.where(),
-                                  content_index=0, delta=delta["content"], logprobs=[]))
+                                  content_index=0, delta=delta["content"], logprobs=logprobs))
         for call in delta.get("tool_calls") or []:
             if self.open is None or self.call_index != call.get("index"):
                 function = call.get("function") or {}
@@ -174,7 +186,7 @@ class _Events:
         elif item["type"] == "message":
             part = item["content"][0]
             out.append(self.event("response.output_text.done", **self.where(), content_index=0,
-                                  text=part["text"], logprobs=[]))  # fmt: skip
+                                  text=part["text"], logprobs=part["logprobs"]))  # fmt: skip
             out.append(self.event("response.content_part.done", **self.where(),
                                   content_index=0, part=part))  # fmt: skip
         else:
