@@ -108,6 +108,26 @@ def test_long_prefill_threshold_and_block_override(smollm2_dir: Path) -> None:
     assert steps == [1 + 3, -(-prompt_len // 16) + 3]  # prefill steps, then 3 decodes
 
 
+def test_reset_prefix_cache(smollm2_dir: Path) -> None:
+    # vLLM's LLM.reset_prefix_cache: the same prompt again hits the cache, after a reset not
+    shared = "You are a helpful assistant who answers briefly and precisely. " * 12
+    llm = LLM(str(smollm2_dir), dtype="float32", max_model_len=512, kv_cache_memory=64 << 20)
+    params = SamplingParams(temperature=0.0, max_tokens=2)
+
+    def hits_of_one_run() -> int:
+        before = llm.engine.stats()["prefix_cache_hits"]
+        llm.generate([shared], params, use_tqdm=False)
+        return llm.engine.stats()["prefix_cache_hits"] - before
+
+    assert hits_of_one_run() == 0 and hits_of_one_run() > 0
+    assert llm.reset_prefix_cache() is True
+    assert hits_of_one_run() == 0
+    llm.engine.add_request("held", shared, SamplingParams(max_tokens=50))
+    llm.engine.step()  # the request holds blocks: no reset
+    assert llm.reset_prefix_cache() is False and hits_of_one_run() > 0
+    llm.abort("held")
+
+
 def test_many_mixed_requests_leave_no_blocks(smollm2_dir: Path) -> None:
     llm = LLM(str(smollm2_dir), max_model_len=256, kv_cache_memory=32 << 20, max_num_seqs=32)
     g = torch.Generator().manual_seed(0)

@@ -266,6 +266,16 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (vLLM's): the next prompts are computed afresh. False,
+        and nothing forgotten, while a request holds KV blocks."""
+        if self.block_manager.num_used_blocks:
+            log.warning("reset_prefix_cache: %d KV blocks are in use; not reset",
+                        self.block_manager.num_used_blocks)
+            return False
+        self.block_manager.reset_prefix_cache()
+        return True
+
     def get_tokenizer(self) -> Any:
         """The tokenizer the engine uses (vLLM's ``LLMEngine.get_tokenizer``)."""
         return self.tokenizer

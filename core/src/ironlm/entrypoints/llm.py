@@ -222,6 +222,11 @@ class LLM:
     def abort(self, request_ids: str | list[str]) -> None:
         self.engine.abort_request(request_ids)
 
+    def reset_prefix_cache(self) -> bool:
+        """vLLM's: forget the cached prefixes (a cold-cache benchmark, new weights); False
+        while requests hold KV blocks."""
+        return self.engine.reset_prefix_cache()
+
     def shutdown(self) -> None:
         self.engine.shutdown()
 
