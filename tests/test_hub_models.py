@@ -244,3 +244,19 @@ print(json.dumps(llm.get_tokenizer().chat_template))
 """
     out = run_python("import json\n" + code, offline_env())
     assert json.loads(out.splitlines()[-1]) == V1_TEMPLATE
+
+
+def test_bench_reads_a_repository_id(hub_cache: tuple[Path, str], tmp_path: Path) -> None:
+    # ironlm bench fetches the repository once with the Hub flags, then runs on the snapshot
+    cache, commit = hub_cache
+    code = f"""
+from ironlm.cli import main
+print("rc", main(["bench", "latency", "--model", {REPO!r}, "--download-dir", {str(cache)!r},
+                  "--revision", "v1", "--batch-size", "1", "--input-len", "8",
+                  "--output-len", "2", "--num-iters", "1", "--num-iters-warmup", "0",
+                  "--skip-machine-limits", "--result-dir", {str(tmp_path)!r},
+                  "--max-model-len", "256", "--kv-cache-memory", "64MiB"]))
+"""
+    assert "rc 0" in run_python(code, offline_env())
+    (result,) = tmp_path.rglob("*.json")
+    assert Path(json.loads(result.read_text())["args"]["model"]).name == commit

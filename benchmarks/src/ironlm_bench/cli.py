@@ -9,6 +9,8 @@ The ``ironlm`` CLI finds ``add_parser`` through the entry-point group ``ironlm.c
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from typing import Callable
 
 from ironlm_bench import latency, plot, profile, serve, specdec, throughput
 
@@ -22,6 +24,28 @@ _SUBCOMMANDS = (
 )
 
 
+# the subcommands that load the model in this process (serve talks to a server by name)
+_LOADS_MODEL = frozenset({"throughput", "latency", "profile", "specdec"})
+
+
+def _on_local_model(main: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """``main`` run with a Hugging Face Hub repository id as the model fetched first (with
+    --revision, --download-dir, --hf-token, --load-format), so the engine, the HF baseline,
+    the tokenizer and the bounds all read the one local snapshot."""
+
+    def run(args: argparse.Namespace) -> int:
+        from ironlm.model_loader.hub import HubOptions, fetch_model, is_hub_reference
+
+        model = getattr(args, "model", None)
+        if model and not Path(model).expanduser().exists() and is_hub_reference(model):
+            hub = HubOptions(getattr(args, "revision", None), getattr(args, "download_dir", None),
+                             getattr(args, "hf_token", None), getattr(args, "load_format", "auto"))
+            args.model = str(fetch_model(model, hub).path)
+        return main(args)
+
+    return run
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmark IronLM (and baselines, and any server)",
                        description="Benchmarks mirroring `vllm bench`.")
@@ -30,4 +54,5 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         sp = bench_sub.add_parser(name, help=help_text, description=module.__doc__,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_cli_args(sp)
-        sp.set_defaults(func=module.main)
+        sp.set_defaults(func=_on_local_model(module.main) if name in _LOADS_MODEL
+                        else module.main)
