@@ -17,8 +17,9 @@ from pathlib import Path
 from types import TracebackType
 from urllib.parse import unquote, urlsplit
 
-# repo id -> ref (branch or tag) -> file path in the repository -> content
-Repos = dict[str, dict[str, dict[str, Path | bytes]]]
+# repo id -> ref (branch or tag) -> file path in the repository -> content; or an HTTP
+# status every call about the repository answers with (403: no permission, 503: down)
+Repos = dict[str, dict[str, dict[str, Path | bytes]] | int]
 
 
 def commit_hash(repo_id: str, ref: str) -> str:
@@ -41,11 +42,15 @@ class FakeHub:
         self._server.shutdown()
         self._server.server_close()
 
-    def lookup(self, repo_id: str, revision: str) -> tuple[str, dict[str, Path | bytes]] | str:
-        """(commit, files) of ``revision`` (a ref or a commit), or the Hub's error code."""
+    def lookup(self, repo_id: str,
+               revision: str) -> tuple[str, dict[str, Path | bytes]] | str | int:  # fmt: skip
+        """(commit, files) of ``revision`` (a ref or a commit), or the Hub's error code, or
+        the repository's fixed status."""
         refs = self.repos.get(repo_id)
         if refs is None:
             return "RepoNotFound"
+        if isinstance(refs, int):
+            return refs
         for ref, files in refs.items():
             if revision in (ref, commit_hash(repo_id, ref)):
                 return commit_hash(repo_id, ref), files
@@ -81,6 +86,8 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
 
         def _api(self, repo_id: str, kind: str, revision: str, body: bool) -> None:
             found = hub.lookup(repo_id, revision)
+            if isinstance(found, int):
+                return self._error(found, "")
             if isinstance(found, str):
                 return self._error(404, found)
             commit, files = found
@@ -96,6 +103,8 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
 
         def _file(self, repo_id: str, revision: str, name: str, body: bool) -> None:
             found = hub.lookup(repo_id, revision)
+            if isinstance(found, int):
+                return self._error(found, "")
             if isinstance(found, str):
                 return self._error(404, found)
             commit, files = found
@@ -108,8 +117,9 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                                    "ETag": f'"{hashlib.sha1(data).hexdigest()}"'}, body)
 
         def _error(self, status: int, code: str) -> None:
-            self._send(status, json.dumps({"error": code}).encode(), {"X-Error-Code": code},
-                       True)  # fmt: skip
+            headers = {"X-Error-Code": code} if code else {}
+            self._send(status, json.dumps({"error": code or f"status {status}"}).encode(),
+                       headers, True)  # fmt: skip
 
         def _send(self, status: int, data: bytes, headers: dict[str, str], body: bool) -> None:
             self.send_response(status)

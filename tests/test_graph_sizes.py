@@ -65,7 +65,7 @@ def test_compilation_config_sets_the_graph_fields(caplog: pytest.LogCaptureFixtu
         _config(max_cudagraph_capture_size=8, compilation_config={"max_cudagraph_capture_size": 4})
 
 
-def test_flags() -> None:
+def test_flags(tmp_path: Path) -> None:
     parser = make_parser()
 
     def config(*argv: str) -> EngineConfig:
@@ -86,6 +86,22 @@ def test_flags() -> None:
                  "--hf-overrides.rope_parameters.factor", "2.0")  # fmt: skip
     assert (cfg.speculative_proposer_name, cfg.num_speculative_tokens) == ("ngram", 3)
     assert cfg.hf_overrides == {"rope_parameters": {"factor": 2.0}}
+    # the flag's JSON written with "=", and a --config YAML's own JSON and dotted keys
+    cfg = config('--compilation-config={"cudagraph_capture_sizes": [1, 2]}',
+                 "-cc.cudagraph_mode=NONE")
+    assert cfg.cudagraph_capture_sizes == [1, 2] and cfg.enforce_eager
+    yaml_file = tmp_path / "flags.yaml"
+    yaml_file.write_text("compilation-config: {cudagraph_capture_sizes: [1, 2]}\n"
+                         "compilation_config.max_cudagraph_capture_size: 2\n")
+    cfg = config("--config", str(yaml_file), "-cc.cudagraph_mode=NONE")
+    assert (cfg.cudagraph_capture_sizes, cfg.max_cudagraph_capture_size) == ([1, 2], 2)
+    assert cfg.enforce_eager
+    # a key without a value is true; a negative number is a value, a short flag is not
+    assert parser.parse_args(expand_argv(["m", "-cc.use_inductor", "-tp", "2"], parser)
+                             ).compilation_config == {"use_inductor": True}  # fmt: skip
+    assert config("--hf-overrides.bias", "-1").hf_overrides == {"bias": -1}
+    with pytest.raises(ValueError, match="expected a JSON object"):
+        expand_argv(["m", "--compilation-config", "[1]", "-cc.x=1"], parser)
 
 
 def _tokens(llm: LLM, n: int) -> list[list[int]]:

@@ -38,10 +38,12 @@ def repos(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -> dic
     assert len([n for n in files if n.endswith(".safetensors")]) > 1
     decoys: dict[str, Path | bytes] = {"consolidated.safetensors": b"not read",
                                        "original/model.safetensors": b"not read",
-                                       "pytorch_model.bin": b"not read", "README.md": b"# tiny"}
+                                       "pytorch_model.bin": b"not read", "README.md": b"# tiny",
+                                       "sub/extra.json": b"{}"}
     gguf = ensure_test_gguf("smollm2")
     return {
         REPO: {"main": {**files, **decoys}},
+        "someone/forbidden": 403, "someone/down": 503,
         GGUF_REPO: {"main": {"SmolLM2-Q4_1.gguf": gguf, "SmolLM2-BF16.gguf": b"not read",
                              "SmolLM2-Q4_1-draft.txt": b"x",
                              "Q8_0/SmolLM2-Q8_0-00001-of-00002.gguf": b"not read",
@@ -104,6 +106,8 @@ def test_fetch_over_http_then_offline(repos: dict, tmp_path: Path) -> None:
     (GGUF_REPO + ":Q8_0", "", "split in parts"),
     (GGUF_REPO + ":F16", "", "found none"),  # BF16 is another type
     (REPO + ":Q4_1", "", "found none"),
+    ("someone/forbidden", "", "refused it"),  # the Hub's answer, not a reason to use the cache
+    ("someone/down", "", "503 Service Unavailable"),  # 5xx: the cache, which lacks it
 ])  # fmt: skip
 def test_refusals_come_before_downloads(repos: dict, tmp_path: Path, model: str, extra: str,
                                         message: str) -> None:  # fmt: skip

@@ -124,6 +124,12 @@ def test_weight_files_follow_the_loader() -> None:
     assert weight_files(["model.safetensors", "pytorch_model.bin"], "pt", read) == [
         "pytorch_model.bin"]
     assert weight_files(["weights.pt"], "auto", read) == ["weights.pt"]
+    # training state is no weight; a consolidated copy only where nothing else is
+    assert weight_files(["training_args.bin", "a.bin"], "auto", read) == ["a.bin"]
+    assert weight_files(["consolidated.safetensors", "x.safetensors"], "auto", read) == [
+        "x.safetensors"]
+    assert weight_files(["consolidated.safetensors"], "auto", read) == [
+        "consolidated.safetensors"]
     assert weight_files(["model.safetensors"], "dummy", read) == []
     assert weight_files(["config.json"], "auto", read) == []
 

@@ -106,3 +106,21 @@ def test_server_streams_at_the_interval(smollm2_dir: Path) -> None:
     assert "".join(texts) == whole
     # token 1, tokens 2-5, 6-9, 10 (the finish reason with the last)
     assert len(texts) == 4 and chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_stream_interval_sends_a_finished_choice_at_once(smollm2_dir: Path) -> None:
+    # n=2 sampled choices ending at different steps: each one's end goes out in its own step
+    llm = LLM(str(smollm2_dir), device="cpu", max_model_len=256, kv_cache_memory=32 * 2**20,
+              stream_interval=8)  # fmt: skip
+    for seed in range(6):
+        params = SamplingParams(n=2, temperature=1.0, seed=seed, stop=["."], max_tokens=40,
+                                output_kind=RequestOutputKind.DELTA)  # fmt: skip
+        rid = f"ends-{seed}"
+        llm.engine.add_request(rid, "Tell me a fact about cats", params)
+        children = llm.engine.outputs.children(rid)
+        reported: set[int] = set()
+        while llm.engine.has_unfinished_requests():
+            for out in llm.engine.step():
+                reported |= {o.index for o in out.outputs if o.finish_reason is not None}
+            finished = {i for i, c in enumerate(children) if c.is_finished}
+            assert finished <= reported, (seed, finished, reported)

@@ -1,7 +1,7 @@
 """vLLM's request ids on the real server: an ``X-Request-Id`` header (else the body's
 ``request_id``) names the request (its response id, the log line) and, with
 ``--enable-request-id-headers``, every response carries ``X-Request-Id``; one id twice in
-flight: the second request is refused with 400."""
+flight: both run and answer under it (the engine's ids get random suffixes, vLLM's)."""
 
 from __future__ import annotations
 

@@ -35,8 +35,9 @@ class Group:
     error: str | None = None  # why the request failed (a guided backend's dead end)
     # DELTA outputs: per child, the tokens, text characters and logprob entries sent so far
     sent: list[tuple[int, int, int]] = field(default_factory=list)
-    # per child, its tokens at the group's last output (None: no output yet; stream_interval)
-    streamed: list[int] | None = None
+    # per child, its tokens and whether it had finished at the group's last output (None: no
+    # output yet; stream_interval)
+    streamed: list[tuple[int, bool]] | None = None
 
 
 class OutputProcessor:
@@ -273,13 +274,15 @@ class OutputProcessor:
 
     def _holds_back(self, group: Group) -> bool:
         """Whether an unfinished group's next output waits (vLLM's stream_interval): it had
-        an output already and no child has stream_interval new tokens since. vLLM applies it
-        to DELTA outputs, which its server streams; IronLM's server streams CUMULATIVE ones,
-        so it applies to both."""
+        an output already, no child finished since, and none has stream_interval new tokens
+        (vLLM decides per choice; a choice that ends goes out at once here too). vLLM applies
+        it to DELTA outputs, which its server streams; IronLM's server streams CUMULATIVE
+        ones, so it applies to both."""
         if self.stream_interval == 1 or group.streamed is None:
             return False
-        return all(len(c.output_token_ids) - last < self.stream_interval
-                   for c, last in zip(group.children, group.streamed))  # fmt: skip
+        return all(len(c.output_token_ids) - tokens < self.stream_interval
+                   and c.is_finished == finished
+                   for c, (tokens, finished) in zip(group.children, group.streamed))  # fmt: skip
 
     def _request_output(self, group: Group, finished: bool | None = None) -> RequestOutput | None:
         if finished is None:
@@ -292,7 +295,7 @@ class OutputProcessor:
             return None
         if not finished and self._holds_back(group):
             return None
-        group.streamed = [len(c.output_token_ids) for c in group.children]
+        group.streamed = [(len(c.output_token_ids), c.is_finished) for c in group.children]
         # the prompt's logprobs go with the first output only when outputs are deltas
         with_prompt_lps = group.params.prompt_logprobs is not None and (
             kind != RequestOutputKind.DELTA or all(s == (0, 0, 0) for s in group.sent))

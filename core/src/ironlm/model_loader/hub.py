@@ -9,24 +9,32 @@ login``). A GGUF repository is named ``repo_id:QUANT`` (vLLM's form:
 ``unsloth/Qwen3-0.6B-GGUF:Q4_K_M``), which stands for its one .gguf file of that quantization
 type.
 
-Only what a model needs is fetched: configs, tokenizer files, chat templates, code (for
-``trust_remote_code``) and the checkpoint files the loader reads (model_loader/loader.py) of
-one weight format, the first of safetensors, .bin and .pt the repository has (vLLM's order;
-none for ``load_format="dummy"``): an index's shards, else the single-file checkpoint, else
-every top-level file of that format; never ``original/`` or Mistral's consolidated copies.
-The engine pins its workers to the commit the files came from (ModelSource.revision), so a
-branch that moves while they start does not mix two versions.
+Only what a model needs is fetched, from the repository's top level: configs, tokenizer
+files, chat templates, code (for ``trust_remote_code``) and the checkpoint files the loader
+reads (model_loader/loader.py) of one weight format, the first of safetensors, .bin and .pt
+the repository has (vLLM's order; none for ``load_format="dummy"``): an index's shards, else
+the single-file checkpoint, else every file of that format (Mistral's consolidated copy only
+where nothing else is; never training state such as training_args.bin). The branch or tag is
+resolved to a commit once, the listing and every download use it, and the engine pins its
+workers to it (ModelSource.revision): a branch that moves meanwhile does not mix versions.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from huggingface_hub import HfApi, constants, hf_hub_download, snapshot_download
+from huggingface_hub import (
+    HfApi,
+    ResolvedRevision,
+    constants,
+    hf_hub_download,
+    snapshot_download,
+)
 from huggingface_hub.errors import (
     HfHubHTTPError,
     LocalEntryNotFoundError,
@@ -43,7 +51,9 @@ GGUF_REFERENCE = re.compile(r"([A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_
                             r"([A-Za-z0-9_+-]+)")  # fmt: skip
 # everything but the weights: configs, tokenizers, chat templates, remote code
 META_PATTERNS = ["*.json", "*.jinja", "*.model", "*.tiktoken", "*.txt", "*.py"]
-IGNORE_PATTERNS = ["original/*"]
+# files of a weight format's suffix that hold no model weights (vLLM leaves them out too)
+NOT_WEIGHTS = frozenset({"training_args.bin", "optimizer.bin", "optimizer.pt", "scheduler.pt",
+                         "scaler.pt"})
 # a GGUF file split in parts: name-00001-of-00003.gguf
 SPLIT_GGUF = re.compile(r"-\d{5}-of-\d{5}\.gguf$", re.IGNORECASE)
 
@@ -119,57 +129,64 @@ def fetch_model(model: str, hub: HubOptions) -> Fetched:
                          f"repo_id:QUANT (e.g. {model}:Q4_K_M), or a local .gguf file")  # fmt: skip
     unreachable: Exception | None = None
     if not constants.HF_HUB_OFFLINE:
+        api = HfApi(token=hub.token)
         try:
-            info = HfApi(token=hub.token).model_info(repo_id, revision=hub.revision)
+            # the branch or tag resolved once: the listing and every download use its commit
+            # (and the cache records the name for later offline runs)
+            resolved = api.resolve_revision(repo_id, revision=hub.revision,
+                                            cache_dir=hub.download_dir)  # fmt: skip
+            info = api.model_info(repo_id, revision=resolved.resolved)
         except (RepositoryNotFoundError, RevisionNotFoundError) as exc:  # and gated ones
             raise ValueError(f"model {model!r} cannot be fetched from the Hugging Face Hub "
                              f"(revision {revision}): {_reason(exc)}") from exc  # fmt: skip
         except HfHubHTTPError as exc:
-            if exc.response is not None and exc.response.status_code == 401:  # refused token
-                raise ValueError(f"model {model!r}: the Hugging Face Hub refused the token: "
-                                 f"{_reason(exc)}") from exc  # fmt: skip
-            unreachable = exc  # the Hub failing (5xx): the cache answers, below
+            status = exc.response.status_code if exc.response is not None else None
+            if status is not None and 400 <= status < 500 and status != 429:
+                # the Hub's answer (a refused token, no permission, a disabled repository)
+                raise ValueError(f"model {model!r}: the Hugging Face Hub refused it "
+                                 f"(revision {revision}): {_reason(exc)}") from exc  # fmt: skip
+            unreachable = exc  # the Hub failing (5xx, rate limit): the cache answers, below
         except Exception as exc:  # noqa: BLE001 the transport's errors, whose classes are
             unreachable = exc  # huggingface_hub's HTTP library's: the cache answers, below
         else:
             files = [s.rfilename for s in info.siblings or []]
-            return _fetch_online(model, repo_id, hub, files, gguf)
+            return _fetch_online(model, repo_id, hub, resolved, files, gguf)
     return _from_cache(model, repo_id, hub, gguf, unreachable)
 
 
-def _fetch_online(model: str, repo_id: str, hub: HubOptions, files: list[str],
-                  gguf: re.Match[str] | None) -> Fetched:  # fmt: skip
-    """Download what ``files`` (the repository's listing at the revision) says the model
-    needs; refusals come before any download. Files are fetched at the revision as named
-    (so the cache records the branch or tag for later offline runs); the commit is the
-    snapshot's they landed in."""
-    revision = hub.revision or "main"
+def _fetch_online(model: str, repo_id: str, hub: HubOptions, resolved: ResolvedRevision,
+                  files: list[str], gguf: re.Match[str] | None) -> Fetched:  # fmt: skip
+    """Download what ``files`` (the repository's listing at ``resolved``) says the model
+    needs, at that commit; refusals come before any download."""
+    where = f"revision {hub.revision or 'main'} (commit {resolved.resolved})"
 
     def download(name: str) -> Path:
         try:
-            return Path(hf_hub_download(repo_id, name, revision=hub.revision,
+            return Path(hf_hub_download(repo_id, name, revision=resolved,
                                         cache_dir=hub.download_dir, token=hub.token))
         except Exception as exc:  # HTTP, transport or disk: say which file
-            raise ValueError(f"model {model!r}: {name} at revision {revision} cannot be "
-                             f"downloaded: {_reason(exc)}") from exc  # fmt: skip
+            raise ValueError(f"model {model!r}: {name} at {where} cannot be downloaded: "
+                             f"{_reason(exc)}") from exc  # fmt: skip
 
     if gguf:
-        path = download(gguf_file(files, model, gguf.group(2)))
-        return Fetched(path, _snapshot_commit(path))
+        return Fetched(download(gguf_file(files, model, gguf.group(2))), resolved.resolved)
     if "config.json" not in files:
-        raise ValueError(f"model {model!r}: the repository has no config.json at revision "
-                         f"{revision} (not a Transformers model)")  # fmt: skip
+        raise ValueError(f"model {model!r}: the repository has no config.json at {where} "
+                         "(not a Transformers model)")  # fmt: skip
     weights = weight_files(files, hub.load_format, lambda name: json.loads(
         download(name).read_text()))  # fmt: skip
+    # exact names: the top-level configs, tokenizer files and code, and the weights
+    meta = [name for name in files if "/" not in name
+            and any(fnmatch.fnmatch(name, pattern) for pattern in META_PATTERNS)]  # fmt: skip
     try:
         folder = Path(snapshot_download(
-            repo_id, revision=hub.revision, cache_dir=hub.download_dir, token=hub.token,
-            allow_patterns=META_PATTERNS + weights, ignore_patterns=IGNORE_PATTERNS,
+            repo_id, revision=resolved, cache_dir=hub.download_dir, token=hub.token,
+            allow_patterns=meta + weights,
         ))  # fmt: skip
     except Exception as exc:  # HTTP, transport or disk: say what failed
-        raise ValueError(f"model {model!r} cannot be fetched at revision {revision}: "
+        raise ValueError(f"model {model!r} cannot be fetched at {where}: "
                          f"{_reason(exc)}") from exc  # fmt: skip
-    return Fetched(folder, folder.name)
+    return Fetched(folder, resolved.resolved)
 
 
 def _reason(exc: Exception) -> str:
@@ -177,18 +194,11 @@ def _reason(exc: Exception) -> str:
     return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
 
 
-def _snapshot_commit(path: Path) -> str:
-    """The commit of the hub-cache snapshot holding ``path`` (.../snapshots/<commit>/...)."""
-    while path.parent.name != "snapshots":
-        path = path.parent
-    return path.name
-
-
 def _from_cache(model: str, repo_id: str, hub: HubOptions, gguf: re.Match[str] | None,
                 unreachable: Exception | None) -> Fetched:  # fmt: skip
     """The cached snapshot at the revision, checked for what the model needs (a snapshot the
     cache knows to be incomplete still serves when the missing files are not those)."""
-    why = (f"the Hugging Face Hub cannot be reached ({type(unreachable).__name__})"
+    why = (f"the Hugging Face Hub cannot be reached ({_reason(unreachable)})"
            if unreachable is not None else "HF_HUB_OFFLINE is set")  # fmt: skip
     try:
         folder = Path(snapshot_download(
@@ -228,9 +238,12 @@ def weight_files(files: list[str], load_format: str,
             return [layout.index, *shards]
         if layout.single is not None and layout.single in top:
             return [layout.single]
-        matches = sorted(name for name in top if name.endswith(layout.suffix))
-        if matches:
-            return matches
+        matches = sorted(name for name in top
+                         if name.endswith(layout.suffix) and name not in NOT_WEIGHTS)
+        # Mistral's consolidated copy of the same weights, only where nothing else is
+        plain = [name for name in matches if not name.startswith("consolidated")]
+        if plain or matches:
+            return plain or matches
     return []
 
 

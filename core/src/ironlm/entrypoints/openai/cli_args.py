@@ -199,7 +199,6 @@ def expand_argv(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
             flag, dot, keys = name.partition(".")  # a dotted JSON key keeps its underscores
             arg = flag.replace("_", "-") + dot + keys + eq + value
         out.append(arg)
-    out = fold_dotted_json(out, parser)
     path = None
     for i, arg in enumerate(out):
         if arg == "--config" and i + 1 < len(out):
@@ -209,7 +208,7 @@ def expand_argv(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
             path, out = arg.partition("=")[2], out[:i] + out[i + 1:]
             break
     if path is None:
-        return out
+        return fold_dotted_json(out, parser)
     import yaml
 
     with open(path, encoding="utf-8") as f:
@@ -218,7 +217,8 @@ def expand_argv(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
         raise ValueError(f"--config {path}: a YAML mapping of flag names to values is needed")
     flags: list[str] = []
     for key, value in config.items():
-        flag = "--" + str(key).replace("_", "-")
+        name, dot, keys = str(key).partition(".")  # a dotted JSON key keeps its underscores
+        flag = "--" + name.replace("_", "-") + dot + keys
         if value is True:
             flags.append(flag)
         elif value is False:
@@ -233,7 +233,7 @@ def expand_argv(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
             flags += [flag, str(value)]
     # before the first flag of the command line (after a leading MODEL): later flags win
     at = next((i for i, a in enumerate(out) if a.startswith("-")), len(out))
-    return out[:at] + flags + out[at:]
+    return fold_dotted_json(out[:at] + flags + out[at:], parser)
 
 
 def fold_dotted_json(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
@@ -255,7 +255,7 @@ def fold_dotted_json(argv: list[str], parser: argparse.ArgumentParser) -> list[s
             out.append(arg)
             continue
         if not eq:
-            if i < len(argv) and not argv[i].startswith("--"):
+            if i < len(argv) and not _is_flag(argv[i]):
                 value, i = argv[i], i + 1
             else:
                 value = "true"
@@ -272,13 +272,35 @@ def fold_dotted_json(argv: list[str], parser: argparse.ArgumentParser) -> list[s
         node[last] = parsed
     for flag, keys in dotted.items():
         action = parser._option_string_actions[flag]
-        at = max((j for j, a in enumerate(out[:-1]) if a in action.option_strings),
+        # the flag's own JSON, last given: "--flag JSON" or "--flag=JSON"
+        at = max((j for j, a in enumerate(out) if a in action.option_strings and j + 1 < len(out)
+                  or a.partition("=")[0] in action.option_strings and "=" in a),
                  default=None)  # fmt: skip
         if at is None:
             out += [flag, json.dumps(keys)]
+            continue
+        joined = "=" in out[at]
+        own = out[at].partition("=")[2] if joined else out[at + 1]
+        try:
+            merged = json.dumps(_merged(json_object(own), keys))
+        except (ValueError, argparse.ArgumentTypeError) as exc:
+            raise ValueError(f"{flag}: expected a JSON object, got {own!r}") from exc
+        if joined:
+            out[at] = out[at].partition("=")[0] + "=" + merged
         else:
-            out[at + 1] = json.dumps(_merged(json_object(out[at + 1]), keys))
+            out[at + 1] = merged
     return out
+
+
+def _is_flag(arg: str) -> bool:
+    """Whether ``arg`` is an option rather than a value (a negative number is a value)."""
+    if not arg.startswith("-"):
+        return False
+    try:
+        float(arg)
+    except ValueError:
+        return True
+    return False
 
 
 def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
