@@ -84,12 +84,22 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             else:
                 self._error(404, "RepoNotFound")
 
-        def _api(self, repo_id: str, kind: str, revision: str, body: bool) -> None:
+        def _found(self, repo_id: str,
+                   revision: str) -> tuple[str, dict[str, Path | bytes]] | None:  # fmt: skip
+            """(commit, files), or None with the error answered."""
             found = hub.lookup(repo_id, revision)
             if isinstance(found, int):
-                return self._error(found, "")
-            if isinstance(found, str):
-                return self._error(404, found)
+                self._error(found, "")
+            elif isinstance(found, str):
+                self._error(404, found)
+            else:
+                return found
+            return None
+
+        def _api(self, repo_id: str, kind: str, revision: str, body: bool) -> None:
+            found = self._found(repo_id, revision)
+            if found is None:
+                return
             commit, files = found
             if kind == "revision":
                 data: object = {"id": repo_id, "sha": commit, "private": False,
@@ -102,11 +112,9 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                        body)  # fmt: skip
 
         def _file(self, repo_id: str, revision: str, name: str, body: bool) -> None:
-            found = hub.lookup(repo_id, revision)
-            if isinstance(found, int):
-                return self._error(found, "")
-            if isinstance(found, str):
-                return self._error(404, found)
+            found = self._found(repo_id, revision)
+            if found is None:
+                return
             commit, files = found
             if name not in files:
                 return self._error(404, "EntryNotFound")
