@@ -9,6 +9,7 @@ The ``ironlm`` CLI finds ``add_parser`` through the entry-point group ``ironlm.c
 from __future__ import annotations
 
 import argparse
+import functools
 from pathlib import Path
 from typing import Callable
 
@@ -33,6 +34,7 @@ def _on_local_model(main: Callable[[argparse.Namespace], int]) -> Callable[[argp
     --revision, --download-dir, --hf-token, --load-format), so the engine, the HF baseline,
     the tokenizer and the bounds all read the one local snapshot."""
 
+    @functools.wraps(main)  # names the subcommand's own main (its module, its help)
     def run(args: argparse.Namespace) -> int:
         from ironlm.model_loader.hub import HubOptions, fetch_model, is_hub_reference
 
