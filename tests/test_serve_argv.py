@@ -38,6 +38,19 @@ def test_config_file_gives_flags_the_command_line_overrides(tmp_path: Path) -> N
     assert _parse([f"--config={cfg}", "m"]).served_model_name == ["a", "b"]
 
 
+def test_config_file_dotted_json_keys_take_any_yaml_value(tmp_path: Path) -> None:
+    # one key of a JSON flag: false, a list, a string or an object, as the YAML gives it
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("compilation_config.use_inductor: false\n"
+                   "compilation-config.cudagraph_capture_sizes: [1, 2, 4]\n"
+                   "compilation_config.cudagraph_mode: NONE\n"
+                   "hf-overrides.rope_parameters: {factor: 2.0}\n")
+    args = _parse(["m", "--config", str(cfg)])
+    assert args.compilation_config == {"use_inductor": False, "cudagraph_mode": "NONE",
+                                       "cudagraph_capture_sizes": [1, 2, 4]}  # fmt: skip
+    assert args.hf_overrides == {"rope_parameters": {"factor": 2.0}}
+
+
 def test_a_bad_config_is_a_usage_error(tmp_path: Path) -> None:
     cfg = tmp_path / "list.yaml"
     cfg.write_text("- 1\n- 2\n")

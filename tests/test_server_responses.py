@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -18,7 +19,15 @@ import pytest
 from server_utils import RemoteServer
 from starlette.responses import StreamingResponse
 
-from ironlm.entrypoints.openai.responses_api import ResponsesRequest
+from ironlm.entrypoints.openai.responses_api import (
+    ResponsesRequest,
+    ResponseStore,
+    conversation_after,
+    input_messages,
+    output_items,
+    responses_param,
+    usage_of,
+)
 from ironlm.entrypoints.openai.serving_responses import _Events
 
 pytestmark = pytest.mark.real_model
@@ -168,24 +177,11 @@ def test_events_retell_reasoning_and_calls() -> None:
                                   "total_tokens": 12}},
     ]  # fmt: skip
 
-    async def body() -> Any:
-        for c in chunks:
-            yield f"data: {json.dumps(c)}\n\n"
-        yield "data: [DONE]\n\n"
-
     class State:
         responses = None
 
     req = ResponsesRequest(model="s", input="x", store=False)
-    events = _Events(State(), req, "resp_1", 0, [])  # type: ignore[arg-type]
-
-    async def collect() -> list[dict[str, Any]]:
-        out = []
-        async for text in events.run(StreamingResponse(body())):
-            out.append(json.loads(text.split("data: ", 1)[1]))
-        return out
-
-    got = asyncio.run(collect())
+    got = _retell(_Events(State(), req, "s", "resp_1", 0, []), chunks)  # type: ignore[arg-type]
     final = got[-1]["response"]
     assert got[-1]["type"] == "response.completed"
     assert [i["type"] for i in final["output"]] == ["reasoning", "message", "function_call",
@@ -200,3 +196,96 @@ def test_events_retell_reasoning_and_calls() -> None:
     assert added == done == [0, 1, 2, 3]
     args = [e["delta"] for e in got if e["type"] == "response.function_call_arguments.delta"]
     assert args == ['{"x"', ": 1}", "{}"]
+
+
+def _retell(events: _Events, chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The Responses events ``events`` makes of the chat stream of ``chunks``."""
+
+    async def body() -> Any:
+        for c in chunks:
+            yield f"data: {json.dumps(c)}\n\n"
+        yield "data: [DONE]\n\n"
+
+    async def collect() -> list[dict[str, Any]]:
+        return [json.loads(text.split("data: ", 1)[1])
+                async for text in events.run(StreamingResponse(body()))]  # fmt: skip
+
+    return asyncio.run(collect())
+
+
+def test_a_stream_cut_short_is_not_stored() -> None:
+    # the chat stream ends without a finish_reason when the client left: no "completed"
+    # response with half the text is kept for GET or previous_response_id
+    class State:
+        responses = ResponseStore()
+
+    state = State()
+    req = ResponsesRequest(model="s", input="x")
+    chunks = [{"choices": [{"index": 0, "delta": {"content": "Half"}}]}]
+    got = _retell(_Events(state, req, "s", "resp_1", 0, []), chunks)  # type: ignore[arg-type]
+    assert got[-1]["type"] == "response.output_text.delta" and not state.responses.items
+    chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    got = _retell(_Events(state, req, "s", "resp_2", 0, []), chunks)  # type: ignore[arg-type]
+    assert got[-1]["type"] == "response.completed" and list(state.responses.items) == ["resp_2"]
+
+
+def test_usage_and_error_fields_as_the_responses_api_names_them() -> None:
+    usage = usage_of({"prompt_tokens": 4, "completion_tokens": 9, "total_tokens": 13,
+                      "completion_tokens_details": {"reasoning_tokens": 6}})  # fmt: skip
+    assert usage is not None and usage["output_tokens_details"] == {"reasoning_tokens": 6}
+    # the chat messages hold the instructions and earlier turns too: their index is not the
+    # input's, so the field is named as a whole
+    assert responses_param("messages.2.content") == "input"
+    assert responses_param("response_format.json_schema") == "text.format"
+    assert responses_param("max_completion_tokens") == "max_output_tokens"
+    assert responses_param("tools.0.function") == "tools.0.function"
+
+
+def test_the_reply_names_the_served_model(server: RemoteServer) -> None:
+    body = {"input": "Hi", "max_output_tokens": 2}  # no model: the served one answers
+    assert httpx.post(server.url("/v1/responses"), json=body, timeout=60).json()["model"] == "s"
+    with httpx.stream("POST", server.url("/v1/responses"), json={**body, "stream": True},
+                      timeout=60) as r:  # fmt: skip
+        models = [json.loads(line[6:])["response"]["model"] for line in r.iter_lines()
+                  if line.startswith("data: ") and '"response"' in line]  # fmt: skip
+    assert models and set(models) == {"s"}
+
+
+async def _abandoned(server: RemoteServer, body: dict[str, Any]) -> None:
+    """POST /v1/responses and leave (close the connection) after half a second."""
+    data = json.dumps(body).encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(f"POST /v1/responses HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+                 f"application/json\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
+    await writer.drain()
+    try:
+        await asyncio.wait_for(reader.read(), 0.5)
+    except TimeoutError:
+        pass
+    writer.close()
+    await writer.wait_closed()
+
+
+def test_a_client_that_leaves_is_no_server_error(server: RemoteServer) -> None:
+    # the chat endpoint answers 499 to a client that left: passed on, not read as a reply
+    body = {"model": "s", "input": "Tell a long story.", "max_output_tokens": 400,
+            "ignore_eos": True}  # fmt: skip
+    asyncio.run(_abandoned(server, body))
+    time.sleep(1.0)  # the server notices the disconnect
+    assert "unhandled error on POST /v1/responses" not in server.log_text()
+    assert httpx.get(server.url("/health"), timeout=10).status_code == 200
+
+
+def test_output_passed_back_reads_as_the_stored_conversation() -> None:
+    # a reply's text and calls are one assistant turn, whether the next request names the
+    # reply by previous_response_id or passes its output items back as input
+    message = {"content": "Let me look.", "reasoning": "Weather: ask the tool.", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+        {"id": "c2", "type": "function", "function": {"name": "g", "arguments": "{}"}}]}
+    output = output_items(message)
+    turn = {"role": "assistant", "content": "Let me look.", "tool_calls": [
+        {"id": c, "type": "function", "function": {"name": n, "arguments": "{}"}}
+        for c, n in (("c1", "f"), ("c2", "g"))]}  # fmt: skip
+    assert conversation_after([], output) == input_messages(output) == [turn]
+    assert conversation_after([], output_items({"reasoning": "Hm"}))[-1] == {
+        "role": "assistant", "content": ""}

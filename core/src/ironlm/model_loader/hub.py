@@ -90,6 +90,11 @@ class HubOptions:
     token: str | None = field(default=None, repr=False)  # None: HF_TOKEN or the login token
     load_format: str = "auto"  # which weight files are fetched (LOAD_FORMAT_LAYOUTS)
 
+    @property
+    def revision_name(self) -> str:
+        """The revision as messages name it (None is the main branch)."""
+        return self.revision or "main"
+
     @classmethod
     def of(cls, config: EngineConfig) -> HubOptions:
         """The engine's options for its model."""
@@ -123,7 +128,6 @@ def fetch_model(model: str, hub: HubOptions) -> Fetched:
     had (unknown, gated, no such revision or file, not cached while offline)."""
     gguf = GGUF_REFERENCE.fullmatch(model)
     repo_id = gguf.group(1) if gguf else model
-    revision = hub.revision or "main"
     if hub.load_format == "gguf" and not gguf:
         raise ValueError(f"model {model!r}: load_format 'gguf' takes a GGUF repository as "
                          f"repo_id:QUANT (e.g. {model}:Q4_K_M), or a local .gguf file")  # fmt: skip
@@ -138,13 +142,13 @@ def fetch_model(model: str, hub: HubOptions) -> Fetched:
             info = api.model_info(repo_id, revision=resolved.resolved)
         except (RepositoryNotFoundError, RevisionNotFoundError) as exc:  # and gated ones
             raise ValueError(f"model {model!r} cannot be fetched from the Hugging Face Hub "
-                             f"(revision {revision}): {_reason(exc)}") from exc  # fmt: skip
+                             f"(revision {hub.revision_name}): {_reason(exc)}") from exc
         except HfHubHTTPError as exc:
             status = exc.response.status_code if exc.response is not None else None
             if status is not None and 400 <= status < 500 and status != 429:
                 # the Hub's answer (a refused token, no permission, a disabled repository)
-                raise ValueError(f"model {model!r}: the Hugging Face Hub refused it "
-                                 f"(revision {revision}): {_reason(exc)}") from exc  # fmt: skip
+                raise ValueError(f"model {model!r}: the Hugging Face Hub refused it (revision "
+                                 f"{hub.revision_name}): {_reason(exc)}") from exc
             unreachable = exc  # the Hub failing (5xx, rate limit): the cache answers, below
         except Exception as exc:  # noqa: BLE001 the transport's errors, whose classes are
             unreachable = exc  # huggingface_hub's HTTP library's: the cache answers, below
@@ -158,7 +162,7 @@ def _fetch_online(model: str, repo_id: str, hub: HubOptions, resolved: ResolvedR
                   files: list[str], gguf: re.Match[str] | None) -> Fetched:  # fmt: skip
     """Download what ``files`` (the repository's listing at ``resolved``) says the model
     needs, at that commit; refusals come before any download."""
-    where = f"revision {hub.revision or 'main'} (commit {resolved.resolved})"
+    where = f"revision {hub.revision_name} (commit {resolved.resolved})"
 
     def download(name: str) -> Path:
         try:
@@ -208,14 +212,14 @@ def _from_cache(model: str, repo_id: str, hub: HubOptions, gguf: re.Match[str] |
     except LocalEntryNotFoundError as exc:
         raise ValueError(
             f"model {model!r} is not a local path, and {why}: it is not in the cache "
-            f"({hub.download_dir or 'default'}) at revision {hub.revision or 'main'}"
+            f"({hub.download_dir or 'default'}) at revision {hub.revision_name}"
         ) from exc
     files = [str(f.relative_to(folder)) for f in folder.rglob("*") if f.is_file()]
     if gguf:
         return Fetched(folder / gguf_file(files, model, gguf.group(2)), folder.name)
     if "config.json" not in files:
         raise ValueError(f"model {model!r}: the cached snapshot at revision "
-                         f"{hub.revision or 'main'} has no config.json ({why})")  # fmt: skip
+                         f"{hub.revision_name} has no config.json ({why})")  # fmt: skip
     weights = weight_files(files, hub.load_format,
                            lambda name: json.loads((folder / name).read_text()))  # fmt: skip
     missing = [name for name in weights if not (folder / name).is_file()]
@@ -242,7 +246,7 @@ def weight_files(files: list[str], load_format: str,
                          if name.endswith(layout.suffix) and name not in NOT_WEIGHTS)
         # Mistral's consolidated copy of the same weights, only where nothing else is
         plain = [name for name in matches if not name.startswith("consolidated")]
-        if plain or matches:
+        if matches:
             return plain or matches
     return []
 

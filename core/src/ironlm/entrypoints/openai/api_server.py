@@ -10,8 +10,9 @@ import json
 import logging
 import os
 import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+from typing import Any, TypeVar
 
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request
@@ -99,8 +100,11 @@ def _parse(raw: bytes, model: type[M] | None) -> Any:
         data = json.loads(raw)
     except ValueError as exc:
         raise APIError(f"Invalid JSON body: {exc}", 400) from None
-    if model is None:
-        return data
+    return data if model is None else _validated(data, model)
+
+
+def _validated(data: Any, model: type[M]) -> M:
+    """``data`` (a parsed JSON body) as ``model``; 400 naming the first wrong field."""
     if not isinstance(data, dict):
         raise APIError("the request body must be a JSON object", 400)
     try:
@@ -221,11 +225,7 @@ async def invocations(request: Request) -> Response:
     body = await parse_body(request, None)
     for key, request_type, endpoint in _INVOCATION_TYPES:
         if isinstance(body, dict) and key in body:
-            try:
-                req = request_type.model_validate(body)
-            except ValidationError as exc:
-                raise validation_error(exc.errors()) from None
-            return await endpoint(_server(request), request, req)
+            return await endpoint(_server(request), request, _validated(body, request_type))
     names = ", ".join(t.__name__ for _, t, _ in _INVOCATION_TYPES)
     raise APIError(f"Cannot find suitable handler for request. Expected one of: {names}", 400)
 
@@ -255,6 +255,7 @@ async def generate(request: Request) -> Response:
 
 # -- the app -------------------------------------------------------------------------------
 def server_options(args: argparse.Namespace, model: str) -> ServerOptions:
+    log_requests = args.enable_log_requests and not args.disable_log_requests
     return ServerOptions(
         served_model_names=list(args.served_model_name or [model]),
         chat_template=load_chat_template(args.chat_template),
@@ -266,9 +267,8 @@ def server_options(args: argparse.Namespace, model: str) -> ServerOptions:
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         tool_call_parser=args.tool_call_parser,
         max_log_len=args.max_log_len,
-        log_requests=args.enable_log_requests and not args.disable_log_requests,
-        log_outputs=args.enable_log_outputs and args.enable_log_requests
-        and not args.disable_log_requests,
+        log_requests=log_requests,
+        log_outputs=log_requests and args.enable_log_outputs,  # vLLM's: only with requests
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         enable_force_include_usage=args.enable_force_include_usage,
         disable_log_stats=args.disable_log_stats,

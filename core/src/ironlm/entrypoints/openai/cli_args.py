@@ -196,8 +196,7 @@ def expand_argv(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
     for arg in argv:
         if arg.startswith("--") and len(arg) > 2:
             name, eq, value = arg.partition("=")
-            flag, dot, keys = name.partition(".")  # a dotted JSON key keeps its underscores
-            arg = flag.replace("_", "-") + dot + keys + eq + value
+            arg = _kebab(name) + eq + value
         out.append(arg)
     path = None
     for i, arg in enumerate(out):
@@ -217,9 +216,10 @@ def expand_argv(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
         raise ValueError(f"--config {path}: a YAML mapping of flag names to values is needed")
     flags: list[str] = []
     for key, value in config.items():
-        name, dot, keys = str(key).partition(".")  # a dotted JSON key keeps its underscores
-        flag = "--" + name.replace("_", "-") + dot + keys
-        if value is True:
+        flag = "--" + _kebab(str(key))
+        if "." in flag:  # one key of a JSON flag: its value as JSON (false, a list, ...)
+            flags.append(f"{flag}={json.dumps(value)}")
+        elif value is True:
             flags.append(flag)
         elif value is False:
             # argparse lists its option strings only in this attribute
@@ -234,6 +234,13 @@ def expand_argv(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
     # before the first flag of the command line (after a leading MODEL): later flags win
     at = next((i for i, a in enumerate(out) if a.startswith("-")), len(out))
     return fold_dotted_json(out[:at] + flags + out[at:], parser)
+
+
+def _kebab(name: str) -> str:
+    """A flag's name with ``-`` for ``_`` (vLLM takes both); the keys of its dotted form
+    (``compilation_config.cudagraph_mode``) are JSON keys and keep theirs."""
+    flag, dot, keys = name.partition(".")
+    return flag.replace("_", "-") + dot + keys
 
 
 def fold_dotted_json(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:

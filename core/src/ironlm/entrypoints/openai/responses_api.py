@@ -80,6 +80,11 @@ class ResponseStore:
             raise APIError(f"Response with id '{response_id}' not found.", 404, param=param)
         return stored
 
+    def delete(self, response_id: str) -> None:
+        """Forget ``response_id`` (404 when it is not stored)."""
+        self.get(response_id)
+        del self.items[response_id]
+
 
 def chat_body(req: ResponsesRequest,
               history: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -93,7 +98,7 @@ def chat_body(req: ResponsesRequest,
                        "is refused", 400, param="truncation")  # fmt: skip
     extras = {k: v for k, v in req.model_dump(exclude_unset=True).items()
               if k not in OWN_FIELDS and k in ChatCompletionRequest.model_fields}  # fmt: skip
-    for key in NOT_PASSED & set(extras):
+    for key in sorted(NOT_PASSED & set(extras)):  # the first by name: the same each time
         raise APIError(f"{key} is a chat completions parameter the Responses API does not "
                        "take", 400, param=key)  # fmt: skip
     conversation = [*history, *input_messages(req.input)]
@@ -141,10 +146,10 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
             _require_strings(item, i, "call_id", "name")
             call = {"id": item["call_id"], "type": "function", "function": {
                 "name": item["name"], "arguments": item.get("arguments", "")}}
-            last = out[-1] if out else None
-            if last is not None and last["role"] == "assistant" and last.get("tool_calls") \
-                    and not last.get("content"):
-                last["tool_calls"].append(call)  # one assistant turn with parallel calls
+            # calls right after an assistant turn are that turn's: one reply's text and
+            # parallel calls, as output_items makes them
+            if out and out[-1]["role"] == "assistant":
+                out[-1].setdefault("tool_calls", []).append(call)
             else:
                 out.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind == "function_call_output":
@@ -200,24 +205,26 @@ _PARAM_NAMES = {"max_completion_tokens": "max_output_tokens", "reasoning_effort"
 
 
 def responses_param(param: str | None) -> str | None:
-    """The Responses field an error of the chat request's field ``param`` is about."""
+    """The Responses field an error of the chat request's field ``param`` is about. A renamed
+    field is named as a whole: its parts are laid out otherwise (``messages.3`` counts the
+    instructions and the previous response's turns, ``response_format.json_schema`` nests
+    what text.format holds flat)."""
     if param is None:
         return None
-    head, dot, rest = param.partition(".")
-    if head == "response_format":
-        return "text.format"
-    return _PARAM_NAMES.get(head, head) + dot + rest
+    return _PARAM_NAMES.get(param.partition(".")[0], param)
 
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-def response_object(req: ResponsesRequest, response_id: str, created: int, status: str,
-                    output: list[dict[str, Any]], usage: dict[str, Any] | None) -> dict[str, Any]:
-    """A Response object (OpenAI's fields) for ``req`` with ``output`` items."""
+def response_object(req: ResponsesRequest, model: str, response_id: str, created: int,
+                    status: str, output: list[dict[str, Any]],
+                    usage: dict[str, Any] | None) -> dict[str, Any]:  # fmt: skip
+    """A Response object (OpenAI's fields) for ``req`` with ``output`` items; ``model`` is the
+    name the server answers under (the request may name none)."""
     return {
-        "id": response_id, "object": "response", "created_at": created, "model": req.model,
+        "id": response_id, "object": "response", "created_at": created, "model": model,
         "status": status, "error": None,
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
         "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
@@ -236,10 +243,12 @@ def usage_of(chat_usage: dict[str, Any] | None) -> dict[str, Any] | None:
     if chat_usage is None:
         return None
     cached = (chat_usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    # counted with --reasoning-parser (vLLM's), else absent: 0
+    thinking = (chat_usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0
     return {"input_tokens": chat_usage["prompt_tokens"],
             "input_tokens_details": {"cached_tokens": cached},
             "output_tokens": chat_usage["completion_tokens"],
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": thinking},
             "total_tokens": chat_usage["total_tokens"]}  # fmt: skip
 
 
@@ -285,15 +294,9 @@ def call_item(item_id: str, call_id: str, name: str, arguments: str,
 def conversation_after(conversation: list[dict[str, Any]],
                        output: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The stored conversation: the one the response answered, then its output as the
-    assistant's turn (reasoning left out, as input_messages leaves it out)."""
-    texts = [p["text"] for it in output if it["type"] == "message" for p in it["content"]]
-    calls = [{"id": it["call_id"], "type": "function", "function": {
-        "name": it["name"], "arguments": it["arguments"]}} for it in output
-        if it["type"] == "function_call"]  # fmt: skip
-    turn: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
-    if calls:
-        turn["tool_calls"] = calls
-    return [*conversation, turn]
+    assistant's turn, read as input_messages reads the same items passed back as input (an
+    output of reasoning alone, or none, is an empty turn)."""
+    return [*conversation, *(input_messages(output) or [{"role": "assistant", "content": ""}])]
 
 
 def now() -> int:

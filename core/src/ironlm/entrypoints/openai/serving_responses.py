@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import itertools
 import json
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from pydantic import ValidationError
 from starlette.requests import Request
@@ -50,6 +51,8 @@ async def create_response(state: ServerState, request: Request,
             chat_req = ChatCompletionRequest.model_validate(body)
         except ValidationError as exc:
             raise validation_error(exc.errors()) from None
+        # the name the reply goes under (the request may name none): the chat endpoint's
+        model = state.response_model(state.check_model(chat_req.model), chat_req.model)
         reply = await serving_chat.create_chat_completion(state, request, chat_req)
     except APIError as exc:  # named as the Responses request names the field
         exc.param = responses_param(exc.param)
@@ -58,18 +61,20 @@ async def create_response(state: ServerState, request: Request,
         error = from_value_error(exc, KNOWN_FIELDS)
         error.param = responses_param(error.param)
         raise error from exc
+    if reply.status_code != 200:  # 499: the client left while the engine ran
+        return reply
     response_id, created = new_id("resp"), now()
     if not isinstance(reply, StreamingResponse):
         data = json.loads(bytes(reply.body))
         choice = data["choices"][0]
         output = output_items(choice["message"], (choice.get("logprobs") or {}).get("content"))
         status = "incomplete" if choice["finish_reason"] == "length" else "completed"
-        final = response_object(req, response_id, created, status, output,
+        final = response_object(req, model, response_id, created, status, output,
                                 usage_of(data.get("usage")))  # fmt: skip
         if req.store:
             state.responses.put(StoredResponse(final, conversation_after(conversation, output)))
         return JSONResponse(final)
-    events = _Events(state, req, response_id, created, conversation)
+    events = _Events(state, req, model, response_id, created, conversation)
     return StreamingResponse(events.run(reply), media_type="text/event-stream")
 
 
@@ -78,8 +83,7 @@ def retrieve_response(state: ServerState, response_id: str) -> dict[str, Any]:
 
 
 def delete_response(state: ServerState, response_id: str) -> dict[str, Any]:
-    state.responses.get(response_id)
-    del state.responses.items[response_id]
+    state.responses.delete(response_id)
     return {"id": response_id, "object": "response", "deleted": True}
 
 
@@ -87,9 +91,10 @@ class _Events:
     """One streamed response: the chat chunks in, the Responses events out. One output item
     is open at a time (reasoning, then the message or the function calls, as they come)."""
 
-    def __init__(self, state: ServerState, req: ResponsesRequest, response_id: str,
+    def __init__(self, state: ServerState, req: ResponsesRequest, model: str, response_id: str,
                  created: int, conversation: list[dict[str, Any]]) -> None:  # fmt: skip
-        self.state, self.req, self.id, self.created = state, req, response_id, created
+        self.state, self.req, self.model = state, req, model
+        self.id, self.created = response_id, created
         self.conversation = conversation
         self.seq = itertools.count()
         self.output: list[dict[str, Any]] = []  # finished items
@@ -101,7 +106,7 @@ class _Events:
         return f"event: {kind}\ndata: {json.dumps(data)}\n\n"
 
     async def run(self, reply: StreamingResponse) -> AsyncIterator[str]:
-        shell = response_object(self.req, self.id, self.created, "in_progress", [], None)
+        shell = self.response("in_progress", None)
         yield self.event("response.created", response=shell)
         yield self.event("response.in_progress", response=shell)
         usage, finish = None, None
@@ -110,8 +115,7 @@ class _Events:
                 if "error" in data:
                     for out in self.close():
                         yield out
-                    failed = response_object(self.req, self.id, self.created, "failed",
-                                             self.output, None)  # fmt: skip
+                    failed = self.response("failed", None)
                     failed["error"] = {"code": str(data["error"].get("code") or "server_error"),
                                        "message": data["error"].get("message", "")}
                     yield self.event("response.failed", response=failed)
@@ -124,15 +128,21 @@ class _Events:
                     finish = choice.get("finish_reason") or finish
         finally:
             await reply.body_iterator.aclose()  # type: ignore[attr-defined]
+        if finish is None:  # the chat stream stopped short (the client left): nothing to keep
+            return
         for out in self.close():
             yield out
         status = "incomplete" if finish == "length" else "completed"
-        final = response_object(self.req, self.id, self.created, status, self.output,
-                                usage_of(usage))  # fmt: skip
+        final = self.response(status, usage_of(usage))
         if self.req.store:
             self.state.responses.put(StoredResponse(
                 final, conversation_after(self.conversation, self.output)))
         yield self.event(f"response.{status}", response=final)
+
+    def response(self, status: str, usage: dict[str, Any] | None) -> dict[str, Any]:
+        """The Response object with the items finished so far."""
+        return response_object(self.req, self.model, self.id, self.created, status,
+                               self.output, usage)  # fmt: skip
 
     def delta(self, delta: dict[str, Any], logprobs: list[dict[str, Any]]) -> list[str]:
         out: list[str] = []

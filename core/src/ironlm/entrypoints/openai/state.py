@@ -7,8 +7,9 @@ import itertools
 import logging
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from starlette.requests import Request
 
@@ -150,22 +151,19 @@ class ServerState:
 
     def log_output(self, out: RequestOutput) -> None:
         """vLLM's --enable-log-outputs line, one per choice of a request that ended."""
-        n = self.options.max_log_len
+        n = self.options.max_log_len  # None: all of it (``[:None]``)
         for o in out.outputs:
-            text = o.text[:n] if n is not None else o.text
-            ids = o.token_ids[:n] if n is not None else o.token_ids
             log.info("Generated response %s: output: %r, output_token_ids: %s, "
-                     "finish_reason: %s", out.request_id, text, list(ids), o.finish_reason)
+                     "finish_reason: %s", out.request_id, o.text[:n], list(o.token_ids[:n]),
+                     o.finish_reason)  # fmt: skip
 
     def log_request(self, request_id: str, prompt: str | None, token_ids: list[int],
                     params: Any) -> None:
         if not self.options.log_requests:
             return
-        n = self.options.max_log_len
-        shown_prompt = prompt[:n] if (prompt is not None and n is not None) else prompt
-        shown_ids = token_ids[:n] if n is not None else token_ids
+        n = self.options.max_log_len  # None: all of it (``[:None]``)
         log.info("Received request %s: prompt: %r, params: %s, prompt_token_ids: %s",
-                 request_id, shown_prompt, params, shown_ids)
+                 request_id, prompt[:n] if prompt is not None else None, params, token_ids[:n])
 
 
 def random_id(prefix: str) -> str:
