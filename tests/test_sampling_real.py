@@ -1,5 +1,6 @@
 """Sampling parameters on the real model, each checked against a pure-torch reference of its
-definition applied to HF transformers' logits for the same tokens."""
+definition applied to HF transformers' logits for the same tokens; LLM.score against the cosine
+of HF's mean-pooled hidden states."""
 
 from __future__ import annotations
 
@@ -9,8 +10,15 @@ from typing import Callable
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from ironlm import LLM, GuidedDecodingParams, SamplingParams, StructuredOutputsParams
+from ironlm import (
+    LLM,
+    GuidedDecodingParams,
+    PoolingParams,
+    SamplingParams,
+    StructuredOutputsParams,
+)
 from ironlm.sampling_params import BeamSearchParams
 
 pytestmark = pytest.mark.real_model
@@ -331,3 +339,62 @@ def test_use_beam_search_in_sampling_params_runs_beam_search(llm: LLM) -> None:
     assert [o.token_ids for o in out.outputs] == [s.tokens[len(out.prompt_token_ids):] for s in best]
     # as vLLM's LLM.beam_search, a beam's text is its whole sequence's, prompt included
     assert [prompt + o.text for o in out.outputs] == [s.text for s in best]
+
+
+def _hf_mean_hidden(hf, tok, text: str) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    """HF's mean-pooled last hidden state (after the final norm) of ``text``."""
+    ids = tok(text, return_tensors="pt").input_ids
+    with torch.no_grad():
+        return hf(ids, output_hidden_states=True).hidden_states[-1][0].mean(0)
+
+
+def test_score_is_the_cosine_of_hf_mean_pooled_states(llm: LLM, hf) -> None:  # type: ignore[no-untyped-def]
+    tok = llm.get_tokenizer()
+    query = "What is the capital of France?"
+    docs = ["Paris is the capital of France.", "Bananas are rich in potassium.",
+            "The Eiffel Tower stands in Paris."]
+    out = llm.score(query, docs, use_tqdm=False)  # 1:N
+    q = _hf_mean_hidden(hf, tok, query)
+    want = [float(F.cosine_similarity(q, _hf_mean_hidden(hf, tok, d), dim=0)) for d in docs]
+    got = [o.outputs.score for o in out]
+    assert got == pytest.approx(want, abs=2e-4)
+    assert len({round(s, 3) for s in got}) == 3  # the pairs differ
+    # vLLM's token count of a pair: first text, the pad token, second text
+    q_ids, d_ids = tok(query).input_ids, tok(docs[0]).input_ids
+    assert out[0].prompt_token_ids == q_ids + [tok.pad_token_id] + d_ids
+    # N:N pairs the i-th with the i-th; a 1-element first side is the 1:N form
+    pairwise = llm.score([query, docs[1]], [docs[0], docs[2]], use_tqdm=False)
+    assert pairwise[0].outputs.score == pytest.approx(got[0], abs=1e-5)
+    cross = float(F.cosine_similarity(_hf_mean_hidden(hf, tok, docs[1]),
+                                       _hf_mean_hidden(hf, tok, docs[2]), dim=0))
+    assert pairwise[1].outputs.score == pytest.approx(cross, abs=2e-4)
+    assert [o.outputs.score for o in llm.score([query], docs, use_tqdm=False)] == \
+        pytest.approx(got, abs=1e-5)
+    with pytest.raises(ValueError, match="1:1, 1:N or N:N"):
+        llm.score([query, docs[0]], docs, use_tqdm=False)
+    with pytest.raises(ValueError, match="text_pair"):
+        llm.score(query, [], use_tqdm=False)
+
+
+def test_encode_and_embed_in_vllm_shapes(llm: LLM, hf) -> None:  # type: ignore[no-untyped-def]
+    tok = llm.get_tokenizer()
+    texts = ["The quick brown fox.", "Hello"]
+    pooled = llm.encode(texts, use_tqdm=False)
+    want = [_hf_mean_hidden(hf, tok, t) for t in texts]
+    for out, ref, text in zip(pooled, want, texts):
+        assert out.finished and out.prompt_token_ids == tok(text).input_ids
+        assert out.outputs.data.dtype == torch.float32 and out.outputs.data.shape == (576,)
+        assert torch.allclose(out.outputs.data, ref, atol=2e-3, rtol=1e-3)
+    embedded = llm.embed(texts, use_tqdm=False)
+    for e, p in zip(embedded, pooled):
+        assert e.outputs.embedding == pytest.approx(p.outputs.data.tolist(), abs=1e-5)
+    unit = llm.embed(texts[0], pooling_params=PoolingParams(normalize=True), use_tqdm=False)
+    assert unit[0].outputs.embedding == pytest.approx(
+        F.normalize(want[0], dim=0).tolist(), abs=1e-4)
+    cut = llm.embed(texts[0], pooling_params=PoolingParams(truncate_prompt_tokens=2),
+                    use_tqdm=False)  # fmt: skip
+    assert cut[0].prompt_token_ids == tok(texts[0]).input_ids[-2:]
+    with pytest.raises(ValueError, match="dimensions"):
+        PoolingParams(dimensions=8)
+    with pytest.raises(ValueError, match="classification"):
+        llm.encode(texts, pooling_task="classify", use_tqdm=False)

@@ -16,6 +16,7 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from ironlm.entrypoints.llm import LLM
     from ironlm.outputs import CompletionOutput, RequestOutput
+    from ironlm.pooling_params import PoolingParams
     from ironlm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 _LAZY = {
@@ -25,6 +26,7 @@ _LAZY = {
     "GuidedDecodingParams": "ironlm.sampling_params",
     "StructuredOutputsParams": "ironlm.sampling_params",
     "RequestOutputKind": "ironlm.sampling_params",
+    "PoolingParams": "ironlm.pooling_params",
     "RequestOutput": "ironlm.outputs",
     "CompletionOutput": "ironlm.outputs",
 }

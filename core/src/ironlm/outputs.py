@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 
 @dataclass
 class Logprob:
@@ -51,7 +53,47 @@ class RequestOutput:
 
 
 @dataclass
-class EmbeddingOutput:
+class PoolingOutput:
+    data: torch.Tensor  # (hidden_size,) float32: the mean-pooled last hidden state
+
+
+@dataclass
+class PoolingRequestOutput:
+    """One prompt's pooled state (``LLM.encode``, vLLM's shape)."""
+
     request_id: str
     prompt_token_ids: list[int]
-    embedding: list[float]
+    outputs: PoolingOutput
+    finished: bool = True
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]  # (hidden_size,)
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """One prompt's embedding (``LLM.embed``, vLLM's shape)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: EmbeddingOutput
+    finished: bool = True
+
+
+@dataclass
+class ScoringOutput:
+    score: float  # the cosine similarity of the pair's two embeddings, in [-1, 1]
+
+
+@dataclass
+class ScoringRequestOutput:
+    """One pair's score (``LLM.score``, vLLM's shape): ``prompt_token_ids`` are the first text's
+    tokens, the pad token where the tokenizer has one, then the second's (vLLM counts usage
+    from them)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: ScoringOutput
+    finished: bool = True

@@ -1,11 +1,13 @@
-"""The offline API: ``LLM(model, ...)`` with generate, chat, encode and beam_search."""
+"""The offline API: ``LLM(model, ...)`` with generate, chat and beam_search; encode, embed
+and score come from ``llm_pooling``."""
 
 from __future__ import annotations
 
 import copy
 import itertools
+from collections.abc import Sequence
 from dataclasses import fields
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
@@ -14,15 +16,17 @@ from ironlm.config import EngineConfig
 from ironlm.engine.input_processor import PromptType
 from ironlm.engine.llm_engine import LLMEngine
 from ironlm.entrypoints.chat_utils import apply_chat_template, reply_part
+from ironlm.entrypoints.llm_pooling import PoolingCalls
+from ironlm.entrypoints.prompt_lists import as_prompt_list, per_prompt_lora
 from ironlm.lora.request import LoRARequest
-from ironlm.outputs import EmbeddingOutput, RequestOutput
+from ironlm.outputs import RequestOutput
 from ironlm.plugin_manager import PluginManager
 from ironlm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 _ENGINE_ARGS = {f.name for f in fields(EngineConfig)}
 
 
-class LLM:
+class LLM(PoolingCalls):
     """Generate from a model in this process. Keyword arguments are vLLM's engine arguments
     (see ``EngineConfig``); plugins are selected by name (device, attention_backend,
     quantization, guided_decoding_backend, distributed_executor_backend)."""
@@ -77,9 +81,9 @@ class LLM:
     ) -> list[RequestOutput]:
         """``generate``; chat passes, per prompt, whether its reply closed the reasoning
         (LLMEngine.add_request's ``reasoning_ended``)."""
-        batch = _as_prompt_list(prompts)
+        batch = as_prompt_list(prompts)
         params = _per_prompt(sampling_params or self.get_default_sampling_params(), len(batch))
-        loras = _per_prompt_lora(lora_request, len(batch))
+        loras = per_prompt_lora(lora_request, len(batch))
         if any(p.use_beam_search for p in params):
             return self._generate_beams(batch, params, loras)
         if priority is not None and len(priority) != len(batch):
@@ -139,38 +143,13 @@ class LLM:
                          if parser_cls is not None else None)
         return self._generate(prompts, sampling_params, use_tqdm, None, lora_request, ended)
 
-    def encode(
-        self,
-        prompts: PromptType | Sequence[PromptType],
-        use_tqdm: bool = True,
-        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
-        truncate_prompt_tokens: int | None = None,
-    ) -> list[EmbeddingOutput]:
-        """Mean-pooled last hidden states of each prompt; ``truncate_prompt_tokens`` keeps a
-        prompt's last tokens (-1: as many as the context holds), as vLLM's."""
-        params = SamplingParams(max_tokens=1, truncate_prompt_tokens=truncate_prompt_tokens)
-        batch = _as_prompt_list(prompts)
-        loras = _per_prompt_lora(lora_request, len(batch))
-        ids = []
-        try:
-            for prompt, lora in zip(batch, loras):
-                rid = str(next(self._ids))
-                self.engine.add_request(rid, prompt, params, pooling=True,
-                                        lora_request=lora)
-                ids.append(rid)
-        except BaseException:
-            self.engine.abort_request(ids)
-            raise
-        outs = self._run(ids, use_tqdm)
-        return [EmbeddingOutput(o.request_id, o.prompt_token_ids, o.embedding or []) for o in outs]
-
     def beam_search(
         self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams,
         lora_request: LoRARequest | None = None,
     ) -> list[Any]:  # fmt: skip
         from ironlm.entrypoints.beam_search import run_beam_search
 
-        return run_beam_search(self, _as_prompt_list(prompts), params, lora_request)
+        return run_beam_search(self, as_prompt_list(prompts), params, lora_request)
 
     def _generate_beams(
         self, batch: list[PromptType], params: list[SamplingParams],
@@ -239,24 +218,6 @@ def _final_only(params: SamplingParams) -> SamplingParams:
     final = copy.copy(params)
     final.output_kind = RequestOutputKind.FINAL_ONLY
     return final
-
-
-def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:
-    if isinstance(prompts, (str, dict)):
-        return [prompts]
-    if isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int):
-        return [list(prompts)]  # one token-id prompt
-    return list(prompts)
-
-
-def _per_prompt_lora(
-    lora: LoRARequest | Sequence[LoRARequest | None] | None, n: int
-) -> list[LoRARequest | None]:
-    if lora is None or isinstance(lora, LoRARequest):
-        return [lora] * n
-    if len(lora) != n:
-        raise ValueError(f"got {len(lora)} LoRA requests for {n} prompts")
-    return list(lora)
 
 
 def _per_prompt(

@@ -32,6 +32,7 @@ from ironlm.entrypoints.openai import (
     serving_generate,
     serving_models,
     serving_responses,
+    serving_score,
     serving_tokenize,
 )
 from ironlm.entrypoints.openai.cli_args import engine_config_from_args, expand_argv, make_parser
@@ -55,6 +56,7 @@ from ironlm.entrypoints.openai.protocol import (
     UnloadLoRAAdapterRequest,
 )
 from ironlm.entrypoints.openai.responses_api import ResponsesRequest
+from ironlm.entrypoints.openai.score_protocol import RerankRequest, ScoreRequest
 from ironlm.entrypoints.openai.shutdown import DrainingServer
 from ironlm.entrypoints.openai.startup import (
     StartupError,
@@ -187,6 +189,28 @@ async def embeddings(request: Request) -> Response:
     return await serving_embeddings.create_embedding(_server(request), request, req)
 
 
+@router.post("/pooling")
+async def pooling(request: Request) -> Response:
+    req = await parse_body(request, EmbeddingRequest)
+    return await serving_embeddings.create_embedding(_server(request), request, req,
+                                                     pooling_form=True)
+
+
+@router.post("/score")
+@router.post("/v1/score")
+async def score(request: Request) -> Response:
+    req = await parse_body(request, ScoreRequest)
+    return await serving_score.create_score(_server(request), request, req)
+
+
+@router.post("/rerank")
+@router.post("/v1/rerank")
+@router.post("/v2/rerank")
+async def rerank(request: Request) -> Response:
+    req = await parse_body(request, RerankRequest)
+    return await serving_score.create_rerank(_server(request), request, req)
+
+
 @router.post("/v1/responses")
 async def responses(request: Request) -> Response:
     req = await parse_body(request, ResponsesRequest)
@@ -215,18 +239,21 @@ _INVOCATION_TYPES: list[tuple[str, type[BaseModel], Callable[..., Awaitable[Resp
     ("messages", ChatCompletionRequest, serving_chat.create_chat_completion),
     ("prompt", CompletionRequest, serving_completions.create_completion),
     ("input", EmbeddingRequest, serving_embeddings.create_embedding),
+    *((side, ScoreRequest, serving_score.create_score) for side in ("text_1", "data_1", "queries")),
+    ("query", RerankRequest, serving_score.create_rerank),
 ]
 
 
 @router.post("/invocations")
 async def invocations(request: Request) -> Response:
-    """A chat body (``messages``), a completion (``prompt``) or an embedding (``input``),
-    validated as that request (a bad field is a 400 naming it)."""
+    """A chat body (``messages``), a completion (``prompt``), an embedding (``input``), a
+    score (``text_1``, ``data_1`` or ``queries``) or a rerank (``query``), validated as that
+    request (a bad field is a 400 naming it)."""
     body = await parse_body(request, None)
     for key, request_type, endpoint in _INVOCATION_TYPES:
         if isinstance(body, dict) and key in body:
             return await endpoint(_server(request), request, _validated(body, request_type))
-    names = ", ".join(t.__name__ for _, t, _ in _INVOCATION_TYPES)
+    names = ", ".join(dict.fromkeys(t.__name__ for _, t, _ in _INVOCATION_TYPES))
     raise APIError(f"Cannot find suitable handler for request. Expected one of: {names}", 400)
 
 

@@ -337,11 +337,17 @@ class EmbeddingData(BaseModel):
     embedding: list[float] | str  # floats, or base64 of little-endian float32
 
 
+class PoolingData(BaseModel):  # vLLM's /pooling item: the same vector as an embedding
+    index: int
+    object: str = "pooling"
+    data: list[float] | str
+
+
 class EmbeddingResponse(BaseModel):
     id: str
     object: str = "list"
     created: int
-    data: list[EmbeddingData]
+    data: list[EmbeddingData] | list[PoolingData]
     model: str
     usage: UsageInfo
 

@@ -1,10 +1,12 @@
-"""POST /v1/embeddings: mean-pooled last hidden states (``LLM.encode``), one per input, or
-one for a chat (vLLM's ``messages`` form); ``normalize`` scales each to unit length."""
+"""POST /v1/embeddings (and vLLM's /pooling): mean-pooled last hidden states (``LLM.embed``),
+one per input, or one for a chat (vLLM's ``messages`` form); ``normalize`` scales each to unit
+length. ``check_fits`` and ``start_pooling`` serve /score and /rerank too."""
 
 from __future__ import annotations
 
 import base64
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
@@ -19,6 +21,7 @@ from ironlm.entrypoints.openai.protocol import (
     EmbeddingData,
     EmbeddingRequest,
     EmbeddingResponse,
+    PoolingData,
     UsageInfo,
 )
 from ironlm.entrypoints.openai.request_inputs import (
@@ -28,13 +31,16 @@ from ironlm.entrypoints.openai.request_inputs import (
     tokenize_prompts,
 )
 from ironlm.entrypoints.openai.state import ServerState, request_id_for
+from ironlm.lora.request import LoRARequest
 from ironlm.outputs import RequestOutput
 from ironlm.sampling_params import SamplingParams
 
 
 async def create_embedding(
-    state: ServerState, request: Request, req: EmbeddingRequest
+    state: ServerState, request: Request, req: EmbeddingRequest, pooling_form: bool = False,
 ) -> Response:
+    """/v1/embeddings; with ``pooling_form``, vLLM's /pooling: the same vectors as
+    ``{"object": "pooling", "data": [...]}`` items under a ``pool-`` id."""
     lora = state.check_model(req.model)
     if req.dimensions is not None:
         raise APIError("dimensions is not supported: embeddings have the model's hidden size",
@@ -51,30 +57,44 @@ async def create_embedding(
         add_special = True if req.add_special_tokens is None else req.add_special_tokens
         prompts = await tokenize_prompts(state, split_prompts(req.input, "input"), add_special,
                                          req.truncate_prompt_tokens, field="input")
+    check_fits(state, prompts, "input" if req.messages is None else "messages")
+    request_id, engine_id = request_id_for("pool" if pooling_form else "embd", request,
+                                           req.request_id)
+    gens = start_pooling(state, engine_id, prompts, req.priority, lora)
+    num_tokens = sum(len(p.token_ids) for p in prompts)
+    return await respond(
+        request, gens,
+        build=lambda finals: _response(req, finals, num_tokens, request_id,
+                                       state.response_model(lora, req.model), pooling_form),
+    )
+
+
+def check_fits(state: ServerState, prompts: list[EnginePrompt], field: str) -> None:
+    """400 naming ``field`` when a prompt is longer than the context (vLLM's message)."""
     for p in prompts:
         if len(p.token_ids) > state.max_model_len:
             raise APIError(
                 f"This model's maximum context length is {state.max_model_len} tokens. "
                 f"However, you requested {len(p.token_ids)} tokens in the input for embedding "
-                "generation. Please reduce the length of the input.", 400,
-                param="input" if req.messages is None else "messages",
+                "generation. Please reduce the length of the input.", 400, param=field,
             )
-    request_id, engine_id = request_id_for("embd", request, req.request_id)
+
+
+def start_pooling(
+    state: ServerState, engine_id: str, prompts: list[EnginePrompt], priority: int,
+    lora: LoRARequest | None,
+) -> list[AsyncIterator[RequestOutput]]:  # fmt: skip
+    """One engine pooling request per prompt (``engine_id-i``): each ends with its embedding."""
     gens = []
     for i, p in enumerate(prompts):
         params = SamplingParams(max_tokens=1)
         state.log_request(f"{engine_id}-{i}", p.text, p.token_ids, params)
         gens.append(tracked(
             state.engine.generate(f"{engine_id}-{i}", p.as_engine_prompt(), params,
-                                  priority=req.priority, pooling=True, lora_request=lora),
+                                  priority=priority, pooling=True, lora_request=lora),
             state.new_tracker(),
         ))
-    num_tokens = sum(len(p.token_ids) for p in prompts)
-    return await respond(
-        request, gens,
-        build=lambda finals: _response(req, finals, num_tokens, request_id,
-                                       state.response_model(lora, req.model)),
-    )
+    return gens
 
 
 def _chat_prompt(tokenizer: Any, state: ServerState, req: EmbeddingRequest) -> EnginePrompt:
@@ -93,7 +113,7 @@ def _chat_prompt(tokenizer: Any, state: ServerState, req: EmbeddingRequest) -> E
 
 def _response(
     req: EmbeddingRequest, finals: list[RequestOutput], num_tokens: int, request_id: str,
-    model: str,
+    model: str, pooling_form: bool,
 ) -> JSONResponse:  # fmt: skip
     data = []
     for i, out in enumerate(finals):
@@ -105,7 +125,8 @@ def _response(
         vec: list[float] | str = values.tolist()
         if req.encoding_format == "base64":
             vec = base64.b64encode(values.astype("<f4").tobytes()).decode()
-        data.append(EmbeddingData(index=i, embedding=vec))
+        data.append(PoolingData(index=i, data=vec) if pooling_form
+                    else EmbeddingData(index=i, embedding=vec))
     return JSONResponse(EmbeddingResponse(
         id=request_id, created=int(time.time()), data=data, model=model,
         usage=UsageInfo(prompt_tokens=num_tokens, completion_tokens=0,
