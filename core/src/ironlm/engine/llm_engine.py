@@ -17,9 +17,12 @@ from ironlm.config import EngineConfig
 from ironlm.distributed.layout import check_model_fits
 from ironlm.engine.adapter_cache import AdapterCache
 from ironlm.engine.block_manager import BlockManager
+from ironlm.engine.context_length import max_model_len, model_limit
 from ironlm.engine.guided_manager import GuidedManager
 from ironlm.engine.input_processor import InputProcessor, PromptType
 from ironlm.engine.iteration_tokens import IterationTokens
+from ironlm.engine.lora_calls import LoRACalls
+from ironlm.engine.model_input import model_input, recomputed
 from ironlm.engine.output_processor import OutputProcessor
 from ironlm.engine.reasoning_gate import MarkerTokens, gate_grammars
 from ironlm.engine.request import Request, RequestStatus
@@ -29,10 +32,9 @@ from ironlm.engine.speculation import SpeculationPolicy
 from ironlm.engine.tokenizer_extension import extend_tokenizer
 from ironlm.interfaces.executor import Executor
 from ironlm.interfaces.reasoning_parser import ReasoningParser
-from ironlm.interfaces.step import ModelInput, ModelOutput, NewRequestData, ScheduledSeq
+from ironlm.interfaces.step import ModelInput, ModelOutput, NewRequestData
 from ironlm.lora.request import LoRARequest
-from ironlm.model_loader import HubOptions, ModelSource, resolve_model
-from ironlm.model_loader.source import sliding_window
+from ironlm.model_loader import HubOptions, resolve_model
 from ironlm.outputs import RequestOutput
 from ironlm.plugin_manager import PluginManager
 from ironlm.sampling_params import SamplingParams
@@ -41,7 +43,7 @@ from ironlm.worker.worker import Worker
 log = logging.getLogger("ironlm.engine")
 
 
-class LLMEngine:
+class LLMEngine(LoRACalls):
     def __init__(
         self, config: EngineConfig, pm: PluginManager | None = None, serving: bool = False
     ) -> None:
@@ -71,7 +73,7 @@ class LLMEngine:
             config = replace(config, revision=source.revision)
         if config.tokenizer_extension_path is not None:
             self.tokenizer = extend_tokenizer(self.tokenizer, config.tokenizer_extension_path)
-        self.max_model_len = _max_model_len(config, *_model_limit(config, source))
+        self.max_model_len = max_model_len(config, *model_limit(config, source))
         config = config.with_scheduler_limits(
             *platform.scheduler_defaults(serving, config.world_size), self.max_model_len
         )
@@ -280,40 +282,6 @@ class LLMEngine:
         """The tokenizer the engine uses (vLLM's ``LLMEngine.get_tokenizer``)."""
         return self.tokenizer
 
-    # -- LoRA adapters (vLLM's engine methods) --------------------------------------------------
-    def add_lora(self, lora_request: LoRARequest) -> bool:
-        """Register an adapter and check it can run (ValueError naming the problem); it is
-        loaded now when there is room, else when a step needs it."""
-        self._check_adapter(lora_request)
-        return True
-
-    def remove_lora(self, lora_id: int) -> bool:
-        """Forget an adapter; requests already using it finish with it."""
-        cache = self._lora_cache()
-        running, waiting = self.scheduler.lora_ids()
-        return cache.remove(lora_id, lora_id in running | waiting)
-
-    def list_loras(self) -> set[int]:
-        """Ids of the adapters the workers hold now."""
-        return set(self._lora_cache().loaded)
-
-    def _lora_cache(self) -> AdapterCache:
-        if self.adapters is None:
-            raise ValueError("LoRA is not enabled: start the engine with enable_lora=True "
-                             "(--enable-lora) to serve LoRA adapters")
-        return self.adapters
-
-    def _check_adapter(self, lora_request: LoRARequest) -> None:
-        cache = self._lora_cache()
-        new = cache.register(lora_request)
-        running, _ = self.scheduler.lora_ids()
-        try:
-            cache.check(lora_request.lora_int_id, running)
-        except BaseException:
-            if new:  # a refused adapter leaves nothing behind
-                cache.known.pop(lora_request.lora_int_id, None)
-            raise
-
     # -- one step --------------------------------------------------------------------------
     def _init_swap_space(self) -> int:
         """Host swap blocks on every rank (the minimum over ranks; 0 without swap_space).
@@ -338,10 +306,11 @@ class LLMEngine:
                     [], self._take_new(), plan.finished_ids,
                     blocks_to_swap_out=plan.blocks_to_swap_out,
                     blocks_to_swap_in=plan.blocks_to_swap_in,
-                    preempted_ids=_recomputed(plan),
+                    preempted_ids=recomputed(plan),
                 ))
             return failed
-        output = self.executor.execute_model(self._model_input(plan))
+        output = self.executor.execute_model(
+            model_input(plan, self.block_manager, self.guided, self._take_new()))
         self.iteration_tokens.observe(plan.num_tokens)
         self.scheduler.on_step_done(plan, output)
         results = self.outputs.update(plan.scheduled, output, self.scheduler,
@@ -350,68 +319,9 @@ class LLMEngine:
             self._after_speculation(plan, output)
         return failed + results
 
-    def _load_adapters(self, scheduled: list[tuple[Request, int]]) -> list[RequestOutput]:
-        """Have the workers hold the step's adapters. An adapter that no longer loads (its
-        files changed since it was checked) aborts its requests, not the step."""
-        assert self.adapters is not None
-        running, waiting = self.scheduler.lora_ids()
-        self.adapters.collect(running | waiting)
-        needed = {req.lora_id for req, _ in scheduled if req.lora_id}
-        broken: set[int] = set()
-        for lora_id in sorted(needed):
-            try:
-                self.adapters.ensure({lora_id}, needed | running)
-            except ValueError as exc:
-                log.error("LoRA adapter %d cannot load; aborting its requests: %s", lora_id, exc)
-                broken.add(lora_id)
-        if not broken:
-            return []
-        victims = [req for req, _ in scheduled if req.lora_id in broken]
-        scheduled[:] = [(req, n) for req, n in scheduled if req.lora_id not in broken]
-        return self.outputs.abort(victims, self.scheduler)
-
     def _take_new(self) -> list[NewRequestData]:
         new, self._new = self._new, []
         return new
-
-    def _model_input(self, plan: SchedulerOutput) -> ModelInput:
-        seqs = []
-        sampling: list[Request] = []
-        drafts: list[list[int]] = []
-        for req, n in plan.scheduled:
-            rid = req.request_id
-            start = req.num_computed_tokens
-            spec = plan.spec_tokens.get(rid, [])
-            real = n - len(spec)
-            sample = start + real == req.num_tokens
-            seqs.append(
-                ScheduledSeq(
-                    request_id=rid,
-                    token_ids=req.token_slice(start, start + real),
-                    start_pos=start,
-                    block_ids=self.block_manager.block_ids(rid),
-                    sample=sample,
-                    num_output_tokens=len(req.output_token_ids),
-                    want_prompt_logprobs=req.sampling_params.prompt_logprobs is not None
-                    and start < req.num_prompt_tokens,
-                    spec_token_ids=spec,
-                    num_proposals=plan.num_proposals.get(rid, 0),
-                    num_steps=plan.num_steps.get(rid, 1),
-                    lora_id=req.lora_id,
-                )
-            )
-            if sample:
-                sampling.append(req)
-                drafts.append(spec)
-        return ModelInput(
-            seqs=seqs,
-            new_requests=self._take_new(),
-            finished_ids=plan.finished_ids,
-            allowed_mask=self.guided.build_mask(sampling, drafts),
-            blocks_to_swap_out=plan.blocks_to_swap_out,
-            blocks_to_swap_in=plan.blocks_to_swap_in,
-            preempted_ids=_recomputed(plan),
-        )
 
     def _after_speculation(self, plan: SchedulerOutput, output: ModelOutput) -> None:
         """Count the step's drafting and verification; keep the new drafts for the next."""
@@ -449,46 +359,6 @@ class LLMEngine:
         """Raise when the workers cannot run steps any more (a worker died)."""
         self.executor.check_health()
 
-    def _lora_stats(self) -> dict[str, Any]:
-        """Adapters of running and waiting requests, by name (vLLM's lora_requests_info)."""
-        if self.adapters is None:
-            return {}
-        running, waiting = self.scheduler.lora_ids()
-        known = self.adapters.known
-
-        def names(ids: set[int]) -> list[str]:
-            return sorted(known[i].lora_name for i in ids if i in known)
-
-        return {"max_lora": self.config.max_loras, "running_lora_adapters": names(running),
-                "waiting_lora_adapters": names(waiting)}
-
     def shutdown(self) -> None:
         self.executor.shutdown()
 
-
-def _recomputed(plan: SchedulerOutput) -> list[str]:
-    """Requests preempted by this plan whose KV is gone (the swapped ones keep theirs)."""
-    return [r.request_id for r in plan.preempted if r.status != RequestStatus.SWAPPED]
-
-
-def _model_limit(config: EngineConfig, source: ModelSource) -> tuple[int | None, str]:
-    """The longest context the model takes, and what sets it: its max_position_embeddings,
-    or with disable_sliding_window its sliding window when shorter (vLLM's cap)."""
-    window = sliding_window(source.hf_config) if config.disable_sliding_window else None
-    limit = source.max_position_embeddings
-    if window is not None and (limit is None or window < limit):
-        return window, "sliding window (disable_sliding_window caps the length to it)"
-    return limit, "max_position_embeddings"
-
-
-def _max_model_len(config: EngineConfig, model_max: int | None, what: str) -> int:
-    if config.max_model_len is None:
-        if model_max is None:
-            raise ValueError("the model config has no max_position_embeddings; set max_model_len")
-        return int(model_max)
-    if model_max is not None and config.max_model_len > model_max:
-        raise ValueError(
-            f"max_model_len ({config.max_model_len}) is greater than the model's {what} "
-            f"({model_max})"
-        )
-    return config.max_model_len
