@@ -5,8 +5,7 @@ has no phase)."""
 from __future__ import annotations
 
 import pytest
-
-from ironlm.entrypoints.openai.metrics import _phases
+from ironlm.entrypoints.openai.request_tracker import _phases
 
 
 def test_each_phase_from_its_two_timestamps() -> None:

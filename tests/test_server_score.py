@@ -6,8 +6,9 @@ naming the field. vLLM's /pooling gives the /v1/embeddings vectors in its own it
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import numpy as np
@@ -25,9 +26,9 @@ TOL = 2e-3  # the server's auto dtype (bf16 where the CPU has it), batches of ot
 @pytest.fixture(scope="module")
 def http(smollm2_dir: Path) -> Iterator[httpx.Client]:
     args = ["--max-model-len", "64", "--kv-cache-memory", "32MiB", "--served-model-name", "s"]
-    with RemoteServer(smollm2_dir, args) as srv:
-        with httpx.Client(base_url=srv.base_url, timeout=60) as client:
-            yield client
+    with RemoteServer(smollm2_dir, args) as srv, \
+            httpx.Client(base_url=srv.base_url, timeout=60) as client:
+        yield client
 
 
 def _cosines(http: httpx.Client, first: list[str], second: list[str]) -> list[float]:

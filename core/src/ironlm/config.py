@@ -35,6 +35,10 @@ class EngineConfig:
     # tokenizer loads (engine/tokenizer_extension.py); None: the tokenizer as loaded
     tokenizer_extension_path: str | None = None
     tokenizer_mode: str = "auto"  # auto / hf: the HF tokenizer (TOKENIZER_MODES)
+    # vLLM's: no tokenizer at all. Prompts are token ids, outputs token ids (text ""); what
+    # needs the tokenizer (text prompts, stop strings, bad words, guided decoding, a
+    # reasoning parser, chat) is refused naming it
+    skip_tokenizer_init: bool = False
     trust_remote_code: bool = False
     # a model (or tokenizer) named by a Hugging Face Hub repository id (model_loader/hub.py):
     # its revision (a branch, tag or commit hash; None: main), the tokenizer's when
@@ -188,6 +192,12 @@ class EngineConfig:
                 f"tokenizer_mode {self.tokenizer_mode!r} is not supported: IronLM loads "
                 f"Hugging Face tokenizers only; choose one of {list(TOKENIZER_MODES)}"
             )
+        if self.skip_tokenizer_init:
+            needs = [name for name in ("tokenizer_extension_path", "reasoning_parser")
+                     if getattr(self, name)]
+            if needs:
+                raise ValueError(f"{needs[0]} needs the tokenizer, and skip_tokenizer_init "
+                                 "is set")
         if self.hf_overrides is None:  # vLLM's default spelling of "none"
             self.hf_overrides = {}
         if not isinstance(self.hf_overrides, dict):

@@ -79,6 +79,9 @@ class InputProcessor:
         if ids is None:
             if not isinstance(text, str):
                 raise ValueError("prompt must be a string")
+            if self.tokenizer is None:
+                raise ValueError("You cannot pass text prompts when `skip_tokenizer_init` is "
+                                 "True: give the prompt as token ids")
             ids = self.tokenizer(text, add_special_tokens=add_special_tokens).input_ids
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
             raise ValueError("prompt token ids must be integers")
@@ -100,6 +103,8 @@ class InputProcessor:
                 "than the number of text tokens plus one generated token."
             )
         params.verify(self.vocab_size, self.max_logprobs)
+        if self.tokenizer is None:
+            _check_tokenizer_free(params)
         if params.bad_words:
             params._bad_words_token_ids = self._bad_word_ids(params.bad_words)
         return ProcessedPrompt(text, ids, salt)
@@ -113,3 +118,13 @@ class InputProcessor:
                 if ids and ids not in out:
                     out.append(ids)
         return out
+
+
+def _check_tokenizer_free(params: SamplingParams) -> None:
+    """With skip_tokenizer_init, the sampling fields that need the tokenizer are refused."""
+    needs = [name for name, given in (
+        ("stop", params.stop), ("bad_words", params.bad_words),
+        ("guided_decoding", params.guided_decoding),
+    ) if given]  # fmt: skip
+    if needs:
+        raise ValueError(f"{needs[0]} needs the tokenizer, and `skip_tokenizer_init` is True")

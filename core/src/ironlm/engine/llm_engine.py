@@ -34,7 +34,7 @@ from ironlm.interfaces.executor import Executor
 from ironlm.interfaces.reasoning_parser import ReasoningParser
 from ironlm.interfaces.step import ModelInput, ModelOutput, NewRequestData
 from ironlm.lora.request import LoRARequest
-from ironlm.model_loader import HubOptions, resolve_model
+from ironlm.model_loader import HubOptions, ModelSource, resolve_model
 from ironlm.outputs import RequestOutput
 from ironlm.plugin_manager import PluginManager
 from ironlm.sampling_params import SamplingParams
@@ -67,8 +67,10 @@ class LLMEngine(LoRACalls):
         source = resolve_model(config.model, config.trust_remote_code, config.hf_overrides, hub)
         # vLLM's: the tokenizer's revision defaults to the model's
         config = replace(config, tokenizer_revision=config.tokenizer_revision or config.revision)
-        self.tokenizer = source.load_tokenizer(config.tokenizer,
-                                               replace(hub, revision=config.tokenizer_revision))
+        self.tokenizer: Any = None  # None with skip_tokenizer_init
+        if not config.skip_tokenizer_init:
+            self.tokenizer = source.load_tokenizer(
+                config.tokenizer, replace(hub, revision=config.tokenizer_revision))
         if source.revision is not None:  # a Hub model: the workers load the same commit
             config = replace(config, revision=source.revision)
         if config.tokenizer_extension_path is not None:
@@ -89,7 +91,8 @@ class LLMEngine(LoRACalls):
         gen = source.load_generation_config()
         gen_eos = getattr(gen, "eos_token_id", None) if gen is not None else None
         gen_eos = [gen_eos] if isinstance(gen_eos, int) else list(gen_eos or [])
-        self.extra_eos_ids = [t for t in gen_eos if t != self.tokenizer.eos_token_id]
+        self.eos_token_id = _eos_token_id(self.tokenizer, source, gen_eos)
+        self.extra_eos_ids = [t for t in gen_eos if t != self.eos_token_id]
         # SamplingParams fields the generation config sets (vLLM's --generation-config): the
         # offline API's default params, the server's values for unset request fields
         self.default_sampling = default_sampling(config.generation_config, gen,
@@ -241,7 +244,7 @@ class LLMEngine(LoRACalls):
                 request_id=f"{request_id}#{i}" if (params.best_of or 1) > 1 else request_id,
                 prompt_token_ids=processed.token_ids,
                 sampling_params=child_params,
-                eos_token_id=self.tokenizer.eos_token_id,
+                eos_token_id=self.eos_token_id,
                 priority=priority,
                 grammar=grammars[i][0],
                 grammar_backend=grammars[i][1],
@@ -362,3 +365,13 @@ class LLMEngine(LoRACalls):
     def shutdown(self) -> None:
         self.executor.shutdown()
 
+
+def _eos_token_id(tokenizer: Any, source: ModelSource, gen_eos: list[int]) -> int | None:
+    """The tokenizer's end-of-sequence id; without a tokenizer (skip_tokenizer_init), the
+    generation config's first, else the model config's (vLLM reads the same)."""
+    if tokenizer is not None:
+        return tokenizer.eos_token_id
+    if gen_eos:
+        return gen_eos[0]
+    eos = getattr(source.hf_config, "eos_token_id", None)
+    return eos[0] if isinstance(eos, list) and eos else eos

@@ -56,7 +56,9 @@ class OutputProcessor:
         params: SamplingParams,
         children: list[Request],
     ) -> None:
-        detoks = [self._detokenizer(params, prompt_token_ids) if params.detokenize else None
+        # no detokenizer without a tokenizer (skip_tokenizer_init): text stays ""
+        wants_text = params.detokenize and self.tokenizer is not None
+        detoks = [self._detokenizer(params, prompt_token_ids) if wants_text else None
                   for _ in children]
         group = Group(request_id, prompt, prompt_token_ids, params, children, detoks)
         group.sent = [(0, 0, 0)] * len(children)
@@ -178,7 +180,8 @@ class OutputProcessor:
 
     def _logprob_dict(self, entries: list[tuple[int, float, int]]) -> PositionLogprobs:
         return {
-            tid: Logprob(lp, rank, self.tokenizer.decode([tid]))
+            tid: Logprob(lp, rank,
+                         self.tokenizer.decode([tid]) if self.tokenizer is not None else None)
             for tid, lp, rank in entries
         }
 

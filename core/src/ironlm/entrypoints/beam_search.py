@@ -113,6 +113,9 @@ def run_beam_search(
 ) -> list[BeamSearchOutput]:
     """Every beam of every prompt runs with ``lora_request`` (a LoRARequest, or None)."""
     tok = llm.get_tokenizer()
+    if tok is None:
+        raise ValueError("beam_search needs the tokenizer (the beams' text), and "
+                         "`skip_tokenizer_init` is True")
     probe = SamplingParams(max_tokens=1, temperature=0.0)
     processed = [llm.engine.inputs.process(p, probe.clone()) for p in prompts]
     search = BeamSearch([p.token_ids for p in processed], params, tok.eos_token_id)

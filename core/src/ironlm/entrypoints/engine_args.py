@@ -27,6 +27,9 @@ ENGINE_HELP: dict[str, str] = {
                                 "tokenizer, called once after the tokenizer loads",
     "tokenizer_mode": "auto or hf: the model's Hugging Face tokenizer (vLLM's other modes, "
                       "mistral, custom, slow, are refused)",
+    "skip_tokenizer_init": "load no tokenizer: prompts are token ids and outputs token ids "
+                           "(text empty); text prompts, stop strings, bad words, guided "
+                           "decoding and chat are refused",
     "trust_remote_code": "trust remote code of the model's HF config",
     "revision": "with a Hugging Face Hub repository id as the model: the branch, tag or "
                 "commit hash to fetch (default: main)",

@@ -124,6 +124,9 @@ class LLM(PoolingCalls):
         the end of its reasoning, as on the server."""
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         tok = self.engine.tokenizer
+        if tok is None:
+            raise ValueError("chat needs the tokenizer (its chat template), and "
+                             "`skip_tokenizer_init` is True")
         parser_cls = self.engine.reasoning_parser
 
         def render(conv: list[dict[str, Any]], generation: bool, continued: bool) -> str:

@@ -30,7 +30,7 @@ from ironlm.interfaces.spec_decode import (
     ProposerContext,
     SpeculativeProposer,
 )
-from ironlm.model_loader import HubOptions, resolve_model
+from ironlm.model_loader import HubOptions, ModelSource, resolve_model
 
 
 class DraftModelProposer(SpeculativeProposer):
@@ -53,6 +53,11 @@ class DraftModelProposer(SpeculativeProposer):
         assert path is not None
         source = resolve_model(path, config.trust_remote_code, None, HubOptions.cache_of(config))
         draft_vocab = int(source.hf_config.vocab_size)
+        if tokenizer is None:  # skip_tokenizer_init: only the vocabularies' sizes compare
+            if draft_vocab != vocab_size:
+                raise ValueError(f"draft model {path!r} has {draft_vocab} vocabulary rows, "
+                                 f"the target model {config.model!r} {vocab_size}")
+            return cls._check_length(config, source)
         draft_tok = source.load_tokenizer()
         problem = _tokenizer_difference(tokenizer, draft_tok)
         if draft_vocab != vocab_size or problem:
@@ -63,6 +68,10 @@ class DraftModelProposer(SpeculativeProposer):
                 f"{draft_vocab} rows and {len(draft_tok)} tokens ({type(draft_tok).__name__})"
                 + (f"; {problem}" if problem else "")
             )
+        cls._check_length(config, source)
+
+    @staticmethod
+    def _check_length(config: EngineConfig, source: ModelSource) -> None:
         limit = config.speculative_max_model_len
         if limit is not None and limit > source.max_position_embeddings:
             raise ValueError(

@@ -69,6 +69,9 @@ def tokenize_prompt(
         except ValueError as exc:
             raise APIError(str(exc), 400, param="truncate_prompt_tokens") from None
     if isinstance(prompt, str):
+        if tokenizer is None:  # --skip-tokenizer-init
+            raise APIError(f"a text {field} needs the tokenizer, and the server runs with "
+                           "--skip-tokenizer-init: give token ids", 400, param=field)
         ids = list(tokenizer(prompt, add_special_tokens=add_special_tokens).input_ids)
         text: str | None = prompt
     else:
@@ -166,6 +169,7 @@ async def compile_guided(state: ServerState, spec: GuidedSpec | None, backend: s
     thread); a refusal is a 400 naming the request field that carried it."""
     if spec is None:
         return
+    state.need_tokenizer(field)
     try:
         await state.engine.compile_guided(spec, backend)
     except ValueError as exc:
@@ -183,6 +187,8 @@ async def tokenize_prompts(state: ServerState, prompts: list[str | list[int]],
         return [tokenize_prompt(tok, p, add_special_tokens, truncate, state.vocab_size, field,
                                 state.max_model_len, room) for p in prompts]
 
+    if state.tokenizer is None:  # --skip-tokenizer-init: token ids only, nothing to run
+        return run(None)
     assert state.tokenizers is not None
     return await state.tokenizers.run(run)
 

@@ -12,8 +12,9 @@ enable_thinking false) makes the whole output the answer.
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -24,7 +25,6 @@ from ironlm.entrypoints.openai.chat_reasoning import ReasoningPlan, plan_reasoni
 from ironlm.entrypoints.openai.engine_response import respond
 from ironlm.entrypoints.openai.errors import APIError, engine_error, from_value_error
 from ironlm.entrypoints.openai.logprobs import TokenNamer, chat_logprobs, prompt_logprobs_json
-from ironlm.entrypoints.openai.metrics import tracked
 from ironlm.entrypoints.openai.protocol import (
     ChatChoice,
     ChatCompletionRequest,
@@ -49,6 +49,7 @@ from ironlm.entrypoints.openai.request_inputs import (
     sampling_params,
     tokenize_prompt,
 )
+from ironlm.entrypoints.openai.request_tracker import tracked
 from ironlm.entrypoints.openai.serving_beam import beam_search, beam_search_params
 from ironlm.entrypoints.openai.state import ServerState, request_id_for
 from ironlm.entrypoints.openai.streaming import close_all, sse
@@ -77,6 +78,7 @@ async def create_chat_completion(
     state: ServerState, request: Request, req: ChatCompletionRequest
 ) -> Response:
     lora = state.check_model(req.model)
+    state.need_tokenizer("messages")
     check_request(req)
     plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls,
                       state.options.enable_auto_tool_choice, state.tool_parser_cls)

@@ -10,8 +10,9 @@ the text, and counted in usage, as vLLM counts it).
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -19,19 +20,18 @@ from starlette.responses import JSONResponse, Response
 from ironlm.engine.input_processor import output_room
 from ironlm.entrypoints.openai.engine_response import respond
 from ironlm.entrypoints.openai.errors import APIError, engine_error, from_value_error
+from ironlm.entrypoints.openai.fim import fim_prompt
 from ironlm.entrypoints.openai.logprobs import (
     TokenNamer,
     completion_logprobs,
     prompt_logprobs_json,
 )
-from ironlm.entrypoints.openai.metrics import tracked
 from ironlm.entrypoints.openai.protocol import (
     CompletionChoice,
     CompletionRequest,
     CompletionResponse,
     UsageInfo,
 )
-from ironlm.entrypoints.openai.fim import fim_prompt
 from ironlm.entrypoints.openai.request_inputs import (
     KNOWN_FIELDS,
     EnginePrompt,
@@ -45,6 +45,7 @@ from ironlm.entrypoints.openai.request_inputs import (
     split_prompts,
     tokenize_prompts,
 )
+from ironlm.entrypoints.openai.request_tracker import tracked
 from ironlm.entrypoints.openai.serving_beam import beam_search, beam_search_params
 from ironlm.entrypoints.openai.state import ServerState, request_id_for
 from ironlm.entrypoints.openai.streaming import close_all, merge, sse
@@ -80,6 +81,10 @@ async def create_completion(
     if not echo_only:
         check_max_tokens(req.max_tokens)
     raw = split_prompts(req.prompt)
+    for field, given in (("suffix", req.suffix is not None), ("echo", req.echo),
+                         ("use_beam_search", req.use_beam_search)):
+        if given:  # they read or write text
+            state.need_tokenizer(field)
     if req.suffix is not None:
         if len(raw) != 1:
             raise APIError("suffix takes exactly one prompt", 400, param="suffix")
@@ -110,7 +115,8 @@ async def create_completion(
     as_ids = bool(req.return_tokens_as_token_ids or state.options.return_tokens_as_token_ids)
     response_id, engine_id = request_id_for("cmpl", request, req.request_id)
     ctx = _Ctx(state, req, response_id, int(time.time()), prompts,
-               TokenNamer(state.tokenizer, as_ids), state.response_model(lora, req.model))
+               TokenNamer(state.tokenizer, as_ids or state.tokenizer is None),
+               state.response_model(lora, req.model))
     gens = []
     for i, (p, sp) in enumerate(zip(prompts, params)):
         rid = f"{engine_id}-{i}"

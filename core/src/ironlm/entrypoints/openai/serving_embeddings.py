@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response
 from ironlm.entrypoints.openai.chat_prompt import render_chat_prompt, warn_chat_fields
 from ironlm.entrypoints.openai.engine_response import respond
 from ironlm.entrypoints.openai.errors import APIError
-from ironlm.entrypoints.openai.metrics import tracked
+from ironlm.entrypoints.openai.request_tracker import tracked
 from ironlm.entrypoints.openai.protocol import (
     EmbeddingData,
     EmbeddingRequest,
@@ -50,6 +50,7 @@ async def create_embedding(
     if req.input is not None:
         warn_chat_fields(req)
     if req.messages is not None:
+        state.need_tokenizer("messages")
         assert state.tokenizers is not None
         prompts = [await state.tokenizers.run(_chat_prompt, state, req)]
     else:

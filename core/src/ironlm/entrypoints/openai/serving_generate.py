@@ -8,8 +8,9 @@ streamed as newline-delimited JSON objects of the same shape (cumulative text).
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from dataclasses import fields
-from typing import Any, AsyncIterator
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -17,12 +18,12 @@ from starlette.responses import JSONResponse, Response
 from ironlm.engine.input_processor import output_room
 from ironlm.entrypoints.openai.engine_response import respond
 from ironlm.entrypoints.openai.errors import APIError, from_value_error
-from ironlm.entrypoints.openai.metrics import tracked
 from ironlm.entrypoints.openai.request_inputs import (
     KNOWN_FIELDS,
     check_context_length,
     tokenize_prompts,
 )
+from ironlm.entrypoints.openai.request_tracker import tracked
 from ironlm.entrypoints.openai.state import ServerState, random_id
 from ironlm.entrypoints.openai.streaming import close_all
 from ironlm.outputs import RequestOutput

@@ -17,6 +17,7 @@ async def tokenize(state: ServerState, req: TokenizeRequest) -> dict[str, Any]:
     state.check_model(req.model)
     if (req.prompt is None) == (req.messages is None):
         raise APIError("give exactly one of prompt and messages", 400, param="prompt")
+    state.need_tokenizer("prompt" if req.prompt is not None else "messages")
     assert state.tokenizers is not None
     return await state.tokenizers.run(_tokenize, state, req)
 
@@ -50,11 +51,13 @@ async def detokenize(state: ServerState, req: DetokenizeRequest) -> dict[str, An
     if bad:
         raise APIError(f"tokens contains token id {bad[0]} outside the vocabulary [0, {vocab})",
                        400, param="tokens")
+    state.need_tokenizer("tokens")
     assert state.tokenizers is not None
     return {"prompt": await state.tokenizers.run(lambda tok: tok.decode(req.tokens))}
 
 
 def tokenizer_info(state: ServerState) -> dict[str, Any]:
+    state.need_tokenizer(None)
     tok = state.tokenizer
     info: dict[str, Any] = {
         "tokenizer_class": type(tok).__name__,

@@ -18,8 +18,9 @@ from ironlm.engine.async_engine import AsyncEngine
 from ironlm.entrypoints.openai.chat_reasoning import markers_are_special
 from ironlm.entrypoints.openai.errors import APIError
 from ironlm.entrypoints.openai.lora_modules import LoRAModulePath
-from ironlm.entrypoints.openai.metrics import RequestTracker, ServerMetrics
+from ironlm.entrypoints.openai.metrics import ServerMetrics
 from ironlm.entrypoints.openai.protocol import StreamOptions
+from ironlm.entrypoints.openai.request_tracker import RequestTracker
 from ironlm.entrypoints.openai.responses_api import ResponseStore
 from ironlm.entrypoints.openai.tokenizer_pool import TokenizerPool
 from ironlm.interfaces.tool_parser import ToolParser
@@ -110,6 +111,14 @@ class ServerState:
     @property
     def system_fingerprint(self) -> str:
         return f"ironlm-{__version__}"
+
+    def need_tokenizer(self, field: str | None) -> None:
+        """400 naming ``field`` when the server runs without a tokenizer
+        (--skip-tokenizer-init): text in, chat, stop strings and the like need one."""
+        if self.tokenizer is None:
+            raise APIError(f"{field or 'this endpoint'} needs the tokenizer, and the server "
+                           "runs with --skip-tokenizer-init: give prompts as token ids", 400,
+                           param=field)
 
     def check_model(self, name: str | None) -> LoRARequest | None:
         """The LoRA adapter a request's model names (None: the base model); 404 for a model
