@@ -394,7 +394,15 @@ def test_encode_and_embed_in_vllm_shapes(llm: LLM, hf) -> None:  # type: ignore[
     cut = llm.embed(texts[0], pooling_params=PoolingParams(truncate_prompt_tokens=2),
                     use_tqdm=False)  # fmt: skip
     assert cut[0].prompt_token_ids == tok(texts[0]).input_ids[-2:]
+    # one PoolingParams per prompt
+    each = llm.embed(texts, pooling_params=[PoolingParams(normalize=True), PoolingParams()],
+                     use_tqdm=False)  # fmt: skip
+    assert each[0].outputs.embedding == pytest.approx(unit[0].outputs.embedding, abs=1e-5)
+    assert each[1].outputs.embedding == pytest.approx(embedded[1].outputs.embedding, abs=1e-5)
+    with pytest.raises(ValueError, match="1 pooling params for 2 prompts"):
+        llm.embed(texts, pooling_params=[PoolingParams()], use_tqdm=False)
     with pytest.raises(ValueError, match="dimensions"):
         PoolingParams(dimensions=8)
-    with pytest.raises(ValueError, match="classification"):
-        llm.encode(texts, pooling_task="classify", use_tqdm=False)
+    for task in ("classify", "encode"):
+        with pytest.raises(ValueError, match="classification or per-token head"):
+            llm.encode(texts, pooling_task=task, use_tqdm=False)

@@ -89,8 +89,10 @@ def test_rerank_orders_documents_by_score(http: httpx.Client) -> None:
         assert body["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
     top = http.post("/rerank", json={"query": QUERY, "documents": DOCS, "top_n": 2}).json()
     assert [x["index"] for x in top["results"]] == order[:2]
-    everything = http.post("/rerank", json={"query": QUERY, "documents": DOCS, "top_n": 9})
-    assert len(everything.json()["results"]) == 3
+    for top_n in (9, -1):  # more than the documents, or <= 0: all of them (vLLM's)
+        everything = http.post("/rerank", json={"query": QUERY, "documents": DOCS,
+                                                "top_n": top_n})  # fmt: skip
+        assert len(everything.json()["results"]) == 3
 
 
 def test_invocations_route_score_and_rerank(http: httpx.Client) -> None:
@@ -114,12 +116,14 @@ def test_invocations_route_score_and_rerank(http: httpx.Client) -> None:
     ({"text_1": QUERY, "text_2": DOCS, "truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
 ])  # fmt: skip
 def test_bad_score_requests(http: httpx.Client, body: dict[str, Any], param: str) -> None:
-    assert _error(http.post("/score", json=body))["param"] == param
+    error = _error(http.post("/score", json=body))
+    assert error["param"] == param
+    if "context length" in error["message"]:
+        assert "tokens in the input for score." in error["message"]  # vLLM's wording
 
 
 @pytest.mark.parametrize(("body", "param"), [
     ({"query": QUERY, "documents": []}, "documents"),
-    ({"query": QUERY, "documents": DOCS, "top_n": -1}, "top_n"),
     ({"query": QUERY, "documents": "one document"}, "documents"),
     ({"documents": DOCS}, "query"),
     ({"query": "x " * 80, "documents": DOCS}, "query"),
@@ -137,6 +141,11 @@ def test_pooling_route_gives_the_embeddings(http: httpx.Client) -> None:
     for p, e in zip(pooled["data"], embedded["data"]):
         assert p["data"] == pytest.approx(e["embedding"], abs=1e-5)
     assert pooled["usage"] == embedded["usage"]
+    assert http.post("/pooling", json={**body, "task": "embed"}).status_code == 200
+    # what needs a classification or per-token head is refused, not answered with embeddings
+    for extra, param in (({"task": "classify"}, "task"), ({"task": "token_embed"}, "task"),
+                         ({"use_activation": True}, "use_activation")):
+        assert _error(http.post("/pooling", json={**body, **extra}))["param"] == param
 
 
 def test_unknown_model_is_a_404(http: httpx.Client) -> None:

@@ -282,7 +282,10 @@ class LLMEngine(LoRACalls):
         return True
 
     def get_tokenizer(self) -> Any:
-        """The tokenizer the engine uses (vLLM's ``LLMEngine.get_tokenizer``)."""
+        """The tokenizer the engine uses (vLLM's ``LLMEngine.get_tokenizer``); ValueError
+        with skip_tokenizer_init, as vLLM's."""
+        if self.tokenizer is None:
+            raise ValueError("Unable to get tokenizer because `skip_tokenizer_init=True`")
         return self.tokenizer
 
     # -- one step --------------------------------------------------------------------------
@@ -368,7 +371,9 @@ class LLMEngine(LoRACalls):
 
 def _eos_token_id(tokenizer: Any, source: ModelSource, gen_eos: list[int]) -> int | None:
     """The tokenizer's end-of-sequence id; without a tokenizer (skip_tokenizer_init), the
-    generation config's first, else the model config's (vLLM reads the same)."""
+    generation config's first, else the model config's. (vLLM has none then and stops only
+    at the generation config's ids: a model without a generation config would run on to
+    max_tokens there.)"""
     if tokenizer is not None:
         return tokenizer.eos_token_id
     if gen_eos:

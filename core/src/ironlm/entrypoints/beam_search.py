@@ -112,7 +112,7 @@ def run_beam_search(
     llm: LLM, prompts: list[Any], params: BeamSearchParams, lora_request: Any = None
 ) -> list[BeamSearchOutput]:
     """Every beam of every prompt runs with ``lora_request`` (a LoRARequest, or None)."""
-    tok = llm.get_tokenizer()
+    tok = llm.engine.tokenizer
     if tok is None:
         raise ValueError("beam_search needs the tokenizer (the beams' text), and "
                          "`skip_tokenizer_init` is True")

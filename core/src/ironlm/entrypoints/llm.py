@@ -49,7 +49,8 @@ class LLM(PoolingCalls):
         return self.engine
 
     def get_tokenizer(self) -> Any:
-        return self.engine.tokenizer
+        """The engine's tokenizer; ValueError with skip_tokenizer_init (vLLM's)."""
+        return self.engine.get_tokenizer()
 
     def get_default_sampling_params(self) -> SamplingParams:
         """What ``generate`` and ``chat`` use when given no SamplingParams: SamplingParams'

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from ironlm.outputs import RequestOutput
 
 # vLLM's pooling tasks that need a head this engine's models do not have
-_HEADLESS_TASKS = ("classify", "score", "token_classify", "token_embed")
+_HEADLESS_TASKS = ("classify", "score", "token_classify", "token_embed", "encode")
 
 
 class PoolingCalls:
@@ -47,7 +47,7 @@ class PoolingCalls:
     def encode(
         self,
         prompts: PromptType | Sequence[PromptType],
-        pooling_params: PoolingParams | None = None,
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
         *,
         truncate_prompt_tokens: int | None = None,
         use_tqdm: bool = True,
@@ -55,22 +55,23 @@ class PoolingCalls:
         pooling_task: str | None = None,
     ) -> list[PoolingRequestOutput]:
         """Each prompt's pooled state, ``outputs.data`` a (hidden_size,) float32 tensor.
-        ``truncate_prompt_tokens`` keeps a prompt's last tokens (-1: as many as the context
-        holds); ``pooling_task`` "embed" (or None) only."""
+        ``pooling_params``: one for every prompt, or one per prompt; ``truncate_prompt_tokens``
+        (over theirs) keeps a prompt's last tokens (-1: as many as the context holds);
+        ``pooling_task`` "embed" (or None) only."""
         if pooling_task in _HEADLESS_TASKS:
             raise ValueError(f"pooling_task {pooling_task!r} needs a classification or "
                              "per-token head; this engine pools for 'embed' only")
         if pooling_task not in (None, "embed"):
             raise ValueError(f"unknown pooling_task {pooling_task!r}")
-        params = pooling_params or PoolingParams()
-        truncate = truncate_prompt_tokens if truncate_prompt_tokens is not None \
-            else params.truncate_prompt_tokens
         batch = as_prompt_list(prompts)
         loras = per_prompt_lora(lora_request, len(batch))
-        run = SamplingParams(max_tokens=1, truncate_prompt_tokens=truncate)
+        params = _per_prompt_params(pooling_params, len(batch))
         ids: list[str] = []
         try:
-            for prompt, lora in zip(batch, loras):
+            for prompt, lora, p in zip(batch, loras, params):
+                truncate = truncate_prompt_tokens if truncate_prompt_tokens is not None \
+                    else p.truncate_prompt_tokens
+                run = SamplingParams(max_tokens=1, truncate_prompt_tokens=truncate)
                 rid = str(next(self._ids))
                 self.engine.add_request(rid, prompt, run, pooling=True, lora_request=lora)
                 ids.append(rid)
@@ -78,9 +79,9 @@ class PoolingCalls:
             self.engine.abort_request(ids)
             raise
         results = []
-        for out in self._run(ids, use_tqdm):
+        for out, p in zip(self._run(ids, use_tqdm), params):
             vec = torch.tensor(out.embedding or [], dtype=torch.float32)
-            if params.normalize:
+            if p.normalize:
                 vec = torch.nn.functional.normalize(vec, dim=0)
             results.append(PoolingRequestOutput(out.request_id, out.prompt_token_ids,
                                                 PoolingOutput(vec)))
@@ -92,7 +93,7 @@ class PoolingCalls:
         *,
         truncate_prompt_tokens: int | None = None,
         use_tqdm: bool = True,
-        pooling_params: PoolingParams | None = None,
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
         lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[EmbeddingRequestOutput]:
         """Each prompt's embedding, ``outputs.embedding`` a list of floats (``encode``)."""
@@ -131,3 +132,12 @@ class PoolingCalls:
             for i, j in pairs
         ]
 
+
+def _per_prompt_params(
+    params: PoolingParams | Sequence[PoolingParams] | None, n: int
+) -> list[PoolingParams]:
+    if params is None or isinstance(params, PoolingParams):
+        return [params or PoolingParams()] * n
+    if len(params) != n:
+        raise ValueError(f"got {len(params)} pooling params for {n} prompts")
+    return list(params)

@@ -52,6 +52,7 @@ from ironlm.entrypoints.openai.protocol import (
     DetokenizeRequest,
     EmbeddingRequest,
     LoadLoRAAdapterRequest,
+    PoolingRequest,
     TokenizeRequest,
     UnloadLoRAAdapterRequest,
 )
@@ -191,7 +192,7 @@ async def embeddings(request: Request) -> Response:
 
 @router.post("/pooling")
 async def pooling(request: Request) -> Response:
-    req = await parse_body(request, EmbeddingRequest)
+    req = await parse_body(request, PoolingRequest)
     return await serving_embeddings.create_embedding(_server(request), request, req,
                                                      pooling_form=True)
 

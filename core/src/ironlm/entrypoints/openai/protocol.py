@@ -9,7 +9,7 @@ default then applies.
 from __future__ import annotations
 
 import time
-from typing import Any, Literal, Union
+from typing import Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, Field, model_serializer
 
@@ -146,6 +146,17 @@ class EmbeddingRequest(_Request):
     truncate_prompt_tokens: int | None = None
     normalize: bool = False  # True: each vector scaled to unit L2 norm
     priority: int = 0
+
+
+class PoolingRequest(EmbeddingRequest):
+    """vLLM's /pooling body: an embedding request with the pooling ``task`` ("embed" only:
+    the other tasks need a classification or per-token head)."""
+
+    UNSUPPORTED: ClassVar[dict[str, str]] = {
+        name: "applies to a classification head; this model pools hidden states"
+        for name in ("use_activation", "activation", "softmax")
+    }  # fmt: skip
+    task: str | None = None
 
 
 class TokenizeRequest(_Request):

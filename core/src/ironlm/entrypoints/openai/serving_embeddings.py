@@ -16,12 +16,12 @@ from starlette.responses import JSONResponse, Response
 from ironlm.entrypoints.openai.chat_prompt import render_chat_prompt, warn_chat_fields
 from ironlm.entrypoints.openai.engine_response import respond
 from ironlm.entrypoints.openai.errors import APIError
-from ironlm.entrypoints.openai.request_tracker import tracked
 from ironlm.entrypoints.openai.protocol import (
     EmbeddingData,
     EmbeddingRequest,
     EmbeddingResponse,
     PoolingData,
+    PoolingRequest,
     UsageInfo,
 )
 from ironlm.entrypoints.openai.request_inputs import (
@@ -30,6 +30,7 @@ from ironlm.entrypoints.openai.request_inputs import (
     tokenize_prompt,
     tokenize_prompts,
 )
+from ironlm.entrypoints.openai.request_tracker import tracked
 from ironlm.entrypoints.openai.state import ServerState, request_id_for
 from ironlm.lora.request import LoRARequest
 from ironlm.outputs import RequestOutput
@@ -42,6 +43,8 @@ async def create_embedding(
     """/v1/embeddings; with ``pooling_form``, vLLM's /pooling: the same vectors as
     ``{"object": "pooling", "data": [...]}`` items under a ``pool-`` id."""
     lora = state.check_model(req.model)
+    if isinstance(req, PoolingRequest):
+        _check_pooling_fields(req)
     if req.dimensions is not None:
         raise APIError("dimensions is not supported: embeddings have the model's hidden size",
                        400, param="dimensions")
@@ -70,14 +73,27 @@ async def create_embedding(
     )
 
 
-def check_fits(state: ServerState, prompts: list[EnginePrompt], field: str) -> None:
-    """400 naming ``field`` when a prompt is longer than the context (vLLM's message)."""
+def _check_pooling_fields(req: PoolingRequest) -> None:
+    """/pooling: the "embed" task only; a classifier's fields refused (400 naming them)."""
+    if req.task not in (None, "embed"):
+        raise APIError(f"task {req.task!r} needs a classification or per-token head; this "
+                       "model pools for 'embed' only", 400, param="task")
+    refused = req.unsupported_fields()
+    if refused:
+        name, why = refused[0]
+        raise APIError(f"{name} is not supported: {why}", 400, param=name)
+
+
+def check_fits(state: ServerState, prompts: list[EnginePrompt], field: str,
+               operation: str = "embedding generation") -> None:
+    """400 naming ``field`` when a prompt is longer than the context (vLLM's message, which
+    names the ``operation``)."""
     for p in prompts:
         if len(p.token_ids) > state.max_model_len:
             raise APIError(
                 f"This model's maximum context length is {state.max_model_len} tokens. "
-                f"However, you requested {len(p.token_ids)} tokens in the input for embedding "
-                "generation. Please reduce the length of the input.", 400, param=field,
+                f"However, you requested {len(p.token_ids)} tokens in the input for "
+                f"{operation}. Please reduce the length of the input.", 400, param=field,
             )
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -29,11 +28,12 @@ from ironlm.entrypoints.openai.score_protocol import (
 )
 from ironlm.entrypoints.openai.serving_embeddings import check_fits, start_pooling
 from ironlm.entrypoints.openai.state import ServerState, request_id_for
+from ironlm.lora.request import LoRARequest
 from ironlm.outputs import RequestOutput
 from ironlm.scoring import cosine, pair_indices, pair_token_ids
 
-# (score, token ids) of each pair, in the pairs' order -> the endpoint's reply
-BuildScores = Callable[[list[tuple[float, list[int]]]], Response]
+# (each pair's score in the pairs' order, the tokens usage counts) -> the endpoint's reply
+BuildScores = Callable[[list[float], int], Response]
 
 
 async def create_score(state: ServerState, request: Request, req: ScoreRequest) -> Response:
@@ -42,34 +42,31 @@ async def create_score(state: ServerState, request: Request, req: ScoreRequest) 
     request_id, engine_id = request_id_for("score", request, req.request_id)
     model = state.response_model(lora, req.model)
 
-    def build(scored: list[tuple[float, list[int]]]) -> Response:
-        tokens = sum(len(ids) for _, ids in scored)
+    def build(scores: list[float], tokens: int) -> Response:
         return JSONResponse(ScoreResponse(
             id=request_id, created=int(time.time()), model=model,
-            data=[ScoreData(index=i, score=s) for i, (s, _) in enumerate(scored)],
+            data=[ScoreData(index=i, score=s) for i, s in enumerate(scores)],
             usage=UsageInfo(prompt_tokens=tokens, total_tokens=tokens),
         ).model_dump(exclude_none=True))
 
     sides = [_texts(getattr(req, name)) for name in names]
-    return await _score_pairs(state, request, req, lora, engine_id, sides, names, build)
+    return await _score_pairs(state, request, req, lora, engine_id, sides, names, build,
+                              operation="score")
 
 
 async def create_rerank(state: ServerState, request: Request, req: RerankRequest) -> Response:
     lora = state.check_model(req.model)
-    if req.top_n < 0:
-        raise APIError("top_n must be at least 0 (0: every document)", 400, param="top_n")
     request_id, engine_id = request_id_for("rerank", request, req.request_id)
     model = state.response_model(lora, req.model)
 
-    def build(scored: list[tuple[float, list[int]]]) -> Response:
-        tokens = sum(len(ids) for _, ids in scored)
+    def build(scores: list[float], tokens: int) -> Response:
         results = [
             RerankResult(index=i, document=RerankDocument(text=req.documents[i]),
                          relevance_score=s)
-            for i, (s, _) in enumerate(scored)
+            for i, s in enumerate(scores)
         ]  # fmt: skip
         results.sort(key=lambda r: r.relevance_score, reverse=True)  # stable: ties keep order
-        top = req.top_n if 0 < req.top_n < len(results) else len(results)
+        top = req.top_n if 0 < req.top_n < len(results) else len(results)  # <= 0: all
         return JSONResponse(RerankResponse(
             id=request_id, model=model, results=results[:top],
             usage=RerankUsage(prompt_tokens=tokens, total_tokens=tokens),
@@ -102,10 +99,13 @@ def _texts(value: str | list[str]) -> list[str]:
 
 
 async def _score_pairs(
-    state: ServerState, request: Request, req: ScoreRequest | RerankRequest, lora: Any,
+    state: ServerState, request: Request, req: ScoreRequest | RerankRequest,
+    lora: LoRARequest | None,
     engine_id: str, sides: list[list[str]], names: tuple[str, str], build: BuildScores,
+    operation: str = "embedding generation",
 ) -> Response:  # fmt: skip
-    """Embed both sides' texts, then ``build`` from each pair's cosine and token ids."""
+    """Embed both sides' texts, then ``build`` from each pair's cosine and the usage's token
+    count (each pair's tokens, as vLLM counts them)."""
     refused = req.unsupported_fields()
     if refused:
         name, why = refused[0]
@@ -120,7 +120,7 @@ async def _score_pairs(
     for texts, name in zip(sides, names):
         part = await tokenize_prompts(state, list(texts), True, req.truncate_prompt_tokens,
                                       field=name)
-        check_fits(state, part, name)
+        check_fits(state, part, name, operation)  # vLLM names the score's operation
         prompts += part
     gens = start_pooling(state, engine_id, prompts, req.priority, lora)
     pad = getattr(state.tokenizer, "pad_token_id", None)
@@ -130,10 +130,9 @@ async def _score_pairs(
         for out in finals:
             if out.embedding is None:
                 raise APIError("the engine returned no embedding", 500)
-        return build([
-            (cosine(a[i].embedding or [], b[j].embedding or []),
-             pair_token_ids(a[i].prompt_token_ids, b[j].prompt_token_ids, pad))
-            for i, j in pairs
-        ])  # fmt: skip
+        scores = [cosine(a[i].embedding or [], b[j].embedding or []) for i, j in pairs]
+        tokens = sum(len(pair_token_ids(a[i].prompt_token_ids, b[j].prompt_token_ids, pad))
+                     for i, j in pairs)  # fmt: skip
+        return build(scores, tokens)
 
     return await respond(request, gens, build=scored)

@@ -117,8 +117,7 @@ class ServerState:
         (--skip-tokenizer-init): text in, chat, stop strings and the like need one."""
         if self.tokenizer is None:
             raise APIError(f"{field or 'this endpoint'} needs the tokenizer, and the server "
-                           "runs with --skip-tokenizer-init: give prompts as token ids", 400,
-                           param=field)
+                           "runs with --skip-tokenizer-init", 400, param=field)
 
     def check_model(self, name: str | None) -> LoRARequest | None:
         """The LoRA adapter a request's model names (None: the base model); 404 for a model
