@@ -29,7 +29,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                "ironlm.quantization", "ironlm.lora", "ironlm.spec_decode", "ironlm.distributed")),
     ("contract", ("ironlm.hookspecs", "ironlm.interfaces", "ironlm.config",
                   "ironlm.config_aliases",
-                  "ironlm.sampling_params", "ironlm.guided_spec", "ironlm.outputs",
+                  "ironlm.sampling_params", "ironlm.pooling_params", "ironlm.guided_spec",
+                  "ironlm.outputs",
                   "ironlm.plugin_manager", "ironlm.registry", "ironlm.contract_version",
                   "ironlm.json_scan", "ironlm.python_file")),
 ]

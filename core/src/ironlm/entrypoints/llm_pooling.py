@@ -1,5 +1,5 @@
 """The offline API's pooling calls, vLLM's names and shapes: ``encode`` (the pooled state as
-a tensor), ``embed`` (as a list of floats) and ``score`` (text pairs, ``ironlm.scoring``).
+a tensor), ``embed`` (as a list of floats) and ``score`` (text pairs, ``scoring``).
 
 A prompt's pooled state is the mean of its last hidden states (after the final norm); the
 engine runs the prompt only (pooling requests generate nothing)."""
@@ -14,6 +14,7 @@ import torch
 
 from ironlm.engine.input_processor import PromptType
 from ironlm.entrypoints.prompt_lists import as_prompt_list, per_prompt_lora
+from ironlm.entrypoints.scoring import cosine, pair_indices, pair_token_ids
 from ironlm.lora.request import LoRARequest
 from ironlm.outputs import (
     EmbeddingOutput,
@@ -25,7 +26,6 @@ from ironlm.outputs import (
 )
 from ironlm.pooling_params import PoolingParams
 from ironlm.sampling_params import SamplingParams
-from ironlm.scoring import cosine, pair_indices, pair_token_ids
 
 if TYPE_CHECKING:
     from ironlm.engine.llm_engine import LLMEngine
@@ -115,7 +115,7 @@ class PoolingCalls:
         lora_request: LoRARequest | None = None,
     ) -> list[ScoringRequestOutput]:
         """vLLM's bi-encoder scores: the cosine of each pair's pooled states, one ``data_1``
-        against every ``data_2`` or pairwise (``ironlm.scoring``)."""
+        against every ``data_2`` or pairwise (``scoring``)."""
         first, second = as_prompt_list(data_1), as_prompt_list(data_2)
         pairs = pair_indices(len(first), len(second))
         pooled = self.encode(first + second, pooling_params,

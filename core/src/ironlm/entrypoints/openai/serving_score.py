@@ -1,7 +1,7 @@
 """vLLM's /score and /rerank on an embedding model: each text embedded on its own (as
 /v1/embeddings embeds it), a pair scored by the cosine of its two embeddings
-(``ironlm.scoring``). /rerank is Jina's and Cohere's form: one query, documents ordered by
-relevance, the best ``top_n``."""
+(``entrypoints/scoring.py``). /rerank is Jina's and Cohere's form: one query, documents
+ordered by relevance, the best ``top_n``."""
 
 from __future__ import annotations
 
@@ -28,9 +28,9 @@ from ironlm.entrypoints.openai.score_protocol import (
 )
 from ironlm.entrypoints.openai.serving_embeddings import check_fits, start_pooling
 from ironlm.entrypoints.openai.state import ServerState, request_id_for
+from ironlm.entrypoints.scoring import cosine, pair_indices, pair_token_ids
 from ironlm.lora.request import LoRARequest
 from ironlm.outputs import RequestOutput
-from ironlm.scoring import cosine, pair_indices, pair_token_ids
 
 # (each pair's score in the pairs' order, the tokens usage counts) -> the endpoint's reply
 BuildScores = Callable[[list[float], int], Response]
