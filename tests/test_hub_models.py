@@ -132,6 +132,10 @@ def test_weight_files_follow_the_loader() -> None:
         "consolidated.safetensors"]
     assert weight_files(["model.safetensors"], "dummy", read) == []
     assert weight_files(["config.json"], "auto", read) == []
+    # an index that names no shards is an error naming it, not a KeyError
+    for broken in ({}, {"weight_map": {}}, {"weight_map": ["x"]}, []):
+        with pytest.raises(ValueError, match="model.safetensors.index.json names no shards"):
+            weight_files(sharded, "auto", lambda name, b=broken: b)
 
 
 def test_gguf_file_matches_the_whole_quantization_name() -> None:

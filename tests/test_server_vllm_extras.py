@@ -109,6 +109,7 @@ def test_unix_domain_socket(smollm2_dir: Path, tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+    assert not Path(path).exists()  # removed at shutdown
 
 
 def test_one_api_server_only(smollm2_dir: Path) -> None:

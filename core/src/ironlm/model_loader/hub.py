@@ -238,8 +238,12 @@ def weight_files(files: list[str], load_format: str,
     top = [name for name in files if "/" not in name]
     for layout in LOAD_FORMAT_LAYOUTS.get(load_format, LOAD_FORMAT_LAYOUTS["auto"]):
         if layout.index is not None and layout.index in top:
-            shards = sorted(set(read_index(layout.index)["weight_map"].values()))
-            return [layout.index, *shards]
+            index = read_index(layout.index)
+            weight_map = index.get("weight_map") if isinstance(index, dict) else None
+            if not isinstance(weight_map, dict) or not weight_map:
+                raise ValueError(f"{layout.index} names no shards (its \"weight_map\" is "
+                                 "missing or empty): the checkpoint cannot be fetched")
+            return [layout.index, *sorted(set(weight_map.values()))]
         if layout.single is not None and layout.single in top:
             return [layout.single]
         matches = sorted(name for name in top

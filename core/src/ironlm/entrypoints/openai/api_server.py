@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 import uvicorn
@@ -411,6 +412,8 @@ def run_server(args: argparse.Namespace) -> None:
     finally:
         engine.shutdown()
         sock.close()
+        if args.uds:  # the socket file goes with the server (uvicorn leaves its own behind)
+            Path(args.uds).unlink(missing_ok=True)
     if engine.fatal_error is not None:
         raise EngineDeadError(f"the engine died: {engine.fatal_error}")
 
