@@ -35,7 +35,7 @@ def ops() -> CpuLayerOps:
 
 
 def _runner(llm: LLM) -> Any:
-    return llm.engine.executor.worker.runner
+    return llm.engine.executor.worker.model_runner
 
 
 def _run(llm: LLM, prompts: list[str], n_tokens: int) -> list[tuple[list[int], list[float]]]:

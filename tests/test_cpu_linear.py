@@ -250,7 +250,7 @@ def test_smollm2_bfloat16_on_packed_bf16_weights(
     prompts = ["The capital of France is", "def fibonacci(n):", "One, two, three,"]
     params = SamplingParams(max_tokens=1, temperature=0, logprobs=0)
     bf16 = LLM(str(smollm2_dir), dtype="bfloat16", **kwargs)
-    model = bf16.engine.executor.worker.runner.model
+    model = bf16.engine.executor.worker.model_runner.model
     linears = [m for m in model.modules() if isinstance(m, LinearBase)]
     assert linears
     assert all(m.weight.dim() == 4 and m.weight.dtype == torch.bfloat16 for m in linears)

@@ -113,9 +113,9 @@ def test_smollm2_on_onednn_matches_torch(
                       [[next(iter(p.values())).logprob for p in o.outputs[0].logprobs]
                        for o in outs], worker.weight_bytes())  # fmt: skip
         if impl == "onednn":
-            proj = worker.runner.model.model.layers[0].mlp.down_proj.weight
+            proj = worker.model_runner.model.model.layers[0].mlp.down_proj.weight
             assert ONEDNN.is_packed(proj)
-            graphs = worker.runner.graphs
+            graphs = worker.model_runner.graphs
             assert graphs is not None and graphs.disabled is None and graphs.graphs
         del llm
     (tok_d, lp_d, bytes_d), (tok_t, lp_t, bytes_t) = runs["onednn"], runs["torch"]

@@ -181,7 +181,7 @@ def test_quantized_decode_graphs_replay_eager_tokens(
     graphs, eager = LLM(path, enforce_eager=False, **kwargs), LLM(path, enforce_eager=True, **kwargs)
     prompts = ["The capital of France is", "def fib(n):", "Once upon a time"]
     assert _run(graphs, prompts, 12) == _run(eager, prompts, 12)
-    dg = graphs.engine.executor.worker.runner.graphs
+    dg = graphs.engine.executor.worker.model_runner.graphs
     assert dg is not None and dg.disabled is None and 4 in dg.graphs
     # the recorded calls include the quantized linears (one C entry point, same address in
     # every ctypes handle of the library)

@@ -494,7 +494,7 @@ def test_smollm2_keeps_both_copies_where_the_model_holds_its_weights(
             tuner.record(f"linear|float32|{shape}|t{threads}|v{VERSION}", decision)
     llm = LLM(str(smollm2_dir), device="cpu", dtype="float32", max_model_len=128,
               kv_cache_memory=16 << 20)  # fmt: skip
-    model = llm.engine.executor.worker.runner.model
+    model = llm.engine.executor.worker.model_runner.model
     ref = AutoModelForCausalLM.from_pretrained(str(smollm2_dir), torch_dtype=torch.float32)
     ours, theirs = model.model.layers[3], ref.model.layers[3]
     pairs = [(ours.self_attn.o_proj.weight, theirs.self_attn.o_proj.weight),

@@ -187,7 +187,7 @@ def test_engine_decode_graphs_match_eager(tiny_llama_dir) -> None:  # type: igno
                   gpu_memory_utilization=0.3, enforce_eager=eager,
                   attention_backend_options={"decode_partition_size": 32})  # fmt: skip
         outs = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
-        graphs = llm.engine.executor.worker.runner.graphs
+        graphs = llm.engine.executor.worker.model_runner.graphs
         state = (None, []) if graphs is None else (graphs.disabled, sorted(graphs.graphs))
         del llm, graphs
         gc.collect()

@@ -55,7 +55,7 @@ class _Wrapped(GraphCapture):
 def _setup(tiny_llama_dir: Path) -> tuple[Any, LLM]:
     llm = LLM(str(tiny_llama_dir), device="cpu", dtype="float32", max_model_len=64,
               kv_cache_memory=4 * 2**20, enforce_eager=True)  # fmt: skip
-    return llm.engine.executor.worker.runner, llm
+    return llm.engine.executor.worker.model_runner, llm
 
 
 def _graphs(runner: Any, capture: GraphCapture) -> DecodeGraphs:

@@ -119,10 +119,10 @@ def test_engine_pads_to_the_configured_sizes(tiny_llama_dir: Path) -> None:
     want = _tokens(engine(enforce_eager=True), 5)
     sized = engine(cudagraph_capture_sizes=[3, 6])
     assert _tokens(sized, 5) == want
-    graphs = sized.engine.executor.worker.runner.graphs
+    graphs = sized.engine.executor.worker.model_runner.graphs
     assert graphs.disabled is None and sorted(graphs.graphs) == [6]  # 5 rows padded to 6
     capped = engine(compilation_config={"max_cudagraph_capture_size": 4})
     assert _tokens(capped, 5) == want
-    assert not capped.engine.executor.worker.runner.graphs.graphs  # 5 > 4: eager steps
+    assert not capped.engine.executor.worker.model_runner.graphs.graphs  # 5 > 4: eager steps
     assert engine(compilation_config={"cudagraph_mode": "NONE"}) \
-        .engine.executor.worker.runner.graphs is None
+        .engine.executor.worker.model_runner.graphs is None

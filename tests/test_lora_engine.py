@@ -242,7 +242,7 @@ def test_beam_search_runs_every_beam_with_the_adapter(
 def test_decode_graphs_replay_lora_steps(llm: LLM, adapters: dict[str, Path]) -> None:
     a = LoRARequest("a", 1, str(adapters["a"]))
     llm.generate(PROMPTS, GREEDY, lora_request=[a, None, a], use_tqdm=False)
-    graphs = llm.engine.executor.worker.runner.graphs  # type: ignore[attr-defined]
+    graphs = llm.engine.executor.worker.model_runner.graphs  # type: ignore[attr-defined]
     assert graphs is not None and graphs.disabled is None and graphs.graphs
 
 

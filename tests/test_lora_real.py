@@ -34,7 +34,7 @@ def test_mixed_batch_matches_hf_peft(smollm2_dir: Path, smollm2_loras) -> None: 
             [PROMPTS[i] for _, i in plan], SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS),
             lora_request=[loras[a] if a else None for a, _ in plan], use_tqdm=False,
         )
-        graphs = llm.engine.executor.worker.runner.graphs  # type: ignore[attr-defined]
+        graphs = llm.engine.executor.worker.model_runner.graphs  # type: ignore[attr-defined]
         assert graphs is not None and graphs.disabled is None and graphs.graphs
     finally:
         llm.shutdown()

@@ -1,7 +1,8 @@
 """The ``ray`` executor on a Ray head started on 127.0.0.1 for this module (``ray start
 --head``, reached through RAY_ADDRESS): SmolLM2 at tp=3 and pp=2 gives the greedy tokens of
 one rank, through ``LLM`` and through ``ironlm serve`` with the openai client (streaming
-included); a killed Ray worker makes the engine dead."""
+included); ``collective_rpc`` through the actors (a lambda, weight updates over three ranks, a
+refused call); a killed Ray worker makes the engine dead."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+import torch
 from parallel_utils import (
     ENGINE_ARGS,
     MAX_TOKENS,
@@ -17,7 +19,9 @@ from parallel_utils import (
     greedy_outputs,
     greedy_tokens,
 )
+from safetensors.torch import load_file
 from server_utils import RemoteServer
+from weight_sync import load_weights_call, perturbed
 
 from ironlm import LLM, SamplingParams
 
@@ -54,6 +58,19 @@ def test_ray_tp3_matches_one_rank_and_a_dead_worker_kills_the_engine(
 
     llm = _ray_llm(smollm2_dir, tensor_parallel_size=3)
     try:
+        assert greedy_tokens(llm) == one_rank[0]
+        # collective_rpc through the actors: a lambda (Ray pickles it by value), weight
+        # updates sharded over the three ranks, a refused call that leaves them running
+        assert llm.collective_rpc(lambda worker: worker.rank.rank) == [0, 1, 2]
+        with pytest.raises(ValueError, match="unexpected weight 'model.nope.weight'"):
+            llm.collective_rpc(load_weights_call, args=([("model.nope.weight", torch.ones(1))],))
+        _, new = perturbed(smollm2_dir)
+        assert llm.collective_rpc(load_weights_call, args=(list(new.items()),)) == [0, 1, 2]
+        llm.reset_prefix_cache()
+        assert greedy_tokens(llm) != one_rank[0]
+        original = load_file(smollm2_dir / "model.safetensors")
+        llm.collective_rpc(load_weights_call, args=([(n, original[n]) for n in new],))
+        llm.reset_prefix_cache()
         assert greedy_tokens(llm) == one_rank[0]
         executor = llm.engine.executor
         assert len(executor.actors) == 3

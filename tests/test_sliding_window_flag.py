@@ -19,7 +19,7 @@ PROMPT = [{"role": "user", "content": "Write one sentence about the sea."}]
 
 
 def windows(llm: LLM) -> list[int | None]:
-    model: Any = llm.engine.executor.worker.runner.model
+    model: Any = llm.engine.executor.worker.model_runner.model
     return [m.spec.sliding_window for m in model.modules() if isinstance(m, Attention)]
 
 

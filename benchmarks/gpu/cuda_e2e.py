@@ -57,7 +57,7 @@ def ironlm_figures(args: argparse.Namespace, prompts: list[list[int]], eager: bo
     batch = [{"prompt_token_ids": p} for p in prompts]
     took = seconds(lambda: llm.generate(batch, fixed(args.output_len), use_tqdm=False))
     out["batch_tok_s"] = len(prompts) * args.output_len / took
-    runner = llm.engine.executor.worker.runner
+    runner = llm.engine.executor.worker.model_runner
     out["weight_bytes"] = sum(p.numel() * p.element_size() for p in runner.model.parameters())
     graphs = runner.graphs
     out["graphs"] = None if graphs is None else {"off": graphs.disabled,

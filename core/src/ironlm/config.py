@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from ironlm.config_aliases import apply_vllm_aliases
+from ironlm.python_file import import_class
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -144,8 +145,15 @@ class EngineConfig:
     # Tokens an adapter may add to the vocabulary (vLLM's flag; IronLM, like current vLLM,
     # refuses adapters that add tokens, so only adapters adding none load)
     lora_extra_vocab_size: int = 256
+    # vLLM's: a class whose methods ``collective_rpc`` calls on every worker with the worker
+    # as ``self`` (reinforcement-learning weight sync); vLLM's "module.Class" string is
+    # imported here, in the engine's process (so workers elsewhere unpickle the class)
+    worker_extension_cls: type | str | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.worker_extension_cls, str):
+            self.worker_extension_cls = import_class(self.worker_extension_cls,
+                                                     "worker_extension_cls")
         if self.dtype not in ("auto", *_DTYPES):
             raise ValueError(
                 f"dtype {self.dtype!r} is not supported; choose one of "

@@ -134,8 +134,9 @@ ENGINE_HELP: dict[str, str] = {
     "are refused)",
 }
 _SIZE_FIELDS = {"kv_cache_memory"}
-# fields set only through another argument's JSON (structured_outputs_config): no flag
-NO_FLAG_FIELDS = {"structured_outputs_enable_in_reasoning"}
+# fields set only through another argument's JSON (structured_outputs_config), no flag
+# (worker_extension_cls: offline only, as collective_rpc; the server has no RPC endpoint)
+NO_FLAG_FIELDS = {"structured_outputs_enable_in_reasoning", "worker_extension_cls"}
 # vLLM's integer flags that take 1k (1000) or 1K (1024) style values
 # (max_model_len takes them too, and auto: _length_or_auto)
 _HUMAN_INT_FIELDS = {"max_num_batched_tokens", "kv_cache_memory_bytes"}

@@ -7,7 +7,7 @@ import copy
 import itertools
 from collections.abc import Sequence
 from dataclasses import fields
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from tqdm.auto import tqdm
@@ -209,6 +209,30 @@ class LLM(PoolingCalls):
         """vLLM's: forget the cached prefixes (a cold-cache benchmark, new weights); False
         while requests hold KV blocks."""
         return self.engine.reset_prefix_cache()
+
+    def collective_rpc(
+        self,
+        method: str | Callable[..., Any],
+        timeout: float | None = None,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
+        """vLLM's: run ``method`` on every worker, results in rank order. A name is a worker
+        method or one of ``worker_extension_cls``'s (called with the worker as ``self``); a
+        callable is called as ``method(worker, *args, **kwargs)`` (with worker processes,
+        ``mp``: a module-level function). New weights go in through
+        ``self.model_runner.model.load_weights(weights)`` there, as in vLLM; call
+        ``reset_prefix_cache()`` afterwards so no prefix computed with the old weights is
+        reused. ``timeout``: None only (the call waits for every worker)."""
+        if timeout is not None:
+            raise ValueError("collective_rpc: timeout is not supported (the call waits for "
+                             "every worker); pass timeout=None")
+        return self.engine.executor.collective_rpc(method, *args, **(kwargs or {}))
+
+    def apply_model(self, func: Callable[[torch.nn.Module], Any]) -> list[Any]:
+        """vLLM's: ``func(model)`` on every worker's model (its shard), results in rank
+        order."""
+        return self.collective_rpc("apply_model", args=(func,))
 
     def shutdown(self) -> None:
         self.engine.shutdown()

@@ -26,7 +26,7 @@ import time
 import weakref
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, NoReturn
 
 from torch.distributed import TCPStore
 
@@ -34,7 +34,7 @@ from ironlm.config import EngineConfig
 from ironlm.distributed.layout import ParallelLayout
 from ironlm.distributed.process_groups import host_rendezvous
 from ironlm.executor.worker_process import STOP, RemoteTraceback, run_worker
-from ironlm.interfaces.executor import Executor
+from ironlm.interfaces.executor import LOCKSTEP_METHODS, REPLY_AFTER_FAILURE_S, Executor
 from ironlm.interfaces.step import ModelInput, ModelOutput
 from ironlm.interfaces.worker import WorkerBase, WorkerRank
 from ironlm.plugin_manager import PluginManager
@@ -166,24 +166,60 @@ class MultiprocExecutor(Executor):
         assert output is not None, "the sampling rank returns the step's output"
         return output
 
-    def collective_rpc(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+    def collective_rpc(
+        self, method: str | Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> list[Any]:
         self.check_health()
         if self.driver is None:
             raise RuntimeError("executor is not started (or was shut down)")
-        payload = pickle.dumps((method, args, kwargs))
+        call = self.driver.resolve_method(method)  # an unknown name: raised, nothing sent
+        payload = _call_payload(method, args, kwargs)
+        label = method if isinstance(method, str) else getattr(method, "__qualname__", "callable")
         try:
             for child in self.children:
                 child.conn.send_bytes(payload)
-            results = [getattr(self.driver, method)(*args, **kwargs)]
-            results += [child.reply(lambda: self.dead) for child in self.children]
+            results = [call(*args, **kwargs)]
+        except Exception as exc:
+            if method in LOCKSTEP_METHODS or not self._children_replied():
+                self._fail(label, exc)  # the children may wait for the driver in a collective
+            raise  # every child answered the call too: the ranks are in step
         except BaseException as exc:
-            # ranks may now disagree on which call they are in: the workers cannot go on
-            gone = self._exited_child()
-            self._mark_dead(gone or f"{method} failed: {exc!r}")
-            if gone is not None and not isinstance(exc, WorkerDiedError):
-                raise WorkerDiedError(gone) from exc  # the cause, not its echo in a collective
-            raise
+            self._fail(label, exc)
+        failures: list[Exception] = []
+        for child in self.children:
+            try:
+                results.append(child.reply(lambda: self.dead))
+            except Exception as exc:
+                if method in LOCKSTEP_METHODS or isinstance(exc, WorkerDiedError):
+                    self._fail(label, exc)  # that child left
+                failures.append(exc)  # it replied: the ranks are in step for the next call
+        if failures:
+            raise failures[0]
         return results
+
+    def _children_replied(self, timeout_s: float = REPLY_AFTER_FAILURE_S) -> bool:
+        """After the driver's call failed: whether every child answers the same call within
+        ``timeout_s`` (its reply, result or error, is read and dropped)."""
+        deadline = time.monotonic() + timeout_s
+        for child in self.children:
+            if not child.conn.poll(max(0.0, deadline - time.monotonic())):
+                return False
+            try:
+                child.reply(lambda: self.dead)
+            except WorkerDiedError:
+                return False
+            except Exception:
+                pass  # its own failure of the call: it is ready for the next one
+        return True
+
+    def _fail(self, label: str, exc: BaseException) -> NoReturn:
+        """Ranks may now disagree on which call they are in: the workers cannot go on. Marks
+        the executor dead and raises (the exited child, not its echo in a collective)."""
+        gone = self._exited_child()
+        self._mark_dead(gone or f"{label} failed: {exc!r}")
+        if gone is not None and not isinstance(exc, WorkerDiedError):
+            raise WorkerDiedError(gone) from exc
+        raise exc
 
     def _exited_child(self, grace_s: float = 2.0) -> str | None:
         """Which child has exited (waiting up to ``grace_s`` for its death to be visible)."""
@@ -252,3 +288,18 @@ class MultiprocExecutor(Executor):
         if self._monitor is not None:
             self._monitor.join(timeout=2.0)
             self._monitor = None
+
+
+def _call_payload(method: str | Callable[..., Any], args: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> bytes:
+    """One call, pickled once for every child; ValueError, before anything is sent, for what
+    cannot cross processes (a callable goes by reference: a module-level function, not a
+    lambda or a nested function)."""
+    try:
+        return pickle.dumps((method, args, kwargs))
+    except (pickle.PicklingError, AttributeError, TypeError) as exc:
+        raise ValueError(
+            f"collective_rpc: the call to {getattr(method, '__qualname__', method)!r} cannot be "
+            f"sent to the worker processes ({exc}); a callable must be a module-level "
+            "function, its arguments picklable"
+        ) from exc

@@ -4,7 +4,7 @@ executor; this module imports nothing of Ray, so it loads without the extra)."""
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable
 
 from ironlm.config import EngineConfig
 from ironlm.interfaces.worker import WorkerBase, WorkerRank
@@ -34,9 +34,11 @@ class RayWorkerActor:
         self.worker = worker_cls(config, rank, None)  # discovers plugins in this process
         return os.getpid()
 
-    def call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def call(
+        self, method: str | Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         assert self.worker is not None, "create() first"
-        return getattr(self.worker, method)(*args, **kwargs)
+        return self.worker.execute_method(method, *args, **kwargs)
 
     def ping(self) -> bool:
         return True

@@ -17,7 +17,7 @@ import importlib.util
 import logging
 import threading
 from collections import defaultdict
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 from torch.distributed import TCPStore
 
@@ -26,7 +26,7 @@ from ironlm.distributed.layout import ParallelLayout
 from ironlm.distributed.process_groups import host_rendezvous
 from ironlm.executor.mp import WorkerDiedError
 from ironlm.executor.ray_actor import RayWorkerActor
-from ironlm.interfaces.executor import Executor
+from ironlm.interfaces.executor import LOCKSTEP_METHODS, REPLY_AFTER_FAILURE_S, Executor
 from ironlm.interfaces.platform import Availability
 from ironlm.interfaces.step import ModelInput, ModelOutput
 from ironlm.interfaces.worker import WorkerBase, WorkerRank
@@ -149,15 +149,20 @@ class RayExecutor(Executor):
         assert output is not None, "the sampling rank returns the step's output"
         return output
 
-    def collective_rpc(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+    def collective_rpc(
+        self, method: str | Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> list[Any]:
         self.check_health()
         if not self.actors:
             raise RuntimeError("executor is not started (or was shut down)")
-        return self._get_all([a.call.remote(method, args, kwargs) for a in self.actors])
+        refs = [a.call.remote(method, args, kwargs) for a in self.actors]
+        return self._get_all(refs, tolerate=method not in LOCKSTEP_METHODS)
 
-    def _get_all(self, refs: list[Any]) -> list[Any]:
-        """Every result in rank order; the first failure (a worker's exception, or a dead
-        actor) makes the executor dead and is raised without waiting for the others."""
+    def _get_all(self, refs: list[Any], tolerate: bool = False) -> list[Any]:
+        """Every result in rank order. A dead actor makes the executor dead, and so does a
+        worker's own exception, raised without waiting for the others, unless ``tolerate``
+        (a call outside the lockstep ones) and every other worker finishes the call within
+        REPLY_AFTER_FAILURE_S: then the ranks are in step and the exception is raised alone."""
         import ray
         from ray.exceptions import RayActorError
 
@@ -172,6 +177,8 @@ class RayExecutor(Executor):
                 self._mark_dead(f"Ray worker rank {index[done[0]]} died: {exc}")
                 raise WorkerDiedError(self.dead) from None
             except BaseException as exc:  # the worker's own exception (a RayTaskError)
+                if tolerate and isinstance(exc, Exception) and _all_finish(ray, pending):
+                    raise
                 self._mark_dead(f"Ray worker rank {index[done[0]]} failed: {exc!r}")
                 raise
         return results
@@ -231,3 +238,23 @@ class RayExecutor(Executor):
 
 def _device_order(device_id: str) -> tuple[int, str]:
     return (int(device_id), device_id) if device_id.isdigit() else (1 << 30, device_id)
+
+
+def _all_finish(ray: Any, refs: list[Any]) -> bool:
+    """Whether every call of ``refs`` ends (with a result or the worker's own exception)
+    within REPLY_AFTER_FAILURE_S, its actor alive."""
+    from ray.exceptions import RayActorError
+
+    if not refs:
+        return True
+    done, pending = ray.wait(refs, num_returns=len(refs), timeout=REPLY_AFTER_FAILURE_S)
+    if pending:
+        return False
+    for ref in done:
+        try:
+            ray.get(ref)
+        except RayActorError:
+            return False
+        except Exception:  # noqa: S110  its own failure of the call: the actor is ready
+            pass
+    return True

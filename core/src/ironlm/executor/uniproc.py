@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 from ironlm.config import EngineConfig
 from ironlm.interfaces.executor import Executor
@@ -43,8 +43,10 @@ class UniProcExecutor(Executor):
         assert output is not None, "the only worker samples"
         return output
 
-    def collective_rpc(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        return [getattr(self._worker(), method)(*args, **kwargs)]
+    def collective_rpc(
+        self, method: str | Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> list[Any]:
+        return [self._worker().execute_method(method, *args, **kwargs)]
 
     def check_health(self) -> None:
         self._worker().check_health()

@@ -60,7 +60,7 @@ def run_worker(
             break
         method, args, kwargs = message
         try:
-            result = getattr(worker, method)(*args, **kwargs)
+            result = worker.execute_method(method, *args, **kwargs)
         except BaseException as exc:
             conn.send(error_reply(exc))
             if method == "execute_model":

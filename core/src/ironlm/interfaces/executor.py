@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from ironlm.interfaces.platform import Availability
 
@@ -13,6 +13,14 @@ if TYPE_CHECKING:  # pytest's pattern: the contract names its host for typing on
     from ironlm.interfaces.worker import WorkerBase
     from ironlm.plugin_manager import PluginManager
 
+
+# Worker calls whose ranks meet in collectives (the rendezvous, a step's all-reduces and
+# pipeline sends): once one rank fails the others may wait forever, so the executor is dead.
+LOCKSTEP_METHODS = frozenset({"init_device", "load_model", "execute_model"})
+# After one worker failed any other call, how long the others may take to finish it before
+# the executor counts them stuck in a collective (dead); when all finish, the ranks are in
+# step and the failure is raised alone (a refused weight update leaves the engine running).
+REPLY_AFTER_FAILURE_S = 30.0
 
 class Executor(ABC):
     """Lays out one worker per rank and drives them. Registered through ``register_executors``.
@@ -57,8 +65,12 @@ class Executor(ABC):
         """Run one step on every worker; return the sampling worker's output."""
 
     @abstractmethod
-    def collective_rpc(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        """Call ``worker.method(*args, **kwargs)`` on every worker; results in rank order."""
+    def collective_rpc(
+        self, method: str | Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> list[Any]:
+        """``worker.execute_method(method, *args, **kwargs)`` on every worker (a worker or
+        worker-extension method by name, or a callable given the worker first); results in
+        rank order."""
 
     @abstractmethod
     def check_health(self) -> None:

@@ -54,6 +54,9 @@ class ModelArchitecture(torch.nn.Module, ABC):
     """
 
     pipeline_tensors: ClassVar[tuple[str, ...]] = ("hidden", "residual")
+    # set by the loader once the layers processed their weights for the kernels; from then
+    # on ``load_weights`` updates weights in place (any subset of names: RL weight sync)
+    weights_processed: bool = False
 
     @abstractmethod
     def attention_layers(self) -> list[AttentionLayerSpec]:
@@ -78,4 +81,6 @@ class ModelArchitecture(torch.nn.Module, ABC):
 
     @abstractmethod
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Consume (HF name, tensor) pairs; raise ValueError for a missing or unexpected one."""
+        """Consume (HF name, tensor) pairs; raise ValueError for a missing or unexpected one.
+        Once ``weights_processed``: update the named weights in place (a subset is fine;
+        ``ironlm.layers.weight_update``)."""

@@ -66,6 +66,19 @@ class LayerOps:
         library format) picks among the others here."""
         return self.pack_linear_weight(weight)
 
+    def unpack_linear_weight(self, stored: torch.Tensor) -> torch.Tensor:
+        """A ``pack_linear_weight`` or ``pack_tied_weight`` result -> its (out, in) weight
+        (weight updates after loading: new checkpoint tensors are copied into it, then
+        ``repack_linear_weight`` writes it back). May be ``stored`` itself where the layout is
+        the rows'."""
+        return stored
+
+    def repack_linear_weight(self, stored: torch.Tensor, weight: torch.Tensor) -> None:
+        """Write the (out, in) ``weight`` into ``stored``, in ``stored``'s layout and storage
+        (captured graphs that read ``stored`` see the new values)."""
+        if weight.data_ptr() != stored.data_ptr():
+            stored.copy_(weight)
+
     def linear(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:

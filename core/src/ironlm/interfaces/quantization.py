@@ -72,6 +72,22 @@ class QuantizationMethod(ABC):
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         """Repack loaded weights for the kernels (transpose, pre-scale, ...). Default: nothing."""
 
+    def unpack_weights(self, layer: torch.nn.Module) -> Any:
+        """Weight updates after loading (``model.load_weights`` again, as RL weight sync
+        does): give ``layer`` back the parameters ``create_weights`` registered, holding the
+        loaded values, so checkpoint tensors can be copied in again; returns what
+        ``repack_weights`` needs to process them into the kernels' tensors in place.
+        Default: ValueError (a method whose packing cannot be undone takes no updates)."""
+        raise ValueError(
+            f"quantization method {self.name!r} cannot take new weights after loading; "
+            "weight updates need an unquantized model"
+        )
+
+    def repack_weights(self, layer: torch.nn.Module, kept: Any) -> None:
+        """Process the parameters again after ``unpack_weights`` returned ``kept``, into the
+        same tensors the forward reads (their storage stays: captured graphs stay valid)."""
+        raise ValueError(f"quantization method {self.name!r} cannot take new weights")
+
     @abstractmethod
     def apply(
         self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None
@@ -102,6 +118,16 @@ class UnquantizedMethod(QuantizationMethod):
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         packed = layer.layer_ops.pack_linear_weight(layer.weight.data)
         layer.weight = torch.nn.Parameter(packed, requires_grad=False)
+
+    def unpack_weights(self, layer: torch.nn.Module) -> torch.nn.Parameter:
+        stored = layer.weight
+        rows = layer.layer_ops.unpack_linear_weight(stored.data)
+        layer.weight = torch.nn.Parameter(rows, requires_grad=False)
+        return stored
+
+    def repack_weights(self, layer: torch.nn.Module, kept: torch.nn.Parameter) -> None:
+        layer.layer_ops.repack_linear_weight(kept.data, layer.weight.data)
+        layer.weight = kept
 
     def apply(
         self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None

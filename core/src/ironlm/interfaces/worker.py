@@ -13,14 +13,17 @@ Life of a worker, in call order:
   ``execute_model(input)``     once per engine step
   ``shutdown()``               free memory; the process may stay
 Any other public method (LoRA adapters, profiling, ...) is reachable through
-``Executor.collective_rpc(name, ...)``.
+``Executor.collective_rpc(name, ...)``, which every executor runs as ``execute_method`` on
+each worker: a method of the worker, else of the engine's ``worker_extension_cls`` (vLLM's:
+user methods that see the worker as ``self``), or a callable given the worker first.
 """
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:  # pytest's pattern: the contract names its host for typing only
     from ironlm.config import EngineConfig
@@ -49,6 +52,39 @@ class WorkerBase(ABC):
     ) -> None:
         self.config = config
         self.rank = rank
+        extension = config.worker_extension_cls
+        if extension is not None:  # vLLM refuses a name the worker has already
+            clash = [n for n in dir(extension)
+                     if not n.startswith("__") and hasattr(type(self), n)]
+            if clash:
+                raise ValueError(
+                    f"worker_extension_cls {extension.__qualname__} defines {clash}, which "
+                    f"worker {type(self).__name__} has already"
+                )
+
+    def execute_method(self, method: str | Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """One ``collective_rpc`` call on this worker (see ``resolve_method``)."""
+        return self.resolve_method(method)(*args, **kwargs)
+
+    def resolve_method(self, method: str | Callable[..., Any]) -> Callable[..., Any]:
+        """What a ``collective_rpc`` call runs here: a callable as ``method(worker, ...)``; a
+        name as the worker's method of that name, else the ``worker_extension_cls`` function
+        of that name with the worker as ``self`` (vLLM mixes that class into the worker's
+        class; here it is looked up, not mixed in). AttributeError for an unknown name."""
+        if callable(method):
+            return functools.partial(method, self)
+        bound = getattr(self, method, None)
+        if bound is not None:
+            return bound
+        extension = self.config.worker_extension_cls
+        function = getattr(extension, method, None) if extension is not None else None
+        if function is None:
+            raise AttributeError(
+                f"worker {type(self).__name__} has no method {method!r}"
+                + (f" (nor has worker_extension_cls {extension.__qualname__})"
+                   if extension is not None else "")
+            )
+        return functools.partial(function, self)
 
     @abstractmethod
     def init_device(self) -> None:

@@ -32,7 +32,7 @@ partial deltas along with the partial outputs).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -101,6 +101,15 @@ class LinearBase(torch.nn.Module):
         # (num_tokens, input_size) -> (num_tokens, output_size)
         y = self.quant_method.apply(self, x, self.bias)
         return y if self.lora is None else self.lora(x, y)
+
+    # -- weight updates after loading (layers/weight_update.py) -------------------------------
+    def unpack_weights(self) -> Any:
+        """The loaded parameters back, ready for ``load_weight``; what ``repack_weights``
+        takes to process them into the tensors the forward reads."""
+        return self.quant_method.unpack_weights(self)
+
+    def repack_weights(self, kept: Any) -> None:
+        self.quant_method.repack_weights(self, kept)
 
     # -- how adapter weights shard (see the module docstring) ---------------------------------
     def lora_parts(self) -> list[tuple[str | int | None, int]]:

@@ -18,6 +18,8 @@ Lookups then go through the platform's ``quantized_embedding`` and the head thro
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ironlm.interfaces.model import ModelContext
@@ -121,6 +123,23 @@ class VocabParallelEmbedding(torch.nn.Module):
             # the packed copy is the table now (the parameter stays, empty, for tying)
             self.weight.data = rows.new_empty(0)
 
+    def unpack_weights(self) -> Any:
+        """Weight updates after loading: a float table is looked up as loaded (nothing to
+        undo; a table tied to an LM head is unpacked through the head). A quantized table's
+        packing is not undone: ValueError."""
+        self._check_updatable()
+        return None
+
+    def repack_weights(self, kept: Any) -> None:
+        """Nothing to redo for a float table."""
+
+    def _check_updatable(self) -> None:
+        if self.quant_layout is not None:
+            raise ValueError(
+                f"{type(self).__name__}: a quantized ({self.quant_layout.kind}) table cannot "
+                "take new weights after loading; weight updates need an unquantized model"
+            )
+
     def extra_repr(self) -> str:
         return f"{self.vocab_size}, {self.hidden_size}, tp_size={self.tp_size}"
 
@@ -158,6 +177,24 @@ class ParallelLMHead(VocabParallelEmbedding):
         self.weight = packed
         if self.tied_to is not None:
             self.tied_to.weight = packed
+
+    def unpack_weights(self) -> torch.nn.Parameter:
+        """The (vocab, hidden) rows back from the platform's layout, as the parameter of the
+        head and of the embedding it is tied to; returns the packed parameter."""
+        (self.tied_to or self)._check_updatable()
+        stored = self.weight
+        self._share(torch.nn.Parameter(self.layer_ops.unpack_linear_weight(stored.data),
+                                       requires_grad=False))
+        return stored
+
+    def repack_weights(self, kept: torch.nn.Parameter) -> None:
+        self.layer_ops.repack_linear_weight(kept.data, self.weight.data)
+        self._share(kept)
+
+    def _share(self, weight: torch.nn.Parameter) -> None:
+        self.weight = weight
+        if self.tied_to is not None:
+            self.tied_to.weight = weight
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         # (num_rows, hidden) -> (num_rows, vocab_size) float32

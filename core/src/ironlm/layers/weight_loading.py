@@ -27,22 +27,34 @@ def load_named_weights(
     for name, tensor in weights:
         if skip(name):
             continue
-        module_path, _, param_name = name.rpartition(".")
-        target_path, shard_id = resolve_target(modules, module_path)
-        if target_path is None:
-            raise ValueError(f"unexpected weight {name!r}: no layer of the model takes it")
-        target = modules[target_path]
-        loader = getattr(target, "load_weight", None)
-        if loader is None:
-            raise ValueError(f"unexpected weight {name!r}: {target_path} loads no weights")
-        try:
-            loader(param_name, tensor, shard_id)
-        except ValueError as exc:  # shapes, dtypes, formats: name the checkpoint tensor
-            raise ValueError(f"checkpoint tensor {name!r}: {exc}") from exc
+        target_path, param_name, shard_id = route_weight(modules, name)
+        load_one(modules[target_path], name, param_name, tensor, shard_id)
         loaded.setdefault(f"{target_path}.{param_name}" if target_path else param_name, set()).add(
             shard_id
         )
     _check_complete(model, modules, loaded)
+
+
+def route_weight(modules: dict[str, torch.nn.Module], name: str) -> tuple[str, str, ShardId]:
+    """(path of the layer that takes checkpoint tensor ``name``, its parameter name there,
+    shard id); ValueError when no layer of the model takes it."""
+    module_path, _, param_name = name.rpartition(".")
+    target_path, shard_id = resolve_target(modules, module_path)
+    if target_path is None:
+        raise ValueError(f"unexpected weight {name!r}: no layer of the model takes it")
+    if getattr(modules[target_path], "load_weight", None) is None:
+        raise ValueError(f"unexpected weight {name!r}: {target_path} loads no weights")
+    return target_path, param_name, shard_id
+
+
+def load_one(
+    target: torch.nn.Module, name: str, param_name: str, tensor: torch.Tensor, shard_id: ShardId
+) -> None:
+    """``target.load_weight``, with a failure naming checkpoint tensor ``name``."""
+    try:
+        target.load_weight(param_name, tensor, shard_id)
+    except ValueError as exc:  # shapes, dtypes, formats: name the checkpoint tensor
+        raise ValueError(f"checkpoint tensor {name!r}: {exc}") from exc
 
 
 def resolve_target(

@@ -65,6 +65,7 @@ def load_model(
                 module.quant_method.process_weights_after_loading(module)
             elif isinstance(module, VocabParallelEmbedding):  # and the LM head
                 module.process_weights_after_loading()
+    model.weights_processed = True  # later load_weights calls are updates
     return model
 
 

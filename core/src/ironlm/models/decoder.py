@@ -22,6 +22,7 @@ from ironlm.interfaces.model import ModelArchitecture, ModelContext
 from ironlm.layers.layernorm import RMSNorm
 from ironlm.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
 from ironlm.layers.weight_loading import load_named_weights
+from ironlm.layers.weight_update import update_named_weights
 
 EMBED_NAME = "model.embed_tokens.weight"
 LM_HEAD_NAME = "lm_head.weight"
@@ -130,7 +131,10 @@ class StageCausalLM(ModelArchitecture):
         return name.endswith("rotary_emb.inv_freq")
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        load_named_weights(self, self._stage_weights(weights), self.skip_weight)
+        if self.weights_processed:  # an update: any subset, into the packed layouts
+            update_named_weights(self, self._stage_weights(weights), self.skip_weight)
+        else:
+            load_named_weights(self, self._stage_weights(weights), self.skip_weight)
 
     def _stage_weights(
         self, weights: Iterable[tuple[str, torch.Tensor]]

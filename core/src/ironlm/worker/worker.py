@@ -3,6 +3,8 @@ implementation, the class every executor builds, in whatever process it runs).""
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import torch
 
 from ironlm.config import EngineConfig
@@ -177,7 +179,7 @@ class Worker(WorkerBase):
                 for item in obj.values():
                     visit(item)
 
-        for module in self.runner.model.modules():
+        for module in self.model_runner.model.modules():
             visit(list(module.parameters(recurse=False)) + list(module.buffers(recurse=False)))
             visit([v for k, v in vars(module).items() if not k.startswith("_")])
         return sum(opaque.values()) + _union_length(spans)
@@ -192,7 +194,7 @@ class Worker(WorkerBase):
         kv_caches = self.kv_cache.allocate(num_kv_blocks)
         if self._proposer is not None:
             self._proposer.initialize_kv_cache(num_kv_blocks)
-        runner = self.runner
+        runner = self.model_runner
         runner.kv_caches = kv_caches
         capture = None if self.config.enforce_eager else self.platform.graph_capture(self.ctx)
         if self._proposer is not None and self._proposer.needs_target_hidden_states:
@@ -217,11 +219,11 @@ class Worker(WorkerBase):
     def initialize_swap_space(self, num_blocks: int) -> None:
         """Allocate ``num_blocks`` host blocks per layer for swap preemption (the engine asks
         every rank through collective_rpc, with the minimum over ranks)."""
-        self.runner.swap_caches = self.kv_cache.allocate_swap(num_blocks)
+        self.model_runner.swap_caches = self.kv_cache.allocate_swap(num_blocks)
 
     # -- steps -------------------------------------------------------------------------------
     def execute_model(self, model_input: ModelInput) -> ModelOutput | None:
-        return self.runner.execute(model_input)
+        return self.model_runner.execute(model_input)
 
     # -- LoRA adapters (the engine's collective_rpc; vLLM's worker methods) ----------------------
     def add_lora(self, lora_request: LoRARequest) -> bool:
@@ -240,24 +242,24 @@ class Worker(WorkerBase):
         return self._lora().ids()
 
     def _lora(self) -> WorkerLoRAManager:
-        lora = self.runner.lora
+        lora = self.model_runner.lora
         if lora is None:
             raise ValueError("LoRA is not enabled: start the engine with enable_lora=True "
                              "(--enable-lora)")
         return lora
 
     def check_health(self) -> None:
-        self.runner  # raises when not loaded or shut down
+        self.model_runner  # raises when not loaded or shut down
 
     def collective_stats(self, reset: bool = False) -> dict[str, float]:
         """Time this rank spent in collectives and pipeline sends / receives, and the steps
         run meanwhile (zeros with one rank); ``reset`` starts the counts again."""
         stats = self.dist.stats if self.dist is not None else CommStats()
-        stats.steps = self.runner.steps
+        stats.steps = self.model_runner.steps
         out = stats.to_dict()
         if reset:
             stats.reset()
-            self.runner.steps = 0
+            self.model_runner.steps = 0
         return out
 
     def synchronize_collective_timing(self, enabled: bool) -> None:
@@ -281,8 +283,16 @@ class Worker(WorkerBase):
             raise RuntimeError("worker: init_device() has not run")
         return self._platform
 
+    def get_model(self) -> ModelArchitecture:
+        """This rank's model (its shard and stage), vLLM's name."""
+        return self.model_runner.model
+
+    def apply_model(self, func: Callable[[ModelArchitecture], Any]) -> Any:
+        """``func(model)`` on this rank's model (``LLM.apply_model``)."""
+        return func(self.get_model())
+
     @property
-    def runner(self) -> ModelRunner:
+    def model_runner(self) -> ModelRunner:
         if self._runner is None:
             raise RuntimeError("worker: the model is not loaded (or the worker was shut down)")
         return self._runner

@@ -222,6 +222,29 @@ class CpuLayerOps(LayerOps):
         self._linear[(stored.shape, stored.dtype, stored.layout)] = plan
         return stored
 
+    def unpack_linear_weight(self, stored: torch.Tensor) -> torch.Tensor:
+        """(N, K) rows from any layout ``_pack`` stores: oneDNN's reordered back, panels
+        unpacked (a ``panel+rows`` plan's rows copy is that weight already), rows as stored."""
+        if self.onednn.is_packed(stored):
+            return stored.to_dense()
+        if stored.dim() > 2:
+            rows = rows_copy(stored)
+            return rows if rows is not None else self.kernel.unpack(stored)
+        return stored
+
+    def repack_linear_weight(self, stored: torch.Tensor, weight: torch.Tensor) -> None:
+        """``weight`` into ``stored``'s layout and storage (the measured plan stays: same
+        shape, dtype and layout)."""
+        if self.onednn.is_packed(stored):
+            stored.copy_(self.onednn.pack(weight))
+        elif stored.dim() > 2:
+            stored.copy_(self.kernel.pack(weight))
+            rows = rows_copy(stored)
+            if rows is not None and rows.data_ptr() != weight.data_ptr():
+                rows.copy_(weight)
+        elif stored.data_ptr() != weight.data_ptr():
+            stored.copy_(weight)
+
     def linear(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
