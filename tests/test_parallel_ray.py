@@ -61,7 +61,7 @@ def test_ray_tp3_matches_one_rank_and_a_dead_worker_kills_the_engine(
         assert greedy_tokens(llm) == one_rank[0]
         # collective_rpc through the actors: a lambda (Ray pickles it by value), weight
         # updates sharded over the three ranks, a refused call that leaves them running
-        assert llm.collective_rpc(lambda worker: worker.rank.rank) == [0, 1, 2]
+        assert llm.collective_rpc(lambda worker: worker.rank) == [0, 1, 2]
         with pytest.raises(ValueError, match="unexpected weight 'model.nope.weight'"):
             llm.collective_rpc(load_weights_call, args=([("model.nope.weight", torch.ones(1))],))
         _, new = perturbed(smollm2_dir)

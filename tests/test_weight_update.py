@@ -8,7 +8,8 @@ greedy tokens and their logprobs equal HF's teacher-forced ones, with the decode
 captured before the update (the packed weights are rewritten in place). Updating back one
 tensor per call restores the first outputs exactly, in bfloat16 too (whatever layouts the
 cpu plugin measured here). Every cpu layout's unpack / repack round trip; tensor parallelism
-through worker processes (Gemma 3, mp, tp=2) against one rank; the refusals.
+and pipeline parallelism through worker processes (Gemma 3, mp, tp=2 and pp=2, after a level-2
+sleep and ``reload_weights`` on every rank) against one rank, which matches HF; the refusals.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 import pytest
 import torch
 from parallel_utils import worker_pids
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 from weight_sync import load_weights_call, perturbed, qkv_rows
 
 from ironlm import LLM, SamplingParams
@@ -56,6 +57,7 @@ def test_updated_smollm2_generates_as_hf_with_the_new_weights(smollm2_dir: Path)
     before = outputs(llm)  # decode graphs captured with the loaded weights
     hf, new = perturbed(smollm2_dir)
     assert llm.collective_rpc("update_weights", args=(list(new.items()),)) == [None]
+    assert llm.collective_rpc("updates") == [1]  # the extension's helper and class attribute
     llm.reset_prefix_cache()
     after = outputs(llm)
     assert after != before
@@ -117,35 +119,77 @@ def test_cpu_layouts_unpack_and_repack_in_place(dtype: torch.dtype, layout: str)
     torch.testing.assert_close(got.float(), (x.float() @ new.float().T), atol=tol, rtol=tol)
 
 
-def test_gemma3_tp2_workers_update_as_one_rank(gemma3_dir: Path) -> None:
-    _, new = perturbed(gemma3_dir)
-    results = []
-    for tp in (1, 2):
-        llm = LLM(str(gemma3_dir), dtype="float32", tensor_parallel_size=tp,
-                  distributed_executor_backend="mp" if tp > 1 else None,
-                  worker_extension_cls=EXTENSION, **ARGS)
-        try:
-            before = outputs(llm)
-            assert llm.collective_rpc("rank_and_world") == [(r, tp) for r in range(tp)]
-            # q: 4 heads of 256 split over the ranks; the one k/v head replicated on each
-            assert llm.apply_model(qkv_rows) == [4 * 256 // tp + 2 * 256] * tp
-            # a refused call on every rank leaves the workers in step
-            with pytest.raises(ValueError, match="unexpected weight 'model.nope.weight'"):
-                llm.collective_rpc("update_weight", args=("model.nope.weight", torch.ones(1)))
-            with pytest.raises(AttributeError, match="no method 'sync_weights'"):
-                llm.collective_rpc("sync_weights")
-            ranks = llm.collective_rpc(load_weights_call, args=(list(new.items()),))
-            assert ranks == list(range(tp))
-            llm.reset_prefix_cache()
-            results.append(outputs(llm))
-            assert results[-1] != before
-        finally:
-            llm.shutdown()
-    assert worker_pids(os.getpid()) == []
-    (one, two) = results
-    assert [ids for ids, _ in two] == [ids for ids, _ in one]
-    torch.testing.assert_close(torch.tensor([lp for _, lps in two for lp in lps]),
-                               torch.tensor([lp for _, lps in one for lp in lps]),
+def update_gemma3(model: Path, new: dict[str, torch.Tensor], tp: int = 1, pp: int = 1
+                  ) -> list[tuple[list[int], list[float]]]:
+    """Gemma 3 at ``tp`` x ``pp`` (worker processes beyond one rank): the refusals, a level-2
+    sleep and ``reload_weights`` on every rank (the checkpoint's outputs again), then ``new``
+    by a module-level callable; the outputs with ``new``."""
+    world = tp * pp
+    llm = LLM(str(model), dtype="float32", tensor_parallel_size=tp, pipeline_parallel_size=pp,
+              distributed_executor_backend="mp" if world > 1 else None,
+              worker_extension_cls=EXTENSION, enable_sleep_mode=True, **ARGS)
+    try:
+        before = outputs(llm)
+        assert llm.collective_rpc("rank_and_world") == [(r, world) for r in range(world)]
+        # q: 4 heads of 256 split over the tp ranks; the one k/v head replicated on each
+        assert llm.apply_model(qkv_rows) == [4 * 256 // tp + 2 * 256] * world
+        # refused on every rank: the workers stay in step and running
+        with pytest.raises(ValueError, match="unexpected weight 'model.nope.weight'"):
+            llm.collective_rpc("update_weight", args=("model.nope.weight", torch.ones(1)))
+        with pytest.raises(ValueError, match="'model.layers.99.mlp.up_proj.weight': the "
+                                             "model has 18 layers"):
+            llm.collective_rpc("update_weight", args=("model.layers.99.mlp.up_proj.weight",
+                                                      torch.ones(1)))
+        with pytest.raises(AttributeError, match="no method 'sync_weights'"):
+            llm.collective_rpc("sync_weights")
+        llm.sleep(2)
+        with pytest.raises(ValueError, match="weights are asleep"):
+            llm.collective_rpc("reload_weights")
+        llm.wake_up(["weights"])
+        llm.collective_rpc("reload_weights")
+        llm.wake_up(["kv_cache"])
+        llm.reset_prefix_cache()
+        assert outputs(llm) == before
+        assert llm.collective_rpc(load_weights_call, args=(list(new.items()),)) == \
+            list(range(world))
+        assert llm.collective_rpc("updates") == [0] * world  # the callable is no extension
+        llm.reset_prefix_cache()
+        after = outputs(llm)
+        assert after != before
+        return after
+    finally:
+        llm.shutdown()
+        assert worker_pids(os.getpid()) == [], "a worker process outlived its engine"
+
+
+@pytest.fixture(scope="module")
+def gemma3_update(gemma3_dir: Path) -> tuple[Any, dict[str, torch.Tensor]]:
+    return perturbed(gemma3_dir)
+
+
+@pytest.fixture(scope="module")
+def gemma3_one_rank(
+    gemma3_dir: Path, gemma3_update: tuple[Any, dict[str, torch.Tensor]]
+) -> list[tuple[list[int], list[float]]]:
+    hf, new = gemma3_update
+    after = update_gemma3(gemma3_dir, new)
+    tokenizer = AutoTokenizer.from_pretrained(gemma3_dir)
+    for prompt, (ids, logprobs) in zip(PROMPTS, after, strict=True):  # HF, same weights
+        torch.testing.assert_close(torch.tensor(logprobs),
+                                   torch.tensor(hf_logprobs(hf, tokenizer, prompt, ids)),
+                                   atol=2e-3, rtol=0)
+    return after
+
+
+@pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2)], ids=["tp2", "pp2"])
+def test_gemma3_split_workers_update_as_one_rank(
+    gemma3_dir: Path, gemma3_update: tuple[Any, dict[str, torch.Tensor]],
+    gemma3_one_rank: list[tuple[list[int], list[float]]], tp: int, pp: int,
+) -> None:
+    split = update_gemma3(gemma3_dir, gemma3_update[1], tp, pp)
+    assert [ids for ids, _ in split] == [ids for ids, _ in gemma3_one_rank]
+    torch.testing.assert_close(torch.tensor([lp for _, lps in split for lp in lps]),
+                               torch.tensor([lp for _, lps in gemma3_one_rank for lp in lps]),
                                atol=1e-3, rtol=0)
 
 

@@ -12,16 +12,26 @@ import torch
 
 
 class WeightSyncExtension:
-    """Mixed into the worker by ``worker_extension_cls``: ``self`` is the worker."""
+    """Made a base of the worker's class by ``worker_extension_cls``: ``self`` is the worker.
+    Like TRL's, it declares state as class attributes and calls its own helpers."""
+
+    updates_applied = 0  # class attribute, set per worker once an update lands
 
     def update_weights(self, weights: list[tuple[str, torch.Tensor]]) -> None:
-        self.model_runner.model.load_weights(weights=weights)  # type: ignore[attr-defined]
+        self._apply_update(weights)
 
     def update_weight(self, name: str, tensor: torch.Tensor) -> None:
-        self.model_runner.model.load_weights(weights=[(name, tensor)])  # type: ignore[attr-defined]
+        self._apply_update([(name, tensor)])
+
+    def _apply_update(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+        self.model_runner.model.load_weights(weights=weights)  # type: ignore[attr-defined]
+        self.updates_applied += 1
+
+    def updates(self) -> int:
+        return self.updates_applied
 
     def rank_and_world(self) -> tuple[int, int]:
-        return self.rank.rank, self.rank.world_size  # type: ignore[attr-defined]
+        return self.rank, self.worker_rank.world_size  # type: ignore[attr-defined]
 
 
 class ClashingExtension:
@@ -32,7 +42,7 @@ class ClashingExtension:
 def load_weights_call(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> int:
     """A callable for ``collective_rpc``: the worker comes first. Returns the call's rank."""
     worker.model_runner.model.load_weights(weights)
-    return int(worker.rank.rank)
+    return int(worker.rank)
 
 
 def qkv_rows(model: torch.nn.Module) -> int:

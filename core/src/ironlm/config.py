@@ -145,6 +145,9 @@ class EngineConfig:
     # Tokens an adapter may add to the vocabulary (vLLM's flag; IronLM, like current vLLM,
     # refuses adapters that add tokens, so only adapters adding none load)
     lora_extra_vocab_size: int = 256
+    # vLLM's sleep mode: ``LLM.sleep(level)`` frees the KV cache and offloads (1) or discards
+    # (2) the weights until ``wake_up``; the server gets POST /sleep, /wake_up, GET /is_sleeping
+    enable_sleep_mode: bool = False
     # vLLM's: a class whose methods ``collective_rpc`` calls on every worker with the worker
     # as ``self`` (reinforcement-learning weight sync); vLLM's "module.Class" string is
     # imported here, in the engine's process (so workers elsewhere unpickle the class)
@@ -154,6 +157,10 @@ class EngineConfig:
         if isinstance(self.worker_extension_cls, str):
             self.worker_extension_cls = import_class(self.worker_extension_cls,
                                                      "worker_extension_cls")
+        elif self.worker_extension_cls is not None and \
+                not isinstance(self.worker_extension_cls, type):
+            raise ValueError("worker_extension_cls must be a class or a 'module.Class' name, got "
+                             f"{self.worker_extension_cls!r}")
         if self.dtype not in ("auto", *_DTYPES):
             raise ValueError(
                 f"dtype {self.dtype!r} is not supported; choose one of "

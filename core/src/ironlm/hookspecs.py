@@ -43,7 +43,11 @@ PROJECT = "ironlm"
 # (``ironlm.interfaces.worker``) and are built as Executor(config, plugins, worker_cls);
 # speculative proposers (``register_speculative_proposers``, ``ironlm.interfaces.spec_decode``).
 # 1.1: reasoning parsers (``register_reasoning_parsers``, ``ironlm.interfaces.reasoning_parser``).
-CONTRACT_VERSION = "1.1"
+# 1.2: weight updates after loading (``LayerOps.unpack_linear_weight`` / ``repack_linear_weight``,
+# ``QuantizationMethod.unpack_weights`` / ``repack_weights``), sleep mode
+# (``Platform.release_memory``), and ``Executor.collective_rpc`` taking a callable too, run as
+# ``WorkerBase.execute_method`` (a 1.1 executor that calls methods by name serves names only).
+CONTRACT_VERSION = "1.2"
 # The module constant a plugin declares its contract version in.
 CONTRACT_ATTRIBUTE = "IRONLM_CONTRACT_VERSION"
 

@@ -28,6 +28,7 @@ from ironlm.engine.reasoning_gate import MarkerTokens, gate_grammars
 from ironlm.engine.request import Request, RequestStatus
 from ironlm.engine.sampling_defaults import default_sampling
 from ironlm.engine.scheduler import Scheduler, SchedulerOutput
+from ironlm.engine.sleep_calls import SleepCalls
 from ironlm.engine.speculation import SpeculationPolicy
 from ironlm.engine.tokenizer_extension import extend_tokenizer
 from ironlm.interfaces.executor import Executor
@@ -43,7 +44,7 @@ from ironlm.worker.worker import Worker
 log = logging.getLogger("ironlm.engine")
 
 
-class LLMEngine(LoRACalls):
+class LLMEngine(LoRACalls, SleepCalls):
     def __init__(
         self, config: EngineConfig, pm: PluginManager | None = None, serving: bool = False
     ) -> None:
@@ -137,6 +138,7 @@ class LLMEngine(LoRACalls):
         )
         self.adapters = AdapterCache(self.executor, int(config.max_cpu_loras or 1)) \
             if config.enable_lora else None
+        self.sleeping_tags: set[str] = set()  # sleep mode (sleep_calls.py)
         self.inputs = InputProcessor(
             self.tokenizer, self.vocab_size, self.max_model_len, config.max_logprobs
         )
@@ -212,6 +214,7 @@ class LLMEngine(LoRACalls):
         ``reasoning_ended``: from a chat front end with a reasoning parser, whether the
         prompt closed the reasoning; False holds a guided request's grammar back until the
         model closes it (reasoning_gate.py); None constrains from the first token."""
+        self._check_awake()
         if priority != 0 and not self.scheduler.use_priority:
             raise ValueError(
                 f"Got priority {priority} but priority scheduling is not enabled "

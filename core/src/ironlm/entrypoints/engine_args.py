@@ -125,6 +125,12 @@ ENGINE_HELP: dict[str, str] = {
     "num_scheduler_steps": "the maximum number of forward steps per scheduler call",
     "stream_interval": "vLLM's: a streamed request's chunks come with its first token, then "
                        "once per this many tokens, and at its end (1: every token)",
+    "worker_extension_cls": "vLLM's: module.Class whose methods collective_rpc runs on every "
+                            "worker with the worker as self (POST /collective_rpc with "
+                            "VLLM_SERVER_DEV_MODE=1)",
+    "enable_sleep_mode": "vLLM's sleep mode: LLM.sleep(level) / wake_up(tags) offline; POST "
+                         "/sleep?level=1|2, POST /wake_up[?tags=weights|kv_cache], GET "
+                         "/is_sleeping on the server",
     "enable_lora": "serve LoRA adapters (--lora-modules, requests naming an adapter)",
     "max_loras": "most adapters that run in one batch step (requests of others wait)",
     "max_lora_rank": "highest adapter rank accepted",
@@ -134,9 +140,10 @@ ENGINE_HELP: dict[str, str] = {
     "are refused)",
 }
 _SIZE_FIELDS = {"kv_cache_memory"}
-# fields set only through another argument's JSON (structured_outputs_config), no flag
-# (worker_extension_cls: offline only, as collective_rpc; the server has no RPC endpoint)
-NO_FLAG_FIELDS = {"structured_outputs_enable_in_reasoning", "worker_extension_cls"}
+# fields set only through another argument's JSON (structured_outputs_config): no flag
+NO_FLAG_FIELDS = {"structured_outputs_enable_in_reasoning"}
+# a class field named on the command line by vLLM's "module.Class" string
+_CLASS_FIELDS = {"worker_extension_cls"}
 # vLLM's integer flags that take 1k (1000) or 1K (1024) style values
 # (max_model_len takes them too, and auto: _length_or_auto)
 _HUMAN_INT_FIELDS = {"max_num_batched_tokens", "kv_cache_memory_bytes"}
@@ -213,6 +220,8 @@ def add_engine_args(
         if base is bool:
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
                                help=help_text)
+        elif f.name in _CLASS_FIELDS:
+            group.add_argument(flag, type=str, default=default, help=help_text)
         elif f.name in _SIZE_FIELDS:
             group.add_argument(flag, type=parse_size, default=default, help=help_text)
         elif f.name == "max_model_len":

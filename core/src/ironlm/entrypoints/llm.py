@@ -210,6 +210,17 @@ class LLM(PoolingCalls):
         while requests hold KV blocks."""
         return self.engine.reset_prefix_cache()
 
+    def sleep(self, level: int = 1) -> None:
+        """vLLM's sleep mode (``enable_sleep_mode=True``): level 1 frees the KV cache and
+        offloads the weights (on the cpu platform they stay where they are), level 2 discards
+        them (zeros after ``wake_up`` until new ones are loaded, e.g. through
+        ``collective_rpc``, or ``collective_rpc("reload_weights")``). No request may run."""
+        self.engine.sleep(level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Take back what ``sleep`` freed: tags "weights", "kv_cache" (None: both)."""
+        self.engine.wake_up(tags)
+
     def collective_rpc(
         self,
         method: str | Callable[..., Any],
@@ -218,9 +229,10 @@ class LLM(PoolingCalls):
         kwargs: dict[str, Any] | None = None,
     ) -> list[Any]:
         """vLLM's: run ``method`` on every worker, results in rank order. A name is a worker
-        method or one of ``worker_extension_cls``'s (called with the worker as ``self``); a
-        callable is called as ``method(worker, *args, **kwargs)`` (with worker processes,
-        ``mp``: a module-level function). New weights go in through
+        method, ``worker_extension_cls``'s included (the worker's class derives from it, as in
+        vLLM); a callable is called as ``method(worker, *args, **kwargs)`` (with worker
+        processes, ``mp``: a module-level function). A call that fails on every rank raises
+        its error and leaves the workers running. New weights go in through
         ``self.model_runner.model.load_weights(weights)`` there, as in vLLM; call
         ``reset_prefix_cache()`` afterwards so no prefix computed with the old weights is
         reused. ``timeout``: None only (the call waits for every worker)."""

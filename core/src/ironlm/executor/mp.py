@@ -36,7 +36,7 @@ from ironlm.distributed.process_groups import host_rendezvous
 from ironlm.executor.worker_process import STOP, RemoteTraceback, run_worker
 from ironlm.interfaces.executor import LOCKSTEP_METHODS, REPLY_AFTER_FAILURE_S, Executor
 from ironlm.interfaces.step import ModelInput, ModelOutput
-from ironlm.interfaces.worker import WorkerBase, WorkerRank
+from ironlm.interfaces.worker import WorkerBase, WorkerRank, with_extension
 from ironlm.plugin_manager import PluginManager
 
 log = logging.getLogger("ironlm.executor.mp")
@@ -120,7 +120,8 @@ class MultiprocExecutor(Executor):
                 self.children.append(_Child(rank.rank, proc, parent_end))
             for child in self.children:  # each reports its construction (or its error)
                 child.reply(lambda: self.dead)
-            self.driver = self.worker_cls(self.config, ranks[0], self.plugins)
+            driver_cls = with_extension(self.worker_cls, self.config.worker_extension_cls)
+            self.driver = driver_cls(self.config, ranks[0], self.plugins)
             self._monitor = threading.Thread(
                 target=self._watch, name="ironlm-mp-monitor", daemon=True
             )
@@ -167,7 +168,7 @@ class MultiprocExecutor(Executor):
         return output
 
     def collective_rpc(
-        self, method: str | Callable[..., Any], *args: Any, **kwargs: Any
+        self, method: str | Callable[..., Any], /, *args: Any, **kwargs: Any
     ) -> list[Any]:
         self.check_health()
         if self.driver is None:
@@ -175,33 +176,36 @@ class MultiprocExecutor(Executor):
         call = self.driver.resolve_method(method)  # an unknown name: raised, nothing sent
         payload = _call_payload(method, args, kwargs)
         label = method if isinstance(method, str) else getattr(method, "__qualname__", "callable")
+        lockstep = isinstance(method, str) and method in LOCKSTEP_METHODS
         try:
             for child in self.children:
                 child.conn.send_bytes(payload)
             results = [call(*args, **kwargs)]
         except Exception as exc:
-            if method in LOCKSTEP_METHODS or not self._children_replied():
+            if lockstep or not self._children_replied(self.children):
                 self._fail(label, exc)  # the children may wait for the driver in a collective
             raise  # every child answered the call too: the ranks are in step
         except BaseException as exc:
             self._fail(label, exc)
-        failures: list[Exception] = []
-        for child in self.children:
+        for i, child in enumerate(self.children):
             try:
                 results.append(child.reply(lambda: self.dead))
             except Exception as exc:
-                if method in LOCKSTEP_METHODS or isinstance(exc, WorkerDiedError):
+                if lockstep or isinstance(exc, WorkerDiedError):
                     self._fail(label, exc)  # that child left
-                failures.append(exc)  # it replied: the ranks are in step for the next call
-        if failures:
-            raise failures[0]
+                # the others may wait for it in a collective: they get a deadline
+                if not self._children_replied(self.children[i + 1 :]):
+                    self._fail(label, exc)
+                raise
         return results
 
-    def _children_replied(self, timeout_s: float = REPLY_AFTER_FAILURE_S) -> bool:
-        """After the driver's call failed: whether every child answers the same call within
-        ``timeout_s`` (its reply, result or error, is read and dropped)."""
+    def _children_replied(
+        self, children: list[_Child], timeout_s: float = REPLY_AFTER_FAILURE_S
+    ) -> bool:
+        """After one rank's call failed: whether each of ``children`` answers the same call
+        within ``timeout_s`` (its reply, result or error, is read and dropped)."""
         deadline = time.monotonic() + timeout_s
-        for child in self.children:
+        for child in children:
             if not child.conn.poll(max(0.0, deadline - time.monotonic())):
                 return False
             try:

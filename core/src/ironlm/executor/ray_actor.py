@@ -7,7 +7,7 @@ import os
 from typing import Any, Callable
 
 from ironlm.config import EngineConfig
-from ironlm.interfaces.worker import WorkerBase, WorkerRank
+from ironlm.interfaces.worker import WorkerBase, WorkerRank, with_extension
 
 
 class RayWorkerActor:
@@ -31,7 +31,8 @@ class RayWorkerActor:
     ) -> int:
         """Set ``env`` (e.g. the node's visible devices), then build the worker; its pid."""
         os.environ.update(env)
-        self.worker = worker_cls(config, rank, None)  # discovers plugins in this process
+        cls = with_extension(worker_cls, config.worker_extension_cls)
+        self.worker = cls(config, rank, None)  # discovers plugins in this process
         return os.getpid()
 
     def call(

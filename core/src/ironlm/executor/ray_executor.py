@@ -150,13 +150,14 @@ class RayExecutor(Executor):
         return output
 
     def collective_rpc(
-        self, method: str | Callable[..., Any], *args: Any, **kwargs: Any
+        self, method: str | Callable[..., Any], /, *args: Any, **kwargs: Any
     ) -> list[Any]:
         self.check_health()
         if not self.actors:
             raise RuntimeError("executor is not started (or was shut down)")
+        lockstep = isinstance(method, str) and method in LOCKSTEP_METHODS
         refs = [a.call.remote(method, args, kwargs) for a in self.actors]
-        return self._get_all(refs, tolerate=method not in LOCKSTEP_METHODS)
+        return self._get_all(refs, tolerate=not lockstep)
 
     def _get_all(self, refs: list[Any], tolerate: bool = False) -> list[Any]:
         """Every result in rank order. A dead actor makes the executor dead, and so does a

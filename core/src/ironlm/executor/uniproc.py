@@ -7,7 +7,7 @@ from typing import Any, Callable, ClassVar
 from ironlm.config import EngineConfig
 from ironlm.interfaces.executor import Executor
 from ironlm.interfaces.step import ModelInput, ModelOutput
-from ironlm.interfaces.worker import WorkerBase, WorkerRank
+from ironlm.interfaces.worker import WorkerBase, WorkerRank, with_extension
 from ironlm.plugin_manager import PluginManager
 
 
@@ -27,7 +27,8 @@ class UniProcExecutor(Executor):
         self.worker: WorkerBase | None = None
 
     def start(self) -> None:
-        worker = self.worker_cls(self.config, WorkerRank(rank=0, world_size=1, local_rank=0),
+        cls = with_extension(self.worker_cls, self.config.worker_extension_cls)
+        worker = cls(self.config, WorkerRank(rank=0, world_size=1, local_rank=0),
                                  self.plugins)
         worker.init_device()
         worker.load_model()
@@ -44,7 +45,7 @@ class UniProcExecutor(Executor):
         return output
 
     def collective_rpc(
-        self, method: str | Callable[..., Any], *args: Any, **kwargs: Any
+        self, method: str | Callable[..., Any], /, *args: Any, **kwargs: Any
     ) -> list[Any]:
         return [self._worker().execute_method(method, *args, **kwargs)]
 

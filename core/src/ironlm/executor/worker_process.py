@@ -19,7 +19,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from ironlm.config import EngineConfig
-from ironlm.interfaces.worker import WorkerBase, WorkerRank
+from ironlm.interfaces.worker import WorkerBase, WorkerRank, with_extension
 
 STOP = None
 
@@ -46,7 +46,8 @@ def run_worker(
 ) -> None:
     """The child's main function (``multiprocessing`` spawn target)."""
     try:
-        worker = worker_cls(config, rank, None)  # discovers plugins in this process
+        cls = with_extension(worker_cls, config.worker_extension_cls)
+        worker = cls(config, rank, None)  # discovers plugins in this process
     except BaseException as exc:
         conn.send(error_reply(exc))
         return

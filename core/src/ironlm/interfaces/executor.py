@@ -22,12 +22,14 @@ LOCKSTEP_METHODS = frozenset({"init_device", "load_model", "execute_model"})
 # step and the failure is raised alone (a refused weight update leaves the engine running).
 REPLY_AFTER_FAILURE_S = 30.0
 
+
 class Executor(ABC):
     """Lays out one worker per rank and drives them. Registered through ``register_executors``.
 
     Constructed by the engine as ``Executor(config, plugins, worker_cls)``: ``worker_cls`` is
     the core's worker (a :class:`~ironlm.interfaces.worker.WorkerBase`), built as
-    ``worker_cls(config, WorkerRank(...), plugins)`` where it runs; ``plugins`` is the engine's
+    ``with_extension(worker_cls, config.worker_extension_cls)(config, WorkerRank(...),
+    plugins)`` where it runs; ``plugins`` is the engine's
     PluginManager, for workers in the engine's own process (a worker in another process builds
     its own: discovery is per process).
 
@@ -66,7 +68,7 @@ class Executor(ABC):
 
     @abstractmethod
     def collective_rpc(
-        self, method: str | Callable[..., Any], *args: Any, **kwargs: Any
+        self, method: str | Callable[..., Any], /, *args: Any, **kwargs: Any
     ) -> list[Any]:
         """``worker.execute_method(method, *args, **kwargs)`` on every worker (a worker or
         worker-extension method by name, or a callable given the worker first); results in

@@ -39,6 +39,10 @@ class ModelContext:
         return self.pp_rank == self.pp_size - 1
 
 
+WEIGHTS_ASLEEP = ("the weights are asleep (sleep mode): wake_up(tags=['weights']) before "
+                  "loading or reading them")
+
+
 class ModelArchitecture(torch.nn.Module, ABC):
     """Registered through ``register_models`` as ``register("LlamaForCausalLM", Class)``.
 
@@ -57,6 +61,9 @@ class ModelArchitecture(torch.nn.Module, ABC):
     # set by the loader once the layers processed their weights for the kernels; from then
     # on ``load_weights`` updates weights in place (any subset of names: RL weight sync)
     weights_processed: bool = False
+    # set by the worker while sleep mode has freed the weights (empty storages): nothing may
+    # read or load them until they wake
+    weights_asleep: bool = False
 
     @abstractmethod
     def attention_layers(self) -> list[AttentionLayerSpec]:

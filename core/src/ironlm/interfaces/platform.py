@@ -70,7 +70,15 @@ class LayerOps:
         """A ``pack_linear_weight`` or ``pack_tied_weight`` result -> its (out, in) weight
         (weight updates after loading: new checkpoint tensors are copied into it, then
         ``repack_linear_weight`` writes it back). May be ``stored`` itself where the layout is
-        the rows'."""
+        the rows'. The default is for the rows as loaded: it refuses (ValueError) where a
+        subclass packs weights its own way without saying how to unpack them."""
+        cls = type(self)
+        if cls.unpack_linear_weight is LayerOps.unpack_linear_weight and (
+            cls.pack_linear_weight is not LayerOps.pack_linear_weight
+            or cls.pack_tied_weight is not LayerOps.pack_tied_weight
+        ):
+            raise ValueError(f"{cls.__name__} packs weights its own way and does not unpack "
+                             "them: weight updates are not supported on this platform")
         return stored
 
     def repack_linear_weight(self, stored: torch.Tensor, weight: torch.Tensor) -> None:
@@ -289,6 +297,11 @@ class Platform(ABC):
     @abstractmethod
     def memory_info(self, device_index: int = 0) -> tuple[int, int]:
         """(free_bytes, total_bytes) of the device's memory."""
+
+    def release_memory(self) -> None:
+        """Hand memory the process freed back to the device or the system, where an
+        allocator keeps it cached (sleep mode, after the KV cache and weights are freed).
+        Default: nothing is kept."""
 
     def default_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
         """The dtype ``dtype="auto"`` resolves to for a checkpoint stored in ``model_dtype``."""

@@ -31,6 +31,14 @@ if TYPE_CHECKING:  # pytest's pattern: the contract names its host for typing on
     from ironlm.plugin_manager import PluginManager
 
 
+class UnknownMethodError(AttributeError):
+    """A ``collective_rpc`` call named a method the worker does not have."""
+
+
+# what sleep mode frees and wake-up takes back (vLLM's tags; ``ironlm.worker.sleep``)
+SLEEP_TAGS = ("weights", "kv_cache")
+
+
 @dataclass(frozen=True)
 class WorkerRank:
     """Where one worker sits in the parallel layout (picklable: it crosses processes)."""
@@ -51,40 +59,26 @@ class WorkerBase(ABC):
         self, config: EngineConfig, rank: WorkerRank, plugins: PluginManager | None = None
     ) -> None:
         self.config = config
-        self.rank = rank
-        extension = config.worker_extension_cls
-        if extension is not None:  # vLLM refuses a name the worker has already
-            clash = [n for n in dir(extension)
-                     if not n.startswith("__") and hasattr(type(self), n)]
-            if clash:
-                raise ValueError(
-                    f"worker_extension_cls {extension.__qualname__} defines {clash}, which "
-                    f"worker {type(self).__name__} has already"
-                )
+        self.worker_rank = rank
+        self.rank = rank.rank  # vLLM's worker attributes: global rank, device index
+        self.local_rank = rank.local_rank
 
-    def execute_method(self, method: str | Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def execute_method(
+        self, method: str | Callable[..., Any], /, *args: Any, **kwargs: Any
+    ) -> Any:
         """One ``collective_rpc`` call on this worker (see ``resolve_method``)."""
         return self.resolve_method(method)(*args, **kwargs)
 
     def resolve_method(self, method: str | Callable[..., Any]) -> Callable[..., Any]:
-        """What a ``collective_rpc`` call runs here: a callable as ``method(worker, ...)``; a
-        name as the worker's method of that name, else the ``worker_extension_cls`` function
-        of that name with the worker as ``self`` (vLLM mixes that class into the worker's
-        class; here it is looked up, not mixed in). AttributeError for an unknown name."""
+        """What a ``collective_rpc`` call runs here: a callable as ``method(worker, ...)``, a
+        name as this worker's method (``worker_extension_cls``'s included: the worker's class
+        derives from it, ``with_extension``). AttributeError for an unknown name."""
         if callable(method):
             return functools.partial(method, self)
         bound = getattr(self, method, None)
-        if bound is not None:
-            return bound
-        extension = self.config.worker_extension_cls
-        function = getattr(extension, method, None) if extension is not None else None
-        if function is None:
-            raise AttributeError(
-                f"worker {type(self).__name__} has no method {method!r}"
-                + (f" (nor has worker_extension_cls {extension.__qualname__})"
-                   if extension is not None else "")
-            )
-        return functools.partial(function, self)
+        if bound is None:
+            raise UnknownMethodError(f"worker {type(self).__name__} has no method {method!r}")
+        return bound
 
     @abstractmethod
     def init_device(self) -> None:
@@ -113,3 +107,20 @@ class WorkerBase(ABC):
 
     def shutdown(self) -> None:
         """Free the model and the KV cache. Idempotent."""
+
+
+def with_extension(
+    worker_cls: type[WorkerBase], extension: type | None
+) -> type[WorkerBase]:
+    """vLLM's ``worker_extension_cls``: the class every executor builds its workers from, a
+    subclass of ``worker_cls`` and ``extension`` (the extension's methods, class attributes
+    and helpers on the worker, ``self`` the worker; its ``__init__`` is not called, as in
+    vLLM). Made where the worker is built (a class made at run time does not pickle), the
+    same in every process. ValueError for a name both define."""
+    if extension is None:
+        return worker_cls
+    clash = [n for n in dir(extension) if not n.startswith("__") and hasattr(worker_cls, n)]
+    if clash:
+        raise ValueError(f"worker_extension_cls {extension.__qualname__} defines {clash}, which "
+                         f"worker {worker_cls.__name__} has already")
+    return type(f"{worker_cls.__name__}With{extension.__name__}", (worker_cls, extension), {})

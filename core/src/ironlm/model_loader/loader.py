@@ -41,12 +41,7 @@ def load_model(
     weights per ``load_format``, then let the quantization method repack every linear (and the
     platform lay out the LM head)."""
     fmt = resolve_load_format(source, load_format)
-    # GGML types the method keeps quantized (its gguf layouts); every other one is dequantised
-    keep = frozenset(
-        int(layout.ggml_type)
-        for layout in ctx.quantization.layouts()
-        if layout.kind == GGUF and layout.ggml_type is not None
-    )
+    keep = _kept_ggml_types(ctx)
     if fmt == "dummy" and keep:
         raise ValueError(
             "load_format 'dummy' cannot fill GGUF-quantized layers (their block types come "
@@ -67,6 +62,27 @@ def load_model(
                 module.process_weights_after_loading()
     model.weights_processed = True  # later load_weights calls are updates
     return model
+
+
+def reload_checkpoint(
+    model: ModelArchitecture, source: ModelSource, ctx: ModelContext, load_format: str = "auto"
+) -> None:
+    """The checkpoint's weights into the loaded ``model`` again, in place (vLLM's
+    ``reload_weights``: after sleep mode discarded them, or updates replaced them)."""
+    fmt = resolve_load_format(source, load_format)
+    if fmt == "dummy":
+        raise ValueError("reload_weights: load_format 'dummy' has no checkpoint to read")
+    with torch.no_grad():
+        model.load_weights(iter_checkpoint(source, fmt, _kept_ggml_types(ctx)))
+
+
+def _kept_ggml_types(ctx: ModelContext) -> frozenset[int]:
+    """GGML types the method keeps quantized (its gguf layouts); every other is dequantised."""
+    return frozenset(
+        int(layout.ggml_type)
+        for layout in ctx.quantization.layouts()
+        if layout.kind == GGUF and layout.ggml_type is not None
+    )
 
 
 def resolve_load_format(source: ModelSource, load_format: str) -> str:

@@ -18,7 +18,7 @@ import torch
 
 from ironlm.distributed.layout import stage_layers
 from ironlm.interfaces.attention import AttentionLayerSpec
-from ironlm.interfaces.model import ModelArchitecture, ModelContext
+from ironlm.interfaces.model import WEIGHTS_ASLEEP, ModelArchitecture, ModelContext
 from ironlm.layers.layernorm import RMSNorm
 from ironlm.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
 from ironlm.layers.weight_loading import load_named_weights
@@ -131,6 +131,8 @@ class StageCausalLM(ModelArchitecture):
         return name.endswith("rotary_emb.inv_freq")
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        if self.weights_asleep:
+            raise ValueError(WEIGHTS_ASLEEP)
         if self.weights_processed:  # an update: any subset, into the packed layouts
             update_named_weights(self, self._stage_weights(weights), self.skip_weight)
         else:
@@ -146,7 +148,13 @@ class StageCausalLM(ModelArchitecture):
             table = name in (EMBED_NAME, LM_HEAD_NAME)
             scale = name in (EMBED_NAME + "_scale", LM_HEAD_NAME + "_scale")  # int8 tables
             if name.startswith("model.layers."):
-                if int(name.split(".")[2]) not in m.stage:
+                index = name.split(".")[2]
+                if self.weights_processed and not (
+                    index.isdigit() and int(index) < len(m.layers)
+                ):  # an update for a layer no stage has is the trainer's mistake: say so
+                    raise ValueError(f"unexpected weight {name!r}: the model has "
+                                     f"{len(m.layers)} layers")
+                if int(index) not in m.stage:
                     continue
             elif (table or scale) and name.startswith("model."):  # the embedding's
                 if self.tie_word_embeddings and own_head:  # the last stage's copy of it

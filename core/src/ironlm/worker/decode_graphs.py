@@ -104,6 +104,11 @@ class DecodeGraphs:
         self.graphs: dict[int, _Captured] = {}
         self.disabled: str | None = None  # why graphs are off, once a capture failed
 
+    def forget(self) -> None:
+        """Drop every captured graph (the weights or the KV cache moved, sleep mode: the
+        recorded addresses are stale); the next step of each size captures again."""
+        self.graphs.clear()
+
     def accepts(self, num_seqs: int) -> bool:
         return self.disabled is None and 0 < num_seqs <= self.sizes[-1]
 

@@ -12,14 +12,20 @@ from ironlm.distributed.layout import ParallelLayout
 from ironlm.distributed.parallel_group import CommStats
 from ironlm.distributed.process_groups import Distributed, init_distributed
 from ironlm.interfaces.attention import AttentionBackend
-from ironlm.interfaces.model import ModelArchitecture, ModelContext
+from ironlm.interfaces.model import WEIGHTS_ASLEEP, ModelArchitecture, ModelContext
 from ironlm.interfaces.platform import LayerOps, Platform
 from ironlm.interfaces.quantization import QuantizationMethod, UnquantizedMethod
 from ironlm.interfaces.spec_decode import SpeculativeProposer
 from ironlm.interfaces.step import ModelInput, ModelOutput
 from ironlm.interfaces.worker import WorkerBase, WorkerRank
 from ironlm.lora.request import LoRARequest
-from ironlm.model_loader import HubOptions, ModelSource, load_model, resolve_model
+from ironlm.model_loader import (
+    HubOptions,
+    ModelSource,
+    load_model,
+    reload_checkpoint,
+    resolve_model,
+)
 from ironlm.plugin_manager import PluginManager
 from ironlm.registry import UnavailableError
 from ironlm.worker.decode_graphs import DecodeGraphs, capture_sizes
@@ -28,6 +34,7 @@ from ironlm.worker.kv_cache import KVCache
 from ironlm.worker.lora_manager import WorkerLoRAManager
 from ironlm.worker.model_runner import ModelRunner, StageInfo
 from ironlm.worker.proposer_context import WorkerProposerContext
+from ironlm.worker.sleep import SleepingMemory, SleepReport
 from ironlm.worker.speculator import Speculator
 
 
@@ -49,27 +56,28 @@ class Worker(WorkerBase):
         self._proposer: SpeculativeProposer | None = None
         self.layout = ParallelLayout(config.tensor_parallel_size, config.pipeline_parallel_size)
         self.dist: Distributed | None = None  # process groups when world_size > 1
+        self._asleep = SleepingMemory()  # what sleep mode freed, until wake-up
 
     # -- set-up, in call order ---------------------------------------------------------------
     def init_device(self) -> None:
-        if self.rank.world_size != self.layout.world_size:
+        if self.worker_rank.world_size != self.layout.world_size:
             raise ValueError(
-                f"worker rank {self.rank.rank}: world size {self.rank.world_size} != "
+                f"worker rank {self.rank}: world size {self.worker_rank.world_size} != "
                 f"tensor_parallel_size x pipeline_parallel_size = {self.layout.world_size}"
             )
         platform = self.plugins.select_platform(self.config.device)
         self.config = self.config.with_block_size(platform.default_block_size)  # engine: fixed
         platform.check_block_size(self.config.block_size)
-        platform.configure_process(self.rank.local_world_size)
-        platform.set_device(self.rank.local_rank)
+        platform.configure_process(self.worker_rank.local_world_size)
+        platform.set_device(self.local_rank)
         self._platform = platform
-        self.device = platform.device(self.rank.local_rank)
-        if self.rank.world_size > 1:
-            if self.rank.init_method is None:
+        self.device = platform.device(self.local_rank)
+        if self.worker_rank.world_size > 1:
+            if self.worker_rank.init_method is None:
                 raise ValueError("a worker of a world larger than one needs an init_method")
             # the backend is the platform's (gloo, nccl, hccl): no per-platform branch here
             self.dist = init_distributed(
-                platform.dist_backend, self.rank.init_method, self.rank.rank, self.layout,
+                platform.dist_backend, self.worker_rank.init_method, self.rank, self.layout,
                 platform.synchronize,
             )  # fmt: skip
         self.dtype = self.config.torch_dtype(
@@ -85,7 +93,7 @@ class Worker(WorkerBase):
         platform = self.platform
         attention = self._attention_backend(platform)
         layer_ops = platform.layer_ops()
-        rank = self.rank.rank
+        rank = self.rank
         ctx = ModelContext(
             attention=attention,
             layer_ops=layer_ops,
@@ -105,7 +113,7 @@ class Worker(WorkerBase):
         self.ctx = ctx
         self._kv = KVCache(
             self.config, platform, attention, model.attention_layers(), self.dtype,
-            self.device, self.rank.local_rank,
+            self.device, self.local_rank,
         )  # fmt: skip
         hf_config = self.source.hf_config
         lora = WorkerLoRAManager(model, self.config, layer_ops, self.dtype, self.device) \
@@ -140,7 +148,7 @@ class Worker(WorkerBase):
         def load_draft(path: str) -> DraftModelRunner:
             return DraftModelRunner(path, self.config, self.plugins, self.platform,
                                     self._attention_backend(self.platform), self.dtype,
-                                    self.device, self.rank.local_rank)  # fmt: skip
+                                    self.device, self.local_rank)  # fmt: skip
 
         ctx = WorkerProposerContext(self.config, runner.model, self.device, self.dtype,
                                     runner.vocab_size, runner.sampler, runner.states,
@@ -283,13 +291,52 @@ class Worker(WorkerBase):
             raise RuntimeError("worker: init_device() has not run")
         return self._platform
 
+    # -- sleep mode and weights (the engine's collective_rpc; vLLM's worker methods) ---------
+    def sleep(self, level: int = 1) -> SleepReport:
+        """Free the KV cache, and offload (level 1) or discard (level 2) the weights
+        (``ironlm.worker.sleep``)."""
+        if level == 2 and self.ctx.quantization.name != UnquantizedMethod.name:
+            raise ValueError(
+                f"sleep level 2 discards the weights, and a model quantized with "
+                f"{self.ctx.quantization.name!r} cannot load new ones; use level 1"
+            )
+        runner = self.model_runner
+        if runner.graphs is not None:
+            runner.graphs.forget()  # the addresses they recorded are about to go
+        try:
+            report = self._asleep.sleep(level, list(runner.model.parameters()),
+                                        runner.kv_caches, runner.swap_caches)
+        finally:
+            runner.model.weights_asleep = self._asleep.asleep("weights")
+        self.platform.release_memory()
+        return report
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Allocate what ``sleep`` freed again: ``tags`` among SLEEP_TAGS (None: all)."""
+        try:
+            self._asleep.wake_up(tags)
+        finally:
+            self.model_runner.model.weights_asleep = self._asleep.asleep("weights")
+
+    def sleeping_tags(self) -> list[str]:
+        """The tags this worker holds freed (after a sleep that failed halfway too)."""
+        return sorted(self._asleep.freed)
+
+    def reload_weights(self) -> None:
+        """The checkpoint's weights again, in place (vLLM's)."""
+        reload_checkpoint(self.get_model(), self.source, self.ctx, self.config.load_format)
+
     def get_model(self) -> ModelArchitecture:
         """This rank's model (its shard and stage), vLLM's name."""
         return self.model_runner.model
 
     def apply_model(self, func: Callable[[ModelArchitecture], Any]) -> Any:
-        """``func(model)`` on this rank's model (``LLM.apply_model``)."""
-        return func(self.get_model())
+        """``func(model)`` on this rank's model (``LLM.apply_model``); refused while its
+        weights sleep (their storages are empty)."""
+        model = self.get_model()
+        if model.weights_asleep:
+            raise ValueError(WEIGHTS_ASLEEP)
+        return func(model)
 
     @property
     def model_runner(self) -> ModelRunner:

@@ -45,6 +45,9 @@ class AscendPlatform(Platform):
     def memory_info(self, device_index: int = 0) -> tuple[int, int]:
         return torch.npu.mem_get_info(device_index)  # type: ignore[attr-defined]
 
+    def release_memory(self) -> None:
+        torch.npu.empty_cache()  # type: ignore[attr-defined]  # torch_npu's caching allocator
+
     def default_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
         return torch.float16 if model_dtype == torch.float32 else model_dtype
 

@@ -64,6 +64,11 @@ def _glibc() -> ctypes.CDLL | None:
     if os.environ.get(ENV_VAR, "1") == "0":
         logger.info("cpu platform: %s=0, glibc's malloc settings left as they are", ENV_VAR)
         return None
+    return _libc()
+
+
+def _libc() -> ctypes.CDLL | None:
+    """glibc, or None where the C library is another."""
     return ctypes.CDLL(None) if platform.libc_ver()[0] == "glibc" else None
 
 
@@ -81,6 +86,14 @@ def tune_malloc() -> bool:
         logger.warning("cpu platform: glibc refused the malloc thresholds; prefill steps may "
                        "fault in fresh pages for their intermediates")
     return ok
+
+
+def trim_heap() -> bool:
+    """Hand the heap's free pages back to the kernel now (``malloc_trim(0)``: the settings
+    above keep them otherwise), e.g. after sleep mode freed the KV cache; True where glibc
+    returned any. Also with ``IRONLM_CPU_MALLOC=0``: trimming changes no setting."""
+    libc = _libc()
+    return bool(libc is not None and libc.malloc_trim(0) == 1)
 
 
 def share_main_arena() -> bool:

@@ -16,7 +16,7 @@ from ironlm.interfaces.graphs import GraphCapture
 from ironlm.interfaces.model import ModelContext
 from ironlm.interfaces.platform import Availability, LayerOps, Platform, usable_cores
 
-from ironlm_cpu.host_memory import share_main_arena, tune_malloc
+from ironlm_cpu.host_memory import share_main_arena, trim_heap, tune_malloc
 from ironlm_cpu.isa import ENV_VAR, IsaTarget, IsaUnavailable, compiler, host_cpu, host_target
 
 logger = logging.getLogger(__name__)
@@ -72,6 +72,9 @@ class CpuPlatform(Platform):
 
     def default_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
         return auto_dtype(host_target())
+
+    def release_memory(self) -> None:
+        trim_heap()  # the heap keeps freed pages (host_memory's settings)
 
     def configure_process(self, local_world_size: int = 1) -> None:
         """Torch threads: ``IRONLM_CPU_THREADS`` (default: the usable cores) shared by the

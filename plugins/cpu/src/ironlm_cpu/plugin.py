@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from ironlm import hookimpl
 
-IRONLM_CONTRACT_VERSION = "1.0"  # the plugin contract this module is written against
+IRONLM_CONTRACT_VERSION = "1.2"  # the plugin contract this module is written against
 
 
 @hookimpl

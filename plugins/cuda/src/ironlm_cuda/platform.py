@@ -47,6 +47,9 @@ class CudaPlatform(Platform):
     def memory_info(self, device_index: int = 0) -> tuple[int, int]:
         return torch.cuda.mem_get_info(device_index)
 
+    def release_memory(self) -> None:
+        torch.cuda.empty_cache()  # the caching allocator's free blocks back to the driver
+
     def scheduler_defaults(self, serving: bool, world_size: int) -> tuple[int, int]:
         """vLLM's GPU defaults (``batch_defaults``) for this host's first device; where the
         engine's front end sees none (a Ray driver without a GPU), a device of no memory's."""

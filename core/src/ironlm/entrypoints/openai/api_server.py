@@ -6,20 +6,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from starlette.responses import JSONResponse, Response
 
 from ironlm import __version__
@@ -37,7 +36,7 @@ from ironlm.entrypoints.openai import (
     serving_tokenize,
 )
 from ironlm.entrypoints.openai.cli_args import engine_config_from_args, expand_argv, make_parser
-from ironlm.entrypoints.openai.errors import APIError, install_error_handlers, validation_error
+from ironlm.entrypoints.openai.errors import APIError, install_error_handlers
 from ironlm.entrypoints.openai.metrics import fresh_stats, log_stats_forever
 from ironlm.entrypoints.openai.middleware import (
     APIKeyMiddleware,
@@ -57,8 +56,10 @@ from ironlm.entrypoints.openai.protocol import (
     TokenizeRequest,
     UnloadLoRAAdapterRequest,
 )
+from ironlm.entrypoints.openai.request_body import parse_body, validated
 from ironlm.entrypoints.openai.responses_api import ResponsesRequest
 from ironlm.entrypoints.openai.score_protocol import RerankRequest, ScoreRequest
+from ironlm.entrypoints.openai.serving_dev import DEV_MODE_ENV, dev_mode, dev_router
 from ironlm.entrypoints.openai.shutdown import DrainingServer
 from ironlm.entrypoints.openai.startup import (
     StartupError,
@@ -72,7 +73,6 @@ from ironlm.plugin_manager import PluginManager
 from ironlm.registry import PluginClashError
 
 log = logging.getLogger("ironlm.server")
-M = TypeVar("M", bound=BaseModel)
 router = APIRouter()
 # POST /v1/load_lora_adapter and /v1/unload_lora_adapter: only with VLLM_ALLOW_RUNTIME_LORA_UPDATING
 lora_router = APIRouter()
@@ -82,39 +82,6 @@ tokenizer_info_router = APIRouter()
 
 def _server(request: Request) -> ServerState:
     return request.app.state.server
-
-
-async def parse_body(request: Request, model: type[M] | None) -> Any:
-    """The JSON body, validated into ``model``; 400 for a wrong content type, malformed JSON,
-    or a field of the wrong type."""
-    ctype = request.headers.get("content-type", "")
-    if ctype and "json" not in ctype.split(";")[0].lower():
-        raise APIError(f"Unsupported Content-Type {ctype!r}: send application/json", 400)
-    raw = await request.body()
-    if len(raw) > _PARSE_ON_LOOP_BYTES:  # megabytes of JSON: parse off the event loop
-        return await asyncio.get_running_loop().run_in_executor(None, _parse, raw, model)
-    return _parse(raw, model)
-
-
-_PARSE_ON_LOOP_BYTES = 256 * 1024
-
-
-def _parse(raw: bytes, model: type[M] | None) -> Any:
-    try:
-        data = json.loads(raw)
-    except ValueError as exc:
-        raise APIError(f"Invalid JSON body: {exc}", 400) from None
-    return data if model is None else _validated(data, model)
-
-
-def _validated(data: Any, model: type[M]) -> M:
-    """``data`` (a parsed JSON body) as ``model``; 400 naming the first wrong field."""
-    if not isinstance(data, dict):
-        raise APIError("the request body must be a JSON object", 400)
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise validation_error(exc.errors()) from None
 
 
 # -- routes --------------------------------------------------------------------------------
@@ -254,7 +221,7 @@ async def invocations(request: Request) -> Response:
     body = await parse_body(request, None)
     for key, request_type, endpoint in _INVOCATION_TYPES:
         if isinstance(body, dict) and key in body:
-            return await endpoint(_server(request), request, _validated(body, request_type))
+            return await endpoint(_server(request), request, validated(body, request_type))
     names = ", ".join(dict.fromkeys(t.__name__ for _, t, _ in _INVOCATION_TYPES))
     raise APIError(f"Cannot find suitable handler for request. Expected one of: {names}", 400)
 
@@ -340,6 +307,13 @@ def build_app(
                     "(%s). This should ONLY be used for local development!",
                     serving_models.RUNTIME_LORA_ENV)
         app.include_router(lora_router)
+    if dev_mode():  # vLLM's development routes: sleep mode, /collective_rpc, ...
+        log.warning("%s=1: development routes on (POST /collective_rpc runs any worker "
+                    "method); for development only", DEV_MODE_ENV)
+        app.include_router(dev_router)
+    elif args.enable_sleep_mode:
+        log.warning("--enable-sleep-mode: the /sleep and /wake_up routes are served with "
+                    "%s=1 only (as vLLM's)", DEV_MODE_ENV)
     # add_middleware wraps the app: the last added runs first (CORS, size, key, user's).
     for path in args.middleware or []:
         load_middleware(app, path)

@@ -24,6 +24,7 @@ from ironlm.engine.async_engine import (
     RequestFailedError,
     ServerShuttingDownError,
 )
+from ironlm.engine.sleep_calls import EngineSleepingError
 
 log = logging.getLogger("ironlm.server")
 
@@ -92,9 +93,11 @@ def overloaded(exc: BaseException) -> APIError:
 
 def engine_error(exc: BaseException) -> APIError:
     """The error object for an exception the engine raised into a request (also sent as a
-    stream's last event): 503 while shutting down, 500 otherwise."""
+    stream's last event): 503 while shutting down or asleep, 500 otherwise."""
     if isinstance(exc, ServerShuttingDownError):
         return APIError(str(exc), 503, code="shutting_down")
+    if isinstance(exc, EngineSleepingError):
+        return APIError(str(exc), 503, code="sleeping")
     if isinstance(exc, RequestFailedError):
         return APIError(str(exc), 500, code="request_failed")
     return APIError(str(exc), 500)
@@ -155,6 +158,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(EngineDeadError, engine_busy)
     app.add_exception_handler(RequestFailedError, engine_failed)
     app.add_exception_handler(ServerShuttingDownError, engine_failed)
+    app.add_exception_handler(EngineSleepingError, engine_failed)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(RequestValidationError, request_validation)
     app.add_exception_handler(Exception, unexpected)

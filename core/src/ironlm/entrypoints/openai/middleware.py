@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ironlm.entrypoints.openai.errors import APIError
+from ironlm.entrypoints.openai.serving_dev import DEV_PATHS
 
 
 def _route_path(scope: Scope) -> str:
@@ -93,7 +94,8 @@ class RequestIdHeaderMiddleware:
 
 class APIKeyMiddleware:
     """Requires ``Authorization: Bearer <key>`` on /v1/* and /generate (not /health, /metrics,
-    /version, /tokenize, ...: vLLM protects /v1 only; /generate is added here)."""
+    /version, /tokenize, ...: vLLM protects /v1 only; /generate and the development routes,
+    ``serving_dev.DEV_PATHS``, are added here)."""
 
     def __init__(self, app: ASGIApp, api_keys: list[str]) -> None:
         self.app = app
@@ -103,7 +105,7 @@ class APIKeyMiddleware:
 
     def _protected(self, scope: Scope) -> bool:
         path = _route_path(scope)
-        return path.startswith("/v1/") or path in ("/v1", "/generate")
+        return path.startswith("/v1/") or path in ("/v1", "/generate") or path in DEV_PATHS
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("method") == "OPTIONS" \
