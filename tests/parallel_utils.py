@@ -89,6 +89,10 @@ class RayHead:
         self.address = f"127.0.0.1:{self.port}"
         ray = str(Path(sys.executable).parent / "ray")
         env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+        # the tests folder importable by the Ray workers (a collective_rpc callable or worker
+        # extension is sent by reference: its module must import on every node)
+        tests_dir = str(Path(__file__).resolve().parent)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (tests_dir, env.get("PYTHONPATH")) if p)
         self.proc = subprocess.Popen(
             [ray, "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
              "--port", str(self.port), "--num-cpus", str(num_cpus), "--disable-usage-stats"],

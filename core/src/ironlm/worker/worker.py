@@ -3,8 +3,6 @@ implementation, the class every executor builds, in whatever process it runs).""
 
 from __future__ import annotations
 
-from typing import Any, Callable
-
 import torch
 
 from ironlm.config import EngineConfig
@@ -12,7 +10,7 @@ from ironlm.distributed.layout import ParallelLayout
 from ironlm.distributed.parallel_group import CommStats
 from ironlm.distributed.process_groups import Distributed, init_distributed
 from ironlm.interfaces.attention import AttentionBackend
-from ironlm.interfaces.model import WEIGHTS_ASLEEP, ModelArchitecture, ModelContext
+from ironlm.interfaces.model import ModelArchitecture, ModelContext
 from ironlm.interfaces.platform import LayerOps, Platform
 from ironlm.interfaces.quantization import QuantizationMethod, UnquantizedMethod
 from ironlm.interfaces.spec_decode import SpeculativeProposer
@@ -23,7 +21,6 @@ from ironlm.model_loader import (
     HubOptions,
     ModelSource,
     load_model,
-    reload_checkpoint,
     resolve_model,
 )
 from ironlm.plugin_manager import PluginManager
@@ -34,11 +31,12 @@ from ironlm.worker.kv_cache import KVCache
 from ironlm.worker.lora_manager import WorkerLoRAManager
 from ironlm.worker.model_runner import ModelRunner, StageInfo
 from ironlm.worker.proposer_context import WorkerProposerContext
-from ironlm.worker.sleep import SleepingMemory, SleepReport
+from ironlm.worker.sleep import SleepingMemory
 from ironlm.worker.speculator import Speculator
+from ironlm.worker.weight_calls import WeightCalls
 
 
-class Worker(WorkerBase):
+class Worker(WorkerBase, WeightCalls):
     def __init__(
         self, config: EngineConfig, rank: WorkerRank, plugins: PluginManager | None = None
     ) -> None:
@@ -290,53 +288,6 @@ class Worker(WorkerBase):
         if self._platform is None:
             raise RuntimeError("worker: init_device() has not run")
         return self._platform
-
-    # -- sleep mode and weights (the engine's collective_rpc; vLLM's worker methods) ---------
-    def sleep(self, level: int = 1) -> SleepReport:
-        """Free the KV cache, and offload (level 1) or discard (level 2) the weights
-        (``ironlm.worker.sleep``)."""
-        if level == 2 and self.ctx.quantization.name != UnquantizedMethod.name:
-            raise ValueError(
-                f"sleep level 2 discards the weights, and a model quantized with "
-                f"{self.ctx.quantization.name!r} cannot load new ones; use level 1"
-            )
-        runner = self.model_runner
-        if runner.graphs is not None:
-            runner.graphs.forget()  # the addresses they recorded are about to go
-        try:
-            report = self._asleep.sleep(level, list(runner.model.parameters()),
-                                        runner.kv_caches, runner.swap_caches)
-        finally:
-            runner.model.weights_asleep = self._asleep.asleep("weights")
-        self.platform.release_memory()
-        return report
-
-    def wake_up(self, tags: list[str] | None = None) -> None:
-        """Allocate what ``sleep`` freed again: ``tags`` among SLEEP_TAGS (None: all)."""
-        try:
-            self._asleep.wake_up(tags)
-        finally:
-            self.model_runner.model.weights_asleep = self._asleep.asleep("weights")
-
-    def sleeping_tags(self) -> list[str]:
-        """The tags this worker holds freed (after a sleep that failed halfway too)."""
-        return sorted(self._asleep.freed)
-
-    def reload_weights(self) -> None:
-        """The checkpoint's weights again, in place (vLLM's)."""
-        reload_checkpoint(self.get_model(), self.source, self.ctx, self.config.load_format)
-
-    def get_model(self) -> ModelArchitecture:
-        """This rank's model (its shard and stage), vLLM's name."""
-        return self.model_runner.model
-
-    def apply_model(self, func: Callable[[ModelArchitecture], Any]) -> Any:
-        """``func(model)`` on this rank's model (``LLM.apply_model``); refused while its
-        weights sleep (their storages are empty)."""
-        model = self.get_model()
-        if model.weights_asleep:
-            raise ValueError(WEIGHTS_ASLEEP)
-        return func(model)
 
     @property
     def model_runner(self) -> ModelRunner:
