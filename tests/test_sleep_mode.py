@@ -26,6 +26,7 @@ import openai
 import pytest
 import torch
 from server_utils import RemoteServer
+from weight_sync import greedy_logprobs
 
 from ironlm import LLM, SamplingParams
 from ironlm.engine.sleep_calls import EngineSleepingError
@@ -45,12 +46,7 @@ def resident() -> int:
 
 
 def outputs(llm: LLM) -> list[tuple[list[int], list[float]]]:
-    result = []
-    for out in llm.generate(PROMPTS, GREEDY, use_tqdm=False):
-        o = out.outputs[0]
-        result.append((list(o.token_ids),
-                       [lp[t].logprob for t, lp in zip(o.token_ids, o.logprobs, strict=True)]))
-    return result
+    return greedy_logprobs(llm, PROMPTS, GREEDY)
 
 
 def weight_sum(model: torch.nn.Module) -> float:

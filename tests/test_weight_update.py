@@ -22,7 +22,7 @@ import pytest
 import torch
 from parallel_utils import worker_pids
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from weight_sync import load_weights_call, perturbed, qkv_rows
+from weight_sync import greedy_logprobs, load_weights_call, perturbed, qkv_rows
 
 from ironlm import LLM, SamplingParams
 from ironlm_cpu.layer_ops import CpuLayerOps, with_rows
@@ -35,12 +35,7 @@ ARGS: dict[str, Any] = {"max_model_len": 256, "kv_cache_memory": 32 << 20, "max_
 
 def outputs(llm: LLM) -> list[tuple[list[int], list[float]]]:
     """(greedy token ids, their logprobs) per prompt."""
-    result = []
-    for out in llm.generate(PROMPTS, GREEDY, use_tqdm=False):
-        o = out.outputs[0]
-        logprobs = [lp[t].logprob for t, lp in zip(o.token_ids, o.logprobs, strict=True)]
-        result.append((list(o.token_ids), logprobs))
-    return result
+    return greedy_logprobs(llm, PROMPTS, GREEDY)
 
 
 def hf_logprobs(hf: Any, tokenizer: Any, prompt: str, ids: list[int]) -> list[float]:

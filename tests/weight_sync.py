@@ -62,3 +62,15 @@ def perturbed(model_dir: Path, scale: float = 0.05) -> tuple[Any, dict[str, torc
            for name, w in hf.state_dict().items() if w.dim() == 2 and name != "lm_head.weight"}
     hf.load_state_dict(new, strict=False)
     return hf, new
+
+
+def greedy_logprobs(
+    llm: Any, prompts: list[str], params: Any
+) -> list[tuple[list[int], list[float]]]:
+    """(token ids, their logprobs) per prompt of ``llm.generate`` (``params`` with logprobs)."""
+    result = []
+    for out in llm.generate(prompts, params, use_tqdm=False):
+        o = out.outputs[0]
+        logprobs = [lp[t].logprob for t, lp in zip(o.token_ids, o.logprobs, strict=True)]
+        result.append((list(o.token_ids), logprobs))
+    return result

@@ -181,7 +181,7 @@ class ParallelLMHead(VocabParallelEmbedding):
     def unpack_weights(self) -> torch.nn.Parameter:
         """The (vocab, hidden) rows back from the platform's layout, as the parameter of the
         head and of the embedding it is tied to; returns the packed parameter."""
-        (self.tied_to or self)._check_updatable()
+        self._check_updatable()  # a tied head holds its table's layout
         stored = self.weight
         self._share(torch.nn.Parameter(self.layer_ops.unpack_linear_weight(stored.data),
                                        requires_grad=False))

@@ -45,13 +45,13 @@ def _state(request: Request) -> ServerState:
 @dev_router.post("/sleep")
 async def sleep(request: Request) -> Response:
     text = request.query_params.get("level", "1")
-    if not text.strip().lstrip("-").isdigit():
-        raise APIError(f"level must be 1 or 2, got {text!r}", 400, param="level")
+    if text.strip() not in ("1", "2"):
+        raise APIError(f"sleep level must be 1 or 2, got {text!r}", 400, param="level")
     level = int(text)
-    try:
+    try:  # not enabled, requests running
         await asyncio.wrap_future(_state(request).engine.call(lambda e: e.sleep(level)))
     except ValueError as exc:
-        raise APIError(str(exc), 400, param="level" if "level" in str(exc) else None) from None
+        raise APIError(str(exc), 400) from None
     return Response(status_code=200)
 
 
