@@ -111,3 +111,13 @@ def test_more_than_one_constraint_names_the_fields(kwargs: dict, names: list[str
 def test_malformed_values_are_value_errors(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         spec_from_request(**kwargs)
+
+
+def test_offline_params_refuse_a_plain_dict() -> None:
+    # vLLM's SamplingParams takes GuidedDecodingParams (StructuredOutputsParams), not the
+    # request's dict form: a ValueError naming the field, not an AttributeError at compile
+    from ironlm import SamplingParams
+
+    for field in ("guided_decoding", "structured_outputs"):
+        with pytest.raises(ValueError, match="^guided_decoding must be a GuidedDecodingParams"):
+            SamplingParams(**{field: {"json": SCHEMA}})

@@ -148,6 +148,9 @@ class EngineConfig:
     # vLLM's sleep mode: ``LLM.sleep(level)`` frees the KV cache and offloads (1) or discards
     # (2) the weights until ``wake_up``; the server gets POST /sleep, /wake_up, GET /is_sleeping
     enable_sleep_mode: bool = False
+    # vLLM's: prompts may be given as embeddings, {"prompt_embeds": (num_tokens, hidden_size)}
+    # offline and base64 ``torch.save`` payloads in the Completions API (engine/prompt_embeds.py)
+    enable_prompt_embeds: bool = False
     # vLLM's: a class whose methods ``collective_rpc`` calls on every worker with the worker
     # as ``self`` (reinforcement-learning weight sync); vLLM's "module.Class" string is
     # imported here, in the engine's process (so workers elsewhere unpickle the class)

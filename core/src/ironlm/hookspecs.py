@@ -47,7 +47,9 @@ PROJECT = "ironlm"
 # ``QuantizationMethod.unpack_weights`` / ``repack_weights``), sleep mode
 # (``Platform.release_memory``), and ``Executor.collective_rpc`` taking a callable too, run as
 # ``WorkerBase.execute_method`` (a 1.1 executor that calls methods by name serves names only).
-CONTRACT_VERSION = "1.2"
+# 1.3: prompt embeddings (``ModelArchitecture.supports_prompt_embeds``, ``embed_input_ids`` and
+# ``forward(..., inputs_embeds=)``).
+CONTRACT_VERSION = "1.3"
 # The module constant a plugin declares its contract version in.
 CONTRACT_ATTRIBUTE = "IRONLM_CONTRACT_VERSION"
 

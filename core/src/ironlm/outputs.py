@@ -39,7 +39,7 @@ class CompletionOutput:
 class RequestOutput:
     request_id: str
     prompt: str | None
-    prompt_token_ids: list[int]
+    prompt_token_ids: list[int] | None  # None for a prompt given as embeddings (vLLM's)
     outputs: list[CompletionOutput]
     finished: bool
     prompt_logprobs: list[PositionLogprobs | None] | None = None
@@ -50,6 +50,13 @@ class RequestOutput:
     # outputs then hold what was generated before, finish_reason "abort".
     error: str | None = None
     lora_request: Any = None  # the LoRARequest it ran with (ironlm.lora.request), or None
+    num_prompt_embeds: int = 0  # rows of a prompt given as embeddings (no prompt_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        """The prompt's positions: its tokens, or its embedded rows."""
+        ids = self.prompt_token_ids
+        return len(ids) if ids is not None else self.num_prompt_embeds
 
 
 @dataclass

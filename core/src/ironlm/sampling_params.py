@@ -96,6 +96,13 @@ class SamplingParams:
             if self.guided_decoding.backend:
                 self.guided_decoding_backend = self.guided_decoding.backend
             self.guided_decoding = self.guided_decoding.to_spec()
+        elif self.guided_decoding is not None:
+            from ironlm.interfaces.guided import GuidedSpec
+
+            if not isinstance(self.guided_decoding, GuidedSpec):  # e.g. a plain dict
+                raise ValueError("guided_decoding must be a GuidedDecodingParams (vLLM's "
+                                 "StructuredOutputsParams), got "
+                                 f"{type(self.guided_decoding).__name__}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         self._validate()

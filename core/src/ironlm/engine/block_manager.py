@@ -1,7 +1,8 @@
 """Paged KV blocks: reference counts, a free queue, and automatic prefix caching.
 
-A full block's identity is the chained hash of (parent block hash, its token ids), so two
-requests with the same prefix map to the same physical blocks. The chain of a request that runs
+A full block's identity is the chained hash of (parent block hash, its token ids; for positions
+of a prompt given as embeddings, a digest of their rows too), so two requests with the same
+prefix map to the same physical blocks. The chain of a request that runs
 with a LoRA adapter starts from that adapter's id: its KV depends on the adapter, so requests of
 different adapters (or of an adapter and the base model) never share blocks; a request's
 ``cache_salt`` starts it too (vLLM's: only requests with the same salt share blocks). Freed
@@ -103,7 +104,7 @@ class BlockManager:
         while len(hashes) < num_full_blocks:
             i = len(hashes)
             parent = hashes[-1] if hashes else root
-            hashes.append(hash((parent, tuple(req.token_slice(i * bs, (i + 1) * bs)))))
+            hashes.append(hash((parent, req.block_key(i * bs, (i + 1) * bs))))
         return hashes[:num_full_blocks]
 
     def find_cached_prefix(self, req: Request) -> list[int]:

@@ -5,17 +5,28 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Union
 
+import torch
+
+from ironlm.engine.prompt_embeds import PLACEHOLDER_ID, checked_embeds
 from ironlm.sampling_params import SamplingParams, check_truncate_value
 
-# A prompt: text, token ids, or vLLM's dict forms {"prompt": ...} / {"prompt_token_ids": ...}.
+# A prompt: text, token ids, or vLLM's dict forms {"prompt": ...} / {"prompt_token_ids": ...} /
+# {"prompt_embeds": (num_tokens, hidden_size) tensor} (with enable_prompt_embeds).
 PromptType = Union[str, list[int], dict[str, Any]]
 
 
 @dataclass
 class ProcessedPrompt:
     prompt: str | None
+    # the prompt's token ids; for an embedded prompt one PLACEHOLDER_ID per row
     token_ids: list[int]
     cache_salt: str | None = None  # the prompt dict's (vLLM's TextPrompt / TokensPrompt key)
+    embeds: torch.Tensor | None = None  # (num_tokens, hidden_size) float32: prompt_embeds
+
+    @property
+    def output_token_ids(self) -> list[int] | None:
+        """The prompt's ids as outputs report them: None for an embedded prompt (vLLM's)."""
+        return None if self.embeds is not None else self.token_ids
 
 
 def output_room(max_tokens: int | None, pooling: bool = False) -> int:
@@ -47,11 +58,15 @@ def check_truncation(
 
 
 class InputProcessor:
-    def __init__(self, tokenizer: Any, vocab_size: int, max_model_len: int, max_logprobs: int) -> None:
+    def __init__(
+        self, tokenizer: Any, vocab_size: int, max_model_len: int, max_logprobs: int,
+        hidden_size: int | None = None,  # set when prompt_embeds are enabled
+    ) -> None:  # fmt: skip
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.max_logprobs = max_logprobs
+        self.embeds_hidden_size = hidden_size
 
     def process(
         self, prompt: PromptType, params: SamplingParams, add_special_tokens: bool = True,
@@ -63,13 +78,18 @@ class InputProcessor:
         salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
         if salt is not None and (not isinstance(salt, str) or not salt):
             raise ValueError("cache_salt must be a non-empty string if provided")
-        if isinstance(prompt, dict):
+        embeds = None
+        if isinstance(prompt, dict) and "prompt_embeds" in prompt:
+            embeds = self._embeds(prompt["prompt_embeds"], params)
+            text, ids = prompt.get("prompt"), [PLACEHOLDER_ID] * len(embeds)
+        elif isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
                 text, ids = prompt.get("prompt"), list(prompt["prompt_token_ids"])
             elif "prompt" in prompt:
                 text, ids = prompt["prompt"], None
             else:
-                raise ValueError("prompt dict needs 'prompt' or 'prompt_token_ids'")
+                raise ValueError(
+                    "prompt dict needs 'prompt', 'prompt_token_ids' or 'prompt_embeds'")
         elif isinstance(prompt, str):
             text, ids = prompt, None
         elif isinstance(prompt, (list, tuple)):
@@ -89,6 +109,7 @@ class InputProcessor:
                                 output_room(params.max_tokens, pooling))
         if keep is not None:
             ids = ids[-keep:]
+            embeds = embeds[-keep:] if embeds is not None else None
         if not ids:
             raise ValueError("The decoder prompt cannot be empty (prompt has 0 tokens)")
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
@@ -107,7 +128,16 @@ class InputProcessor:
             _check_tokenizer_free(params)
         if params.bad_words:
             params._bad_words_token_ids = self._bad_word_ids(params.bad_words)
-        return ProcessedPrompt(text, ids, salt)
+        return ProcessedPrompt(text, ids, salt, embeds)
+
+    def _embeds(self, embeds: object, params: SamplingParams) -> torch.Tensor:
+        """An embedded prompt's rows, checked; what needs the prompt's token ids is refused."""
+        if self.embeds_hidden_size is None:
+            raise ValueError("You must set `--enable-prompt-embeds` to input `prompt_embeds`.")
+        if params.prompt_logprobs is not None:
+            raise ValueError("prompt_logprobs needs the prompt's token ids: it cannot be used "
+                             "with prompt_embeds")
+        return checked_embeds(embeds, self.embeds_hidden_size)
 
     def _bad_word_ids(self, words: list[str]) -> list[list[int]]:
         """Each bad word as token ids, with and without a leading space (as vLLM does)."""

@@ -24,6 +24,7 @@ from ironlm.engine.iteration_tokens import IterationTokens
 from ironlm.engine.lora_calls import LoRACalls
 from ironlm.engine.model_input import model_input, recomputed
 from ironlm.engine.output_processor import OutputProcessor
+from ironlm.engine.prompt_embeds import check_embeds_support
 from ironlm.engine.reasoning_gate import MarkerTokens, gate_grammars
 from ironlm.engine.request import Request, RequestStatus
 from ironlm.engine.sampling_defaults import default_sampling
@@ -105,6 +106,8 @@ class LLMEngine(LoRACalls, SleepCalls):
             self.pm.check_kv_cache_dtype(config.kv_cache_dtype, config.attention_backend,
                                          platform)
         self.spec = self._speculation(config)
+        if config.enable_prompt_embeds:  # refused here, before any worker loads
+            check_embeds_support(self.pm.select_model(source.architectures), self.spec)
         executor_cls = self.pm.select_executor(config.distributed_executor_backend or "uni")
         self.executor: Executor = executor_cls(config, self.pm, Worker)
         self.executor.start()
@@ -140,7 +143,8 @@ class LLMEngine(LoRACalls, SleepCalls):
             if config.enable_lora else None
         self.sleeping_tags: set[str] = set()  # sleep mode (sleep_calls.py)
         self.inputs = InputProcessor(
-            self.tokenizer, self.vocab_size, self.max_model_len, config.max_logprobs
+            self.tokenizer, self.vocab_size, self.max_model_len, config.max_logprobs,
+            int(source.hf_config.hidden_size) if config.enable_prompt_embeds else None,
         )
         self.guided = GuidedManager(
             self.pm, self.tokenizer, self.vocab_size, config.guided_decoding_backend,
@@ -254,14 +258,16 @@ class LLMEngine(LoRACalls, SleepCalls):
                 pooling=pooling,
                 lora_request=lora_request,
                 cache_salt=processed.cache_salt,
+                prompt_embeds=processed.embeds,
             )
             children.append(child)
             self.scheduler.add(child)
-            self._new.append(
-                NewRequestData(child.request_id, child.prompt_token_ids, child_params,
-                               child.eos_token_id, pooling)
+            self._new.append(  # an embedded prompt has no ids for the sampler's penalties
+                NewRequestData(child.request_id, processed.output_token_ids or [],
+                               child_params, child.eos_token_id, pooling)
             )
-        self.outputs.add_group(request_id, processed.prompt, processed.token_ids, params, children)
+        self.outputs.add_group(request_id, processed.prompt, processed.output_token_ids, params,
+                               children)
 
     def abort_request(self, request_ids: str | list[str]) -> None:
         """Stop requests now and free their KV blocks at once."""

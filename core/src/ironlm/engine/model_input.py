@@ -38,6 +38,7 @@ def model_input(
                 num_proposals=plan.num_proposals.get(rid, 0),
                 num_steps=plan.num_steps.get(rid, 1),
                 lora_id=req.lora_id,
+                prompt_embeds=req.embeds_slice(start, start + real),
             )
         )
         if sample:

@@ -25,7 +25,7 @@ from ironlm.sampling_params import RequestOutputKind, SamplingParams
 class Group:
     request_id: str
     prompt: str | None
-    prompt_token_ids: list[int]
+    prompt_token_ids: list[int] | None  # None: a prompt given as embeddings
     params: SamplingParams
     children: list[Request]
     detoks: list[IncrementalDetokenizer | None]
@@ -52,13 +52,13 @@ class OutputProcessor:
         self,
         request_id: str,
         prompt: str | None,
-        prompt_token_ids: list[int],
+        prompt_token_ids: list[int] | None,
         params: SamplingParams,
         children: list[Request],
     ) -> None:
         # no detokenizer without a tokenizer (skip_tokenizer_init): text stays ""
         wants_text = params.detokenize and self.tokenizer is not None
-        detoks = [self._detokenizer(params, prompt_token_ids) if wants_text else None
+        detoks = [self._detokenizer(params, prompt_token_ids or []) if wants_text else None
                   for _ in children]
         group = Group(request_id, prompt, prompt_token_ids, params, children, detoks)
         group.sent = [(0, 0, 0)] * len(children)
@@ -329,4 +329,6 @@ class OutputProcessor:
             embedding=group.embedding,
             error=group.error,
             lora_request=group.children[0].lora_request,
+            num_prompt_embeds=0 if group.prompt_token_ids is not None
+            else group.children[0].num_prompt_tokens,
         )

@@ -8,6 +8,9 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import torch
+
+from ironlm.engine.prompt_embeds import block_digest
 from ironlm.lora.request import LoRARequest
 from ironlm.sampling_params import SamplingParams
 
@@ -68,6 +71,9 @@ class Request:
     # vLLM's cache_salt: its prefix-cache chain starts from this string, so only requests that
     # carry the same salt share its cached blocks (no timing tells another user its prompt)
     cache_salt: str | None = None
+    # vLLM's prompt_embeds: (num_prompt_tokens, hidden_size) float32 rows that stand for the
+    # prompt (its token ids are placeholders); None for a prompt of tokens
+    prompt_embeds: torch.Tensor | None = None
     first_scheduled_time: float | None = None  # monotonic; its time waiting ends here
     first_token_time: float | None = None
     last_token_time: float | None = None
@@ -112,6 +118,20 @@ class Request:
         if start >= n:
             return self.output_token_ids[start - n : end - n]
         return self.prompt_token_ids[start:] + self.output_token_ids[: end - n]
+
+    def embeds_slice(self, start: int, end: int) -> torch.Tensor | None:
+        """The prompt_embeds rows of positions start .. end-1 that lie in the prompt (a
+        prefix of that range); None when none do."""
+        if self.prompt_embeds is None or start >= self.num_prompt_tokens:
+            return None
+        return self.prompt_embeds[start:min(end, self.num_prompt_tokens)]
+
+    def block_key(self, start: int, end: int) -> tuple[int, ...] | tuple[tuple[int, ...], bytes]:
+        """What identifies positions start .. end-1 in the prefix cache: their token ids, and
+        a digest of their embedded rows where the prompt has them."""
+        tokens = tuple(self.token_slice(start, end))
+        rows = self.embeds_slice(start, end)
+        return tokens if rows is None else (tokens, block_digest(rows))
 
     @property
     def is_finished(self) -> bool:

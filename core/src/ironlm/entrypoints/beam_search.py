@@ -118,6 +118,8 @@ def run_beam_search(
                          "`skip_tokenizer_init` is True")
     probe = SamplingParams(max_tokens=1, temperature=0.0)
     processed = [llm.engine.inputs.process(p, probe.clone()) for p in prompts]
+    if any(p.embeds is not None for p in processed):  # the beams are token prompts
+        raise ValueError("beam search takes text or token prompts, not prompt_embeds")
     search = BeamSearch([p.token_ids for p in processed], params, tok.eos_token_id)
     while flat := search.pending():
         # each beam keeps its prompt's cache_salt: its blocks stay that salt's

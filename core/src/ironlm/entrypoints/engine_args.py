@@ -131,6 +131,9 @@ ENGINE_HELP: dict[str, str] = {
     "enable_sleep_mode": "vLLM's sleep mode: LLM.sleep(level) / wake_up(tags) offline; POST "
                          "/sleep?level=1|2, POST /wake_up[?tags=weights|kv_cache], GET "
                          "/is_sleeping on the server",
+    "enable_prompt_embeds": "vLLM's: accept prompts as embeddings (offline {\"prompt_embeds\": "
+                            "tensor}; the Completions API's prompt_embeds, base64 of "
+                            "torch.save's bytes); for trusted clients",
     "enable_lora": "serve LoRA adapters (--lora-modules, requests naming an adapter)",
     "max_loras": "most adapters that run in one batch step (requests of others wait)",
     "max_lora_rank": "highest adapter rank accepted",

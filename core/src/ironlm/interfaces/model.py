@@ -58,6 +58,9 @@ class ModelArchitecture(torch.nn.Module, ABC):
     """
 
     pipeline_tensors: ClassVar[tuple[str, ...]] = ("hidden", "residual")
+    # Whether ``forward`` takes ``inputs_embeds`` and the model has ``embed_input_ids``
+    # (contract 1.3; vLLM's prompt_embeds): the engine refuses enable_prompt_embeds otherwise
+    supports_prompt_embeds: ClassVar[bool] = False
     # set by the loader once the layers processed their weights for the kernels; from then
     # on ``load_weights`` updates weights in place (any subset of names: RL weight sync)
     weights_processed: bool = False
@@ -78,9 +81,19 @@ class ModelArchitecture(torch.nn.Module, ABC):
         kv_caches: list[torch.Tensor],  # one per attention layer of this stage
         attn_metadata: Any,  # the backend's build_metadata result
         intermediate: dict[str, torch.Tensor] | None = None,  # from the previous stage
+        inputs_embeds: torch.Tensor | None = None,  # (num_tokens, hidden_size): see below
     ) -> torch.Tensor | dict[str, torch.Tensor]:
         """Last stage: (num_tokens, hidden_size) final hidden states (after the last norm).
-        Other stages: ``{name: (num_tokens, hidden_size)}`` for each of ``pipeline_tensors``."""
+        Other stages: ``{name: (num_tokens, hidden_size)}`` for each of ``pipeline_tensors``.
+        ``inputs_embeds`` (passed to the first stage only, and only to a model that declares
+        ``supports_prompt_embeds``): the rows to run instead of embedding ``input_ids``."""
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """(num_tokens,) -> (num_tokens, hidden_size) in the model dtype: what the first stage
+        runs for these ids (any embedding scale applied), the rows ``inputs_embeds`` replaces.
+        Needed with ``supports_prompt_embeds``."""
+        raise NotImplementedError(f"{type(self).__name__} does not embed ids on their own "
+                                  "(supports_prompt_embeds is False)")
 
     @abstractmethod
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

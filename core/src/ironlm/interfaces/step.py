@@ -51,6 +51,10 @@ class ScheduledSeq:
     # The LoRA adapter (its lora_int_id) the tokens run with; 0: the base model. Workers hold
     # the adapter already (the engine loads it through collective_rpc("add_lora", ...)).
     lora_id: int = 0
+    # vLLM's prompt_embeds: (k, hidden_size) float32 rows that replace the embeddings of the
+    # first k of token_ids (prompt positions of a prompt given as embeddings, whose ids are
+    # placeholders); None: every token is embedded from its id
+    prompt_embeds: torch.Tensor | None = None
 
 
 @dataclass

@@ -77,10 +77,12 @@ class StageDecoder(torch.nn.Module):
         kv_caches: list[torch.Tensor],  # one per layer of this stage
         attn_metadata: Any,
         intermediate: dict[str, torch.Tensor] | None = None,
+        inputs_embeds: torch.Tensor | None = None,  # (num_tokens, hidden): rows to run as given
     ) -> torch.Tensor | dict[str, torch.Tensor]:
         residual: torch.Tensor | None
         if self.is_first:
-            hidden, residual = self.embed(input_ids), None
+            hidden = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
+            residual = None
         else:
             assert intermediate is not None, "a later pipeline stage needs the previous one's"
             hidden, residual = intermediate["hidden"], intermediate["residual"]
@@ -96,6 +98,8 @@ class StageDecoder(torch.nn.Module):
 
 class StageCausalLM(ModelArchitecture):
     """A causal LM over a ``StageDecoder`` (``self.model``) with HF names."""
+
+    supports_prompt_embeds = True
 
     def __init__(self, hf_config: Any, ctx: ModelContext, model: StageDecoder, tied: bool) -> None:
         super().__init__()
@@ -119,8 +123,13 @@ class StageCausalLM(ModelArchitecture):
         kv_caches: list[torch.Tensor],
         attn_metadata: Any,
         intermediate: dict[str, torch.Tensor] | None = None,
+        inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor | dict[str, torch.Tensor]:
-        return self.model(input_ids, positions, kv_caches, attn_metadata, intermediate)
+        return self.model(input_ids, positions, kv_caches, attn_metadata, intermediate,
+                          inputs_embeds)
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed(input_ids)  # the family's scale applied (Gemma: sqrt(hidden))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         assert self.lm_head is not None, "only the last pipeline stage computes logits"

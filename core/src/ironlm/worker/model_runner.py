@@ -32,6 +32,7 @@ from ironlm.interfaces.step import ModelInput, ModelOutput, ScheduledSeq
 from ironlm.worker.decode_graphs import DecodeGraphs
 from ironlm.worker.lora_manager import WorkerLoRAManager
 from ironlm.worker.multi_step import run_window
+from ironlm.worker.prompt_rows import spliced_embeds
 from ironlm.worker.sampler import Sampler, SamplingState, top_logprobs
 from ironlm.worker.speculator import Speculator
 
@@ -131,7 +132,10 @@ class ModelRunner:
             intermediate = stage.channel.recv(
                 len(input_ids), stage.hidden_size, stage.dtype, self.device
             )  # fmt: skip
-        result = self.model(input_ids, positions, self.kv_caches, meta, intermediate)
+        extra = {}  # vLLM's prompt_embeds: the first stage runs the given rows
+        if any(s.prompt_embeds is not None for s in mi.seqs) and intermediate is None:
+            extra["inputs_embeds"] = spliced_embeds(self.model, mi.seqs, input_ids)
+        result = self.model(input_ids, positions, self.kv_caches, meta, intermediate, **extra)
         if not stage.is_last:
             assert stage.channel is not None and isinstance(result, dict)
             stage.channel.send(result)
@@ -206,6 +210,8 @@ class ModelRunner:
             return None
         for s in seqs:
             if len(s.token_ids) != 1 or not s.sample or s.want_prompt_logprobs or s.spec_token_ids:
+                return None
+            if s.prompt_embeds is not None:  # a prompt's last row, given as an embedding
                 return None
             if self.states[s.request_id].pooling:
                 return None

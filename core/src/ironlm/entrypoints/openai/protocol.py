@@ -88,7 +88,10 @@ class SamplingFields(GuidedFields):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: PromptInput
+    prompt: PromptInput | None = None  # may be left out (or "") when prompt_embeds are given
+    # vLLM's (--enable-prompt-embeds): base64 of torch.save's bytes of a (num_tokens,
+    # hidden_size) tensor, one per prompt (embeds_prompts.py)
+    prompt_embeds: str | list[str] | None = None
     suffix: str | None = None
     max_tokens: int | None = 16
     echo: bool = False

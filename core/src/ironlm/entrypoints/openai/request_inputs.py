@@ -10,9 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+import torch
+
 from ironlm.engine.input_processor import check_truncation
 from ironlm.entrypoints.openai.errors import APIError, from_value_error
-from ironlm.entrypoints.openai.state import ServerState
 from ironlm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -20,6 +21,7 @@ from ironlm.entrypoints.openai.protocol import (
     GuidedFields,
     SamplingFields,
 )
+from ironlm.entrypoints.openai.state import ServerState
 from ironlm.guided_spec import spec_from_request
 from ironlm.interfaces.guided import GuidedSpec
 from ironlm.sampling_params import SamplingParams
@@ -44,11 +46,17 @@ _COPIED_FIELDS = tuple(
 @dataclass
 class EnginePrompt:
     text: str | None  # None for token-id prompts
-    token_ids: list[int]
+    token_ids: list[int]  # empty for a prompt given as embeddings
     cache_salt: str | None = None  # the request's (its prefix-cache blocks are salted)
+    embeds: torch.Tensor | None = None  # (num_tokens, hidden_size): the Completions API's
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids) if self.embeds is None else len(self.embeds)
 
     def as_engine_prompt(self) -> dict[str, Any]:
-        prompt: dict[str, Any] = {"prompt": self.text, "prompt_token_ids": self.token_ids}
+        prompt: dict[str, Any] = {"prompt": self.text, "prompt_token_ids": self.token_ids} \
+            if self.embeds is None else {"prompt_embeds": self.embeds}
         if self.cache_salt is not None:
             prompt["cache_salt"] = self.cache_salt
         return prompt

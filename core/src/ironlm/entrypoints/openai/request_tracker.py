@@ -34,7 +34,7 @@ class RequestTracker:
         now = time.monotonic()
         if not self.prompt_counted:
             self.prompt_counted = True
-            m.prompt_tokens.labels(name).inc(len(out.prompt_token_ids))
+            m.prompt_tokens.labels(name).inc(out.num_prompt_tokens)
         total = sum(len(o.token_ids) for o in out.outputs)
         new = total - self.num_tokens
         if new > 0:
@@ -49,7 +49,7 @@ class RequestTracker:
             if self.on_finish is not None:
                 self.on_finish(out)
             m.e2e.labels(name).observe(now - self.arrival)
-            m.request_prompt.labels(name).observe(len(out.prompt_token_ids))
+            m.request_prompt.labels(name).observe(out.num_prompt_tokens)
             m.request_generation.labels(name).observe(total)
             m.params_n.labels(name).observe(self.n)
             m.params_best_of.labels(name).observe(self.best_of)

@@ -221,7 +221,7 @@ def _response(ctx: _Ctx, final: RequestOutput) -> ChatCompletionResponse:
             cum_log_probs=o.cumulative_logprob,
             token_ids=list(o.token_ids) if ctx.req.return_token_ids else None,
         ))
-    prompt_tokens = len(final.prompt_token_ids)
+    prompt_tokens = final.num_prompt_tokens
     completion_tokens = sum(len(o.token_ids) for o in final.outputs)
     return ChatCompletionResponse(
         id=ctx.request_id,
@@ -288,7 +288,7 @@ async def _stream(
     req = ctx.req
     include_usage, continuous = ctx.state.stream_usage(req.stream_options)
     choices = [_ChoiceStream(ctx) for _ in range(req.n)]
-    prompt_tokens = len(first.prompt_token_ids)
+    prompt_tokens = first.num_prompt_tokens
 
     latest = first  # the newest output: its count of prompt tokens the cache served
 

@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ironlm.engine.input_processor import output_room
+from ironlm.entrypoints.openai.embeds_prompts import embeds_prompts
 from ironlm.entrypoints.openai.engine_response import respond
 from ironlm.entrypoints.openai.errors import APIError, engine_error, from_value_error
 from ironlm.entrypoints.openai.fim import fim_prompt
@@ -80,7 +81,11 @@ async def create_completion(
     echo_only = _echo_only(req)
     if not echo_only:
         check_max_tokens(req.max_tokens)
-    raw = split_prompts(req.prompt)
+    embedded = await embeds_prompts(state, req, output_room(req.max_tokens))
+    if req.prompt is None and not embedded:
+        raise APIError("either prompt or prompt_embeds is required", 400, param="prompt")
+    # vLLM's: with prompt_embeds, an empty (or no) prompt adds nothing
+    raw = split_prompts(req.prompt) if not embedded or req.prompt not in (None, "") else []
     for field, given in (("suffix", req.suffix is not None), ("echo", req.echo),
                          ("use_beam_search", req.use_beam_search)):
         if given:  # they read or write text
@@ -93,14 +98,14 @@ async def create_completion(
                                          req.suffix, req.add_special_tokens)
         prompts = [EnginePrompt(None, ids)]
     else:
-        prompts = await tokenize_prompts(state, raw, req.add_special_tokens,
-                                         req.truncate_prompt_tokens,
-                                         room=output_room(req.max_tokens))
+        prompts = embedded + await tokenize_prompts(state, raw, req.add_special_tokens,
+                                                    req.truncate_prompt_tokens,
+                                                    room=output_room(req.max_tokens))
     for p in prompts:
         p.cache_salt = req.cache_salt
     guided = guided_spec(req)
     prompt_lps = req.prompt_logprobs or (req.logprobs if req.echo else None)
-    limits = [check_context_length(len(p.token_ids), 1 if echo_only else req.max_tokens,
+    limits = [check_context_length(p.num_tokens, 1 if echo_only else req.max_tokens,
                                    state.max_model_len,
                                    state.default_sampling.get("max_tokens"))
               for p in prompts]
@@ -132,6 +137,11 @@ async def create_completion(
     )
 
 
+def _ids(ids: list[int] | None) -> list[int] | None:
+    """A prompt's ids as return_token_ids gives them: None for an embedded prompt."""
+    return list(ids) if ids is not None else None
+
+
 def _echo_only(req: CompletionRequest) -> bool:
     """echo without generation: choices hold the prompt, not the token run alongside it."""
     return req.echo and req.max_tokens == 0
@@ -158,14 +168,14 @@ def _choice(ctx: _Ctx, prompt_idx: int, final: RequestOutput, o: CompletionOutpu
         if req.prompt_logprobs is not None else None,
         sentence_length=0 if ctx.echo_only else len(o.text),
         cum_log_probs=None if ctx.echo_only else o.cumulative_logprob,
-        prompt_token_ids=list(final.prompt_token_ids) if req.return_token_ids else None,
+        prompt_token_ids=_ids(final.prompt_token_ids) if req.return_token_ids else None,
         token_ids=list(o.token_ids) if req.return_token_ids else None,
     )
 
 
 def _response(ctx: _Ctx, finals: list[RequestOutput]) -> CompletionResponse:
     choices = [_choice(ctx, i, f, o) for i, f in enumerate(finals) for o in f.outputs]
-    prompt_tokens = sum(len(f.prompt_token_ids) for f in finals)
+    prompt_tokens = sum(f.num_prompt_tokens for f in finals)
     # echo without generation counts the token run for it, as vLLM does
     completion_tokens = sum(len(o.token_ids) for f in finals for o in f.outputs)
     return CompletionResponse(
@@ -192,7 +202,7 @@ async def _stream(
     # the prompt goes out once per choice (vLLM's has_echoed): an output can list a choice
     # before its first token, and it must not be echoed again with that token
     echoed = [False] * num_choices
-    prompt_tokens = [len(p.token_ids) for p in ctx.prompts]
+    prompt_tokens = [p.num_tokens for p in ctx.prompts]
     generated = [0] * num_choices
 
     latest = list(firsts)  # per prompt, its newest output (cached prompt tokens)
@@ -251,7 +261,7 @@ async def _stream(
                           "finish_reason": o.finish_reason, "stop_reason": o.stop_reason}
                 if req.return_token_ids:  # the prompt's ids with a choice's first chunk
                     if ids_sent[idx] is None:
-                        choice["prompt_token_ids"] = list(out.prompt_token_ids)
+                        choice["prompt_token_ids"] = _ids(out.prompt_token_ids)
                     choice["token_ids"] = list(o.token_ids[ids_sent[idx] or 0:])
                     ids_sent[idx] = len(o.token_ids)
                 if done[idx] and not ctx.echo_only:

@@ -70,6 +70,9 @@ class ServerState:
     # of unset request fields; its max_tokens caps every request
     default_sampling: dict[str, Any] = field(default_factory=dict)
     vocab_size: int = 0
+    # --enable-prompt-embeds: the hidden size the Completions API's prompt_embeds must have
+    # (None: prompt_embeds are refused)
+    embeds_hidden_size: int | None = None
     model_path: str = ""
     created: int = 0  # start time, reported as the model cards' "created"
     # LoRA adapters served by name (--lora-modules, /v1/load_lora_adapter), in load order
@@ -98,6 +101,7 @@ class ServerState:
             max_model_len=llm.max_model_len,
             default_sampling=dict(llm.default_sampling),
             vocab_size=llm.vocab_size,
+            embeds_hidden_size=llm.inputs.embeds_hidden_size,
             model_path=str(llm.config.model),
             created=int(time.time()),
             reasoning_markers_special=markers_are_special(llm.reasoning_parser, llm.tokenizer),
