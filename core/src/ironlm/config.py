@@ -151,6 +151,10 @@ class EngineConfig:
     # vLLM's: prompts may be given as embeddings, {"prompt_embeds": (num_tokens, hidden_size)}
     # offline and base64 ``torch.save`` payloads in the Completions API (engine/prompt_embeds.py)
     enable_prompt_embeds: bool = False
+    # vLLM's custom logits processors (interfaces/logits_processor.py): LogitsProcessor
+    # subclasses, vLLM's "module:Class" names, or names a plugin registered; the engine
+    # turns the names into classes before any worker starts
+    logits_processors: list[Any] | None = None
     # vLLM's: a class whose methods ``collective_rpc`` calls on every worker with the worker
     # as ``self`` (reinforcement-learning weight sync); vLLM's "module.Class" string is
     # imported here, in the engine's process (so workers elsewhere unpickle the class)

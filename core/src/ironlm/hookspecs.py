@@ -48,7 +48,8 @@ PROJECT = "ironlm"
 # (``Platform.release_memory``), and ``Executor.collective_rpc`` taking a callable too, run as
 # ``WorkerBase.execute_method`` (a 1.1 executor that calls methods by name serves names only).
 # 1.3: prompt embeddings (``ModelArchitecture.supports_prompt_embeds``, ``embed_input_ids`` and
-# ``forward(..., inputs_embeds=)``).
+# ``forward(..., inputs_embeds=)``); custom logits processors (``register_logits_processors``,
+# ``ironlm.interfaces.logits_processor``).
 CONTRACT_VERSION = "1.3"
 # The module constant a plugin declares its contract version in.
 CONTRACT_ATTRIBUTE = "IRONLM_CONTRACT_VERSION"
@@ -144,6 +145,22 @@ def register_reasoning_parsers(register: Callable[[type], None]) -> None:
     Call mode: all implementations. Process: front end (the chat endpoint splits each choice)
     and engine (a request's structured-output grammar starts after the parser's
     ``end_marker``).
+    """
+
+
+@hookspec
+def register_logits_processors(register: Callable[[type], None]) -> None:
+    """Register custom logits processors, vLLM's batch-level ``LogitsProcessor`` (contract
+    1.3).
+
+    :param register: call ``register(LogitsProcessorSubclass)`` once per processor. The class
+        must subclass :class:`ironlm.interfaces.logits_processor.LogitsProcessor`; ``name`` is
+        the key for ``--logits-processors NAME`` (a registered processor runs only where it
+        is named; vLLM runs every installed one).
+    :return: ignored.
+
+    Call mode: all implementations. Process: engine (``validate_params`` on each request) and
+    the worker that samples (the processor is built there).
     """
 
 

@@ -21,6 +21,7 @@ from ironlm.interfaces import (
     AttentionBackend,
     Executor,
     GuidedBackend,
+    LogitsProcessor,
     ModelArchitecture,
     Platform,
     QuantizationMethod,
@@ -68,6 +69,9 @@ class Registries:
     speculative_proposers: Registry[type[SpeculativeProposer]] = field(
         default_factory=lambda: Registry("speculative proposer", "speculative_model")
     )
+    logits_processors: Registry[type[LogitsProcessor]] = field(
+        default_factory=lambda: Registry("logits processor", "logits_processors")
+    )
 
 
 # hook name -> (Registries attribute, base class the registered object must subclass)
@@ -81,6 +85,7 @@ _HOOKS: dict[str, tuple[str, type]] = {
     "register_executors": ("executors", Executor),
     "register_models": ("models", ModelArchitecture),
     "register_speculative_proposers": ("speculative_proposers", SpeculativeProposer),
+    "register_logits_processors": ("logits_processors", LogitsProcessor),
 }
 
 
@@ -360,6 +365,9 @@ class PluginManager:
                 f"nonempty end_marker and a start_marker string, got {markers!r}"
             )
         return parser
+
+    def select_logits_processor(self, name: str) -> type[LogitsProcessor]:
+        return self.registries.logits_processors.get(name)
 
     def select_executor(self, name: str) -> type[Executor]:
         return self.registries.executors.select(name, lambda c: c.is_available())

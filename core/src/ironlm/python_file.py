@@ -1,7 +1,7 @@
 """Importing a user's code: a single Python file by its path (start-up flags that name a
 file: ``--tool-parser-plugin``, ``--tokenizer-extension-path``), or a class by vLLM's
-"module.Class" name where vLLM takes one (``worker_extension_cls``: worker processes must
-import the same class, which a file loaded by path is not)."""
+"module.Class" name where vLLM takes one (``worker_extension_cls``, ``logits_processors``:
+worker processes must import the same class, which a file loaded by path is not)."""
 
 from __future__ import annotations
 
@@ -31,18 +31,24 @@ def import_python_file(path: str, flag: str) -> ModuleType:
 
 
 def import_class(qualified_name: str, what: str) -> type:
-    """The class ``qualified_name`` ("package.module.Class") names; ValueError naming
-    ``what`` when the module does not import or holds no such class."""
-    module_name, _, class_name = qualified_name.rpartition(".")
-    if not module_name:
+    """The class ``qualified_name`` names: "package.module.Class", or vLLM's
+    "package.module:Outer.Class" (``--logits-processors``); ValueError naming ``what`` when
+    the module does not import or holds no such class."""
+    if ":" in qualified_name:
+        module_name, _, class_path = qualified_name.partition(":")
+    else:
+        module_name, _, class_path = qualified_name.rpartition(".")
+    if not module_name or not class_path:
         raise ValueError(f"{what} {qualified_name!r} is not a 'module.Class' name")
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # any import failure is the module's: say so
         raise ValueError(f"{what} {qualified_name!r}: module {module_name!r} failed to "
                          f"import: {type(exc).__name__}: {exc}") from exc
-    found = getattr(module, class_name, None)
+    found: object = module
+    for attr in class_path.split("."):
+        found = getattr(found, attr, None)
     if not isinstance(found, type):
         raise ValueError(f"{what} {qualified_name!r}: module {module_name!r} has no class "
-                         f"{class_name!r}")
+                         f"{class_path!r}")
     return found

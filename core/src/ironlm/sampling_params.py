@@ -72,6 +72,9 @@ class SamplingParams:
     # vLLM's newer name of guided_decoding (StructuredOutputsParams); give one of the two
     structured_outputs: Any = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    # vLLM's: settings for custom logits processors (the server's vllm_xargs); the engine
+    # reads nothing in it
+    extra_args: dict[str, Any] | None = None
     # Filled by the engine: token-id sequences of bad_words, and the eos id.
     _bad_words_token_ids: list[list[int]] = field(default_factory=list, repr=False)
 

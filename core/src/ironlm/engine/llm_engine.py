@@ -21,6 +21,7 @@ from ironlm.engine.context_length import max_model_len, model_limit
 from ironlm.engine.guided_manager import GuidedManager
 from ironlm.engine.input_processor import InputProcessor, PromptType
 from ironlm.engine.iteration_tokens import IterationTokens
+from ironlm.engine.logits_processors import load_logits_processors, validate_request
 from ironlm.engine.lora_calls import LoRACalls
 from ironlm.engine.model_input import model_input, recomputed
 from ironlm.engine.output_processor import OutputProcessor
@@ -108,6 +109,9 @@ class LLMEngine(LoRACalls, SleepCalls):
         self.spec = self._speculation(config)
         if config.enable_prompt_embeds:  # refused here, before any worker loads
             check_embeds_support(self.pm.select_model(source.architectures), self.spec)
+        if config.logits_processors:  # classes from here on (the workers build them)
+            self.config = config = replace(config, logits_processors=load_logits_processors(
+                self.pm, config.logits_processors, self.spec))
         executor_cls = self.pm.select_executor(config.distributed_executor_backend or "uni")
         self.executor: Executor = executor_cls(config, self.pm, Worker)
         self.executor.start()
@@ -229,6 +233,8 @@ class LLMEngine(LoRACalls, SleepCalls):
         if lora_request is not None:
             self._check_adapter(lora_request)
         params = params.clone()
+        if not pooling:
+            validate_request(self.config.logits_processors or [], params)
         processed = self.inputs.process(prompt, params, add_special_tokens, pooling)
         if not params.ignore_eos:
             params.stop_token_ids = list(params.stop_token_ids or []) + [
@@ -262,9 +268,9 @@ class LLMEngine(LoRACalls, SleepCalls):
             )
             children.append(child)
             self.scheduler.add(child)
-            self._new.append(  # an embedded prompt has no ids for the sampler's penalties
-                NewRequestData(child.request_id, processed.output_token_ids or [],
-                               child_params, child.eos_token_id, pooling)
+            self._new.append(
+                NewRequestData(child.request_id, processed.output_token_ids, child_params,
+                               child.eos_token_id, pooling)
             )
         self.outputs.add_group(request_id, processed.prompt, processed.output_token_ids, params,
                                children)

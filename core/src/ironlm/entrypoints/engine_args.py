@@ -134,6 +134,9 @@ ENGINE_HELP: dict[str, str] = {
     "enable_prompt_embeds": "vLLM's: accept prompts as embeddings (offline {\"prompt_embeds\": "
                             "tensor}; the Completions API's prompt_embeds, base64 of "
                             "torch.save's bytes); for trusted clients",
+    "logits_processors": "vLLM's custom logits processors: LogitsProcessor classes as "
+                         "module:Class (or module.Class), or names a plugin registered; "
+                         "requests pass their settings in vllm_xargs",
     "enable_lora": "serve LoRA adapters (--lora-modules, requests naming an adapter)",
     "max_loras": "most adapters that run in one batch step (requests of others wait)",
     "max_lora_rank": "highest adapter rank accepted",
@@ -231,8 +234,9 @@ def add_engine_args(
             group.add_argument(flag, type=_length_or_auto, default=default, help=help_text)
         elif f.name in _HUMAN_INT_FIELDS:
             group.add_argument(flag, type=human_readable_int, default=default, help=help_text)
-        elif typing.get_origin(base) is list:  # list[int]: space-separated values
-            group.add_argument(flag, type=int, nargs="+", default=default, help=help_text)
+        elif typing.get_origin(base) is list:  # space-separated values: list[int], or names
+            item = int if typing.get_args(base) == (int,) else str
+            group.add_argument(flag, type=item, nargs="+", default=default, help=help_text)
         elif typing.get_origin(base) is dict or base is dict:
             names = [flag] + ([SHORT_FLAGS[f.name]] if f.name in SHORT_FLAGS else [])
             group.add_argument(*names, type=json_object, default=None, help=help_text)

@@ -4,6 +4,7 @@ registers which interface."""
 from ironlm.interfaces.attention import AttentionBackend, AttentionBatch, AttentionLayerSpec
 from ironlm.interfaces.executor import Executor
 from ironlm.interfaces.guided import Grammar, GuidedBackend, GuidedSpec, UnsupportedFeatureError
+from ironlm.interfaces.logits_processor import BatchUpdate, LogitsProcessor
 from ironlm.interfaces.model import ModelArchitecture, ModelContext
 from ironlm.interfaces.platform import Availability, LayerOps, Platform
 from ironlm.interfaces.quantization import QuantizationMethod
@@ -22,6 +23,7 @@ __all__ = [
     "AttentionBatch",
     "AttentionLayerSpec",
     "Availability",
+    "BatchUpdate",
     "DeltaToolCall",
     "Executor",
     "ExtractedToolCalls",
@@ -29,6 +31,7 @@ __all__ = [
     "GuidedBackend",
     "GuidedSpec",
     "LayerOps",
+    "LogitsProcessor",
     "ModelArchitecture",
     "ModelContext",
     "Platform",

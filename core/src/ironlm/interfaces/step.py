@@ -22,7 +22,7 @@ from ironlm.sampling_params import SamplingParams
 @dataclass
 class NewRequestData:
     request_id: str
-    prompt_token_ids: list[int]
+    prompt_token_ids: list[int] | None  # None: a prompt given as embeddings (prompt_embeds)
     sampling_params: SamplingParams
     eos_token_id: int | None
     pooling: bool = False  # return the prompt's mean-pooled hidden state instead of sampling

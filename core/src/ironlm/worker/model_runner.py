@@ -30,6 +30,7 @@ from ironlm.interfaces.model import ModelArchitecture
 from ironlm.interfaces.platform import LayerOps
 from ironlm.interfaces.step import ModelInput, ModelOutput, ScheduledSeq
 from ironlm.worker.decode_graphs import DecodeGraphs
+from ironlm.worker.logits_batch import LogitsProcessorBatch
 from ironlm.worker.lora_manager import WorkerLoRAManager
 from ironlm.worker.multi_step import run_window
 from ironlm.worker.prompt_rows import spliced_embeds
@@ -74,6 +75,8 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None  # set with the KV cache unless enforce_eager
         self.lora = lora  # the adapters, when LoRA is enabled
         self.sampler = Sampler(ops, config.logprobs_mode)
+        if config.logits_processors and self.stage.samples:  # classes (the engine loads them)
+            self.sampler.custom = LogitsProcessorBatch(config.logits_processors, config, device)
         self.states: dict[str, SamplingState] = {}
         self.embed_sums: dict[str, torch.Tensor] = {}  # pooling requests: running hidden sums
         self.speculator: Speculator | None = None  # set by the worker with a proposer
@@ -91,7 +94,7 @@ class ModelRunner:
             for nr in mi.new_requests:
                 self.states[nr.request_id] = SamplingState.create(
                     nr.sampling_params, nr.eos_token_id, nr.prompt_token_ids, self.vocab_size,
-                    self.device,
+                    self.device, nr.request_id,
                 )
                 self.states[nr.request_id].pooling = nr.pooling
         if self.speculator is not None:
@@ -269,6 +272,7 @@ class ModelRunner:
     ) -> list[list[tuple[int, float, int]]]:
         """Logprobs of the prompt tokens at positions start_pos+1 .. predicted by this chunk."""
         prompt = state.prompt_token_ids
+        assert prompt is not None, "prompt logprobs of a prompt given as embeddings"
         # hidden row r (position start_pos + r) predicts the token at position start_pos + r + 1
         last_pos = min(seq.start_pos + len(seq.token_ids), len(prompt) - 1)
         rows = list(range(0, last_pos - seq.start_pos))

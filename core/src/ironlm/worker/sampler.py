@@ -1,8 +1,9 @@
 """Sampler: logits of the sampling rows -> next tokens, as tensor ops over the whole batch.
 
 Order (vLLM's): raw logprobs are taken from the model's logits; then min_tokens, logit_bias,
-allowed ids / bad words / guided masks, repetition / frequency / presence penalties,
-temperature, top-k, top-p, min-p; then a draw. Seeded rows draw their uniforms from their own
+custom logits processors that can change the argmax, allowed ids / bad words / guided masks,
+repetition / frequency / presence penalties, temperature, argmax-invariant custom processors,
+top-k, top-p, min-p; then a draw. Seeded rows draw their uniforms from their own
 generator, so a seeded request samples the same tokens alone or in any batch.
 """
 
@@ -16,6 +17,7 @@ from ironlm.interfaces.platform import LayerOps
 from ironlm.interfaces.step import SampledToken
 from ironlm.sampling_params import SamplingParams
 from ironlm.worker.draw_inputs import limit_tensors, truncates, uniforms
+from ironlm.worker.logits_batch import LogitsProcessorBatch
 
 _NEG_INF = float("-inf")
 
@@ -26,32 +28,35 @@ class SamplingState:
 
     params: SamplingParams
     eos_token_id: int | None
-    prompt_token_ids: list[int]
+    prompt_token_ids: list[int] | None  # None: a prompt given as embeddings
     generator: torch.Generator | None  # set when params.seed is not None
     output_counts: torch.Tensor | None = None  # (vocab,) int32, when penalties need them
     prompt_mask: torch.Tensor | None = None  # (vocab,) bool, for repetition_penalty
     output_token_ids: list[int] | None = None  # for bad_words matching
     pooling: bool = False  # embedding request: no sampling
+    request_id: str = ""  # its id (the custom logits processors' batch indices)
 
     @classmethod
     def create(
         cls,
         params: SamplingParams,
         eos_token_id: int | None,
-        prompt_token_ids: list[int],
+        prompt_token_ids: list[int] | None,
         vocab_size: int,
         device: torch.device,
+        request_id: str = "",
     ) -> SamplingState:
         gen = None
         if params.seed is not None:
             gen = torch.Generator(device=device)
             gen.manual_seed(params.seed & 0xFFFF_FFFF_FFFF_FFFF)
-        st = cls(params, eos_token_id, prompt_token_ids, gen, output_token_ids=[])
+        st = cls(params, eos_token_id, prompt_token_ids, gen, output_token_ids=[],
+                 request_id=request_id)
         if params.presence_penalty or params.frequency_penalty or params.repetition_penalty != 1:
             st.output_counts = torch.zeros(vocab_size, dtype=torch.int32, device=device)
         if params.repetition_penalty != 1.0:
             st.prompt_mask = torch.zeros(vocab_size, dtype=torch.bool, device=device)
-            ids = torch.tensor(prompt_token_ids, dtype=torch.long, device=device)
+            ids = torch.tensor(prompt_token_ids or [], dtype=torch.long, device=device)
             st.prompt_mask[ids.clamp(max=vocab_size - 1)] = True
         return st
 
@@ -90,6 +95,8 @@ class Sampler:
         # (the model's distribution), raw_logits, or processed_logprobs / processed_logits
         # (what the draw used: after penalties, bans, temperature, top-k / top-p / min-p)
         self.logprobs_mode = logprobs_mode
+        # the custom logits processors (vLLM's --logits-processors), on the sampling rank
+        self.custom: LogitsProcessorBatch | None = None
 
     def __call__(
         self,
@@ -100,6 +107,8 @@ class Sampler:
         # Log-probabilities under the raw distribution: all of them when a request asks for top
         # logprobs, else only each sampled token's, as x[t] - logsumexp(x) (no (B, V) tensor),
         # and none when no request reports them (SamplingParams.reports_logprobs)
+        if self.custom is not None:  # their batch indices, before anything reads the rows
+            self.custom.begin_step(states)
         want_top = any(s.params.logprobs is not None for s in states)
         want_lp = any(s.params.reports_logprobs for s in states)
         # every rule and processor copies before it writes: x is logits when none applied;
@@ -151,11 +160,20 @@ class Sampler:
         through the platform's ``LayerOps.categorical`` at each row's temperature, or its
         ``LayerOps.truncated_categorical`` when a row has a top-k, top-p or min-p."""
         u = uniforms(states, x.device)
-        scale = 1.0 / self._temperatures(x, states, greedy)
+        x, scale = self._tempered(x, 1.0 / self._temperatures(x, states, greedy))
         if truncates(states):
             top_k, top_p, min_p = limit_tensors(states, x.shape[1], x.device)
             return self.ops.truncated_categorical(x, scale, top_k, top_p, min_p, u)
         return self.ops.categorical(x, scale, u)
+
+    def _tempered(
+        self, x: torch.Tensor, scale: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits, scale) for the draw: as given, or with argmax-invariant custom processors
+        (vLLM's order: after the temperature) the scaled logits they made and a scale of 1."""
+        if self.custom is None or not self.custom.invariant:
+            return x, scale
+        return self.custom.apply(x * scale, self.custom.invariant), torch.ones_like(scale)
 
     @staticmethod
     def _temperatures(
@@ -194,7 +212,7 @@ class Sampler:
         / min-p (greedy rows as they are)."""
         if all(greedy):
             return x
-        scale = 1.0 / self._temperatures(x, states, greedy)
+        x, scale = self._tempered(x, 1.0 / self._temperatures(x, states, greedy))
         if not truncates(states):
             return x * scale
         top_k, top_p, min_p = limit_tensors(states, x.shape[1], x.device)
@@ -239,6 +257,8 @@ class Sampler:
                 torch.tensor(bias_vals, dtype=x.dtype),
                 accumulate=True,
             )
+        if self.custom is not None and self.custom.varying:  # vLLM's: before the penalties
+            x = self.custom.apply(x, self.custom.varying)
         x = _apply_penalties(x, states)
         if keep_rows:
             keep = torch.zeros((len(keep_rows), x.shape[1]), dtype=torch.bool, device=x.device)

@@ -71,6 +71,8 @@ class Speculator:
             if s.num_proposals <= 0 or s.request_id not in sampled:
                 continue
             state = self.states[s.request_id]
+            # (prompt embeddings, which have no prompt ids, are refused with speculation)
+            assert state.prompt_token_ids is not None
             requests.append(ProposalRequest(
                 request_id=s.request_id,
                 token_ids=state.prompt_token_ids + (state.output_token_ids or []),

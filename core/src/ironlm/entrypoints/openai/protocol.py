@@ -85,6 +85,9 @@ class SamplingFields(GuidedFields):
     # vLLM's: the id the request runs and is logged under and the response carries (with its
     # prefix); an X-Request-Id header takes precedence; unset, a random one
     request_id: str | None = None
+    # vLLM's: settings for the custom logits processors (--logits-processors), their
+    # SamplingParams.extra_args
+    vllm_xargs: dict[str, str | int | float | list[str | int | float]] | None = None
 
 
 class CompletionRequest(SamplingFields):

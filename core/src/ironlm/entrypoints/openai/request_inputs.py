@@ -237,6 +237,7 @@ def sampling_params(
             else req.prompt_logprobs,
             guided_decoding=guided,
             guided_decoding_backend=req.guided_decoding_backend if guided else None,
+            extra_args=dict(req.vllm_xargs) if req.vllm_xargs else None,
             **given,
         )
     except ValueError as exc:
