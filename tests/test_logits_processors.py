@@ -37,6 +37,7 @@ from parallel_utils import worker_pids
 from server_utils import RemoteServer
 
 from ironlm import LLM, SamplingParams
+from ironlm.engine.logits_processors import validate_request
 from ironlm.hookspecs import hookimpl
 from ironlm.interfaces.logits_processor import BatchUpdate, LogitsProcessor, process_dict_updates
 from ironlm.plugin_manager import PluginManager
@@ -80,11 +81,26 @@ def llm(smollm2_dir: Path) -> Iterator[LLM]:
     engine.shutdown()
 
 
+def _vllm_order(states: dict[int, int], update: BatchUpdate | None) -> None:
+    """vLLM's own helper's order (added, then removed, then moved): right only when no index
+    is both removed and added, as vLLM's BatchUpdateBuilder guarantees."""
+    if update is None:
+        return
+    for index, params, _prompt, _out in update.added:
+        states[index] = params.extra_args["tag"]
+    for index in update.removed:
+        states.pop(index, None)
+    for a, b, _how in update.moved:
+        states[b] = states.pop(a)
+
+
 class _Recorder(LogitsProcessor):
-    """Keeps index -> request tag from update_state alone; apply records what each row holds."""
+    """Keeps index -> request tag from update_state alone (in both orders processors use);
+    apply records what each row holds."""
 
     def __init__(self, config: Any, device: torch.device, is_pin_memory: bool) -> None:
         self.tags: dict[int, int] = {}
+        self.tags_vllm_order: dict[int, int] = {}
         self.applied: list[tuple[dict[int, int], torch.Tensor]] = []
 
     def is_argmax_invariant(self) -> bool:
@@ -93,12 +109,20 @@ class _Recorder(LogitsProcessor):
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         process_dict_updates(self.tags, batch_update,
                              lambda p, _prompt, _out: p.extra_args["tag"])
+        _vllm_order(self.tags_vllm_order, batch_update)
         if batch_update is not None:
+            assert not set(batch_update.removed) & {a[0] for a in batch_update.added}
             assert sorted(self.tags) == list(range(batch_update.batch_size))
+        assert self.tags == self.tags_vllm_order
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         self.applied.append((dict(self.tags), logits[:, 0].clone()))
         return logits + 1.0  # a change the caller must see in its own row order
+
+
+def _state(tag: int) -> Any:
+    return types.SimpleNamespace(params=SamplingParams(extra_args={"tag": tag}),
+                                 prompt_token_ids=[1], output_token_ids=[])
 
 
 def test_batch_indices_follow_every_change_of_the_rows() -> None:
@@ -106,23 +130,28 @@ def test_batch_indices_follow_every_change_of_the_rows() -> None:
     batch = LogitsProcessorBatch([_Recorder], types.SimpleNamespace(), torch.device("cpu"))
     rec = batch.varying[0]
     assert isinstance(rec, _Recorder)
-    live: list[int] = []
+    live: list[Any] = []  # sampling states, as the runner keeps them across steps
+    moves = reused = 0
     for _step in range(300):  # requests come, go, and change order, as the scheduler's do
-        live = [t for t in live if rng.random() > 0.2]
-        rng.shuffle(live) if rng.random() < 0.3 else None
-        live += [rng.randrange(10**6) for _ in range(rng.randrange(4))]
+        live = [s for s in live if rng.random() > 0.2]
+        if rng.random() < 0.3:
+            rng.shuffle(live)
+        if live and rng.random() < 0.1:  # a finished request's tag back as a new request
+            live[0] = _state(live[0].params.extra_args["tag"])
+            reused += 1
+        live += [_state(rng.randrange(10**6)) for _ in range(rng.randrange(4))]
         if not live:
             continue
-        states = [types.SimpleNamespace(request_id=str(t), params=SamplingParams(
-            extra_args={"tag": t}), prompt_token_ids=[1], output_token_ids=[]) for t in live]
-        batch.begin_step(states)  # type: ignore[arg-type]
-        x = torch.tensor(live, dtype=torch.float32).unsqueeze(1).repeat(1, 3)  # row i: tag
+        batch.begin_step(live)
+        tags_in_rows = [s.params.extra_args["tag"] for s in live]
+        x = torch.tensor(tags_in_rows, dtype=torch.float32).unsqueeze(1).repeat(1, 3)
         y = batch.apply(x, batch.varying)
         tags, seen = rec.applied[-1]
         # the processor's row k holds the request its own state puts at index k
         assert [int(v) for v in seen.tolist()] == [tags[k] for k in range(len(live))]
         torch.testing.assert_close(y, x + 1.0)  # back in the runner's order
-        assert batch.slots == [str(tags[k]) for k in range(len(live))]
+        moves += not batch.in_order
+    assert moves > 50 and reused > 10
 
 
 def test_target_tokens_hold_through_chunking_and_preemption(
@@ -188,9 +217,17 @@ def test_argmax_invariant_processors_run_after_the_temperature(llm: LLM) -> None
             assert abs(float(lp[t]) - top[t].logprob) < 1e-4
 
 
+class _Picky(TargetTokenProcessor):
+    @classmethod
+    def validate_params(cls, sampling_params: SamplingParams) -> None:
+        (sampling_params.extra_args or {})["needed"]  # a KeyError, not a ValueError
+
+
 def test_what_is_refused(llm: LLM, smollm2_dir: Path) -> None:
     with pytest.raises(ValueError, match="target_token must be a non-negative integer"):
         llm.generate(PROMPTS[:1], greedy(2, target_token="x"), use_tqdm=False)
+    with pytest.raises(ValueError, match=r"_Picky.validate_params refused .* KeyError"):
+        validate_request([_Picky], SamplingParams())
     with pytest.raises(ValueError, match="is not a subclass of"):
         LLM(str(smollm2_dir), max_model_len=64, logits_processors=[dict])
     with pytest.raises(ValueError, match="has no class 'Missing'"):

@@ -22,6 +22,7 @@ import base64
 import io
 import os
 import types
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -207,6 +208,8 @@ def test_truncation_pooling_and_what_is_refused(llm: LLM, hf: HF) -> None:
         run(llm, [{"prompt_embeds": rows}], SamplingParams(max_tokens=2, prompt_logprobs=1))
     with pytest.raises(ValueError, match="beam search"):
         llm.beam_search([{"prompt_embeds": rows}], BeamSearchParams(beam_width=2, max_tokens=2))
+    with pytest.raises(ValueError, match="score takes text or token prompts"):
+        llm.score({"prompt_embeds": rows}, PROMPTS[0], use_tqdm=False)
     assert llm.engine.stats()["num_used_blocks"] == 0  # nothing refused was queued
 
 
@@ -233,12 +236,23 @@ def test_base64_payloads_are_decoded_or_refused() -> None:
 
     buf = io.BytesIO()  # an arbitrary pickled object: weights_only loading refuses it
     torch.save(types.SimpleNamespace(rows=rows), buf)
+    # a torch.save zip whose pickle is cut short: torch's unpickler raises IndexError
+    src = zipfile.ZipFile(io.BytesIO(base64.b64decode(b64(rows))))
+    broken = io.BytesIO()
+    with zipfile.ZipFile(broken, "w") as z:
+        for info in src.infolist():
+            z.writestr(info, b"\x80\x02R." if info.filename.endswith("data.pkl")
+                       else src.read(info.filename))
     for payload, message in [
         ("not base64!", "not valid base64"),
         (base64.b64encode(b"plain bytes").decode(), "not a tensor saved with torch.save"),
         (base64.b64encode(buf.getvalue()).decode(), "not a tensor saved with torch.save"),
         (b64({"rows": rows}), "must be a torch.Tensor, got dict"),  # type: ignore[arg-type]
         (b64(rows.to_sparse()), "dense tensor"),
+        (base64.b64encode(broken.getvalue()).decode(), r"torch.save \(IndexError\)"),
+        # 1.6 kB that would be 32 MB of rows: an expanded view is refused before any copy
+        (b64(torch.zeros(1, 8).expand(10**6, 8)), "must hold its values"),
+        (b64(torch.zeros(3, 8, device="meta")), "could not be read as rows"),
     ]:
         with pytest.raises(ValueError, match=message):
             decode_embeds(payload, 8)
@@ -338,6 +352,8 @@ def test_server_completions_take_base64_rows(smollm2_dir: Path, hf: HF) -> None:
             ({"prompt_embeds": "not base64!"}, "prompt_embeds"),
             ({"prompt_embeds": b64(rows[:, :7])}, "prompt_embeds"),
             ({"prompt_embeds": b64(torch.full((2, HIDDEN), float("inf")))}, "prompt_embeds"),
+            ({"prompt_embeds": b64(torch.zeros(1, HIDDEN).expand(4096, HIDDEN))},
+             "prompt_embeds"),
             ({"prompt_embeds": b64(rows), "echo": True}, "echo"),
             ({"prompt_embeds": b64(rows), "prompt_logprobs": 1}, "prompt_logprobs"),
             ({"prompt_embeds": b64(torch.zeros(126, HIDDEN))}, "max_tokens"),

@@ -38,6 +38,13 @@ def load_logits_processors(
 
 
 def validate_request(classes: Sequence[type[LogitsProcessor]], params: SamplingParams) -> None:
-    """Every processor's ``validate_params`` (a ValueError refuses the request)."""
+    """Every processor's ``validate_params``: a ValueError refuses the request (a 400 on the
+    server); any other exception it raises on the request's extra_args does too, named."""
     for cls in classes:
-        cls.validate_params(params)
+        try:
+            cls.validate_params(params)
+        except ValueError:
+            raise
+        except Exception as exc:  # the processor's own, on the client's extra_args
+            raise ValueError(f"{cls.__name__}.validate_params refused the request's "
+                             f"extra_args (vllm_xargs): {type(exc).__name__}: {exc}") from exc

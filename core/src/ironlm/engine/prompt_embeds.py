@@ -17,7 +17,6 @@ import base64
 import binascii
 import hashlib
 import io
-import pickle
 from typing import Any
 
 import torch
@@ -49,6 +48,10 @@ def checked_embeds(embeds: object, hidden_size: int) -> torch.Tensor:
     if embeds.shape[1] != hidden_size:
         raise ValueError(f"prompt_embeds hidden size {embeds.shape[1]} does not match the "
                          f"model's hidden_size {hidden_size}")
+    if embeds.untyped_storage().nbytes() < embeds.numel() * embeds.element_size():
+        # an expanded (stride 0) or overlapping view: a few bytes that would become many
+        raise ValueError("prompt_embeds must hold its values: an expanded or overlapping "
+                         "view is not taken (call .contiguous() on it)")
     rows = embeds.detach().to("cpu", torch.float32).contiguous()
     if not bool(torch.isfinite(rows).all()):
         raise ValueError("prompt_embeds contains NaN or infinite values")
@@ -62,14 +65,20 @@ def decode_embeds(payload: str, hidden_size: int) -> torch.Tensor:
         raw = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError, TypeError):
         raise ValueError("prompt_embeds is not valid base64") from None
-    try:  # a sparse payload's indices are checked as it loads (checked_embeds refuses it)
-        with torch.sparse.check_sparse_tensor_invariants():
-            tensor = torch.load(io.BytesIO(raw), weights_only=True, map_location="cpu")
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, AttributeError,
-            KeyError, TypeError) as exc:  # what torch.load raises for a bad or unsafe file
+    # A sparse payload is refused by its layout before any of its values or indices is read
+    # (so torch's sparse checks, a process-wide switch, are not needed here).
+    try:
+        tensor = torch.load(io.BytesIO(raw), weights_only=True, map_location="cpu")
+    except Exception as exc:  # noqa: BLE001 (whatever untrusted bytes make torch.load raise)
         raise ValueError(f"prompt_embeds is not a tensor saved with torch.save ("
                          f"{type(exc).__name__})") from None
-    return checked_embeds(tensor, hidden_size)
+    try:
+        return checked_embeds(tensor, hidden_size)
+    except ValueError:
+        raise
+    except Exception as exc:  # noqa: BLE001 (e.g. a meta tensor: no values to read)
+        raise ValueError(f"prompt_embeds could not be read as rows ({type(exc).__name__})") \
+            from None
 
 
 def block_digest(rows: torch.Tensor) -> bytes:

@@ -117,6 +117,9 @@ class PoolingCalls:
         """vLLM's bi-encoder scores: the cosine of each pair's pooled states, one ``data_1``
         against every ``data_2`` or pairwise (``scoring``)."""
         first, second = as_prompt_list(data_1), as_prompt_list(data_2)
+        if any(isinstance(p, dict) and "prompt_embeds" in p for p in first + second):
+            raise ValueError("score takes text or token prompts, not prompt_embeds (a pair's "
+                             "tokens are joined)")
         pairs = pair_indices(len(first), len(second))
         pooled = self.encode(first + second, pooling_params,
                              truncate_prompt_tokens=truncate_prompt_tokens, use_tqdm=use_tqdm,

@@ -162,6 +162,7 @@ class AdapterLogitsProcessor(LogitsProcessor):
 def logits_processor_class(entry: Any) -> type[LogitsProcessor]:
     """``entry`` checked as a LogitsProcessor subclass (ValueError naming it otherwise)."""
     if not (isinstance(entry, type) and issubclass(entry, LogitsProcessor)):
-        raise ValueError(  # noqa: TRY004 (a start-up argument: ValueError, as vLLM's)f"logits_processors: {entry!r} is not a subclass of "
-                         "ironlm.interfaces.logits_processor.LogitsProcessor")
+        raise ValueError(  # noqa: TRY004 (a start-up argument: ValueError, as vLLM's)
+            f"logits_processors: {entry!r} is not a subclass of "
+            "ironlm.interfaces.logits_processor.LogitsProcessor")
     return entry

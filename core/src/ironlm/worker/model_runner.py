@@ -74,9 +74,10 @@ class ModelRunner:
         self.swap_caches: list[torch.Tensor] = []  # host swap space, one per layer (or none)
         self.graphs: DecodeGraphs | None = None  # set with the KV cache unless enforce_eager
         self.lora = lora  # the adapters, when LoRA is enabled
-        self.sampler = Sampler(ops, config.logprobs_mode)
-        if config.logits_processors and self.stage.samples:  # classes (the engine loads them)
-            self.sampler.custom = LogitsProcessorBatch(config.logits_processors, config, device)
+        # vLLM's --logits-processors (classes: the engine loaded them), on the sampling rank
+        custom = LogitsProcessorBatch(config.logits_processors, config, device) \
+            if config.logits_processors and self.stage.samples else None
+        self.sampler = Sampler(ops, config.logprobs_mode, custom)
         self.states: dict[str, SamplingState] = {}
         self.embed_sums: dict[str, torch.Tensor] = {}  # pooling requests: running hidden sums
         self.speculator: Speculator | None = None  # set by the worker with a proposer
@@ -94,7 +95,7 @@ class ModelRunner:
             for nr in mi.new_requests:
                 self.states[nr.request_id] = SamplingState.create(
                     nr.sampling_params, nr.eos_token_id, nr.prompt_token_ids, self.vocab_size,
-                    self.device, nr.request_id,
+                    self.device,
                 )
                 self.states[nr.request_id].pooling = nr.pooling
         if self.speculator is not None:
@@ -135,7 +136,7 @@ class ModelRunner:
             intermediate = stage.channel.recv(
                 len(input_ids), stage.hidden_size, stage.dtype, self.device
             )  # fmt: skip
-        extra = {}  # vLLM's prompt_embeds: the first stage runs the given rows
+        extra: dict[str, torch.Tensor] = {}  # prompt_embeds: the first stage runs the rows
         if any(s.prompt_embeds is not None for s in mi.seqs) and intermediate is None:
             extra["inputs_embeds"] = spliced_embeds(self.model, mi.seqs, input_ids)
         result = self.model(input_ids, positions, self.kv_caches, meta, intermediate, **extra)

@@ -18,8 +18,11 @@ from ironlm.interfaces.step import SampledToken
 from ironlm.sampling_params import SamplingParams
 from ironlm.worker.draw_inputs import limit_tensors, truncates, uniforms
 from ironlm.worker.logits_batch import LogitsProcessorBatch
+from ironlm.worker.penalties import apply_penalties
 
 _NEG_INF = float("-inf")
+# (logits, (B, 1) scale): what the draw reads, the temperature applied as the scale
+Tempered = tuple[torch.Tensor, torch.Tensor]
 
 
 @dataclass
@@ -34,7 +37,6 @@ class SamplingState:
     prompt_mask: torch.Tensor | None = None  # (vocab,) bool, for repetition_penalty
     output_token_ids: list[int] | None = None  # for bad_words matching
     pooling: bool = False  # embedding request: no sampling
-    request_id: str = ""  # its id (the custom logits processors' batch indices)
 
     @classmethod
     def create(
@@ -44,14 +46,12 @@ class SamplingState:
         prompt_token_ids: list[int] | None,
         vocab_size: int,
         device: torch.device,
-        request_id: str = "",
     ) -> SamplingState:
         gen = None
         if params.seed is not None:
             gen = torch.Generator(device=device)
             gen.manual_seed(params.seed & 0xFFFF_FFFF_FFFF_FFFF)
-        st = cls(params, eos_token_id, prompt_token_ids, gen, output_token_ids=[],
-                 request_id=request_id)
+        st = cls(params, eos_token_id, prompt_token_ids, gen, output_token_ids=[])
         if params.presence_penalty or params.frequency_penalty or params.repetition_penalty != 1:
             st.output_counts = torch.zeros(vocab_size, dtype=torch.int32, device=device)
         if params.repetition_penalty != 1.0:
@@ -89,14 +89,16 @@ class Sampler:
     draw at a temperature (``LayerOps.categorical``), with top-k / top-p / min-p
     (``LayerOps.truncated_categorical``)."""
 
-    def __init__(self, ops: LayerOps | None = None, logprobs_mode: str = "raw_logprobs") -> None:
+    def __init__(
+        self, ops: LayerOps | None = None, logprobs_mode: str = "raw_logprobs",
+        custom: LogitsProcessorBatch | None = None,
+    ) -> None:  # fmt: skip
         self.ops = ops if ops is not None else LayerOps()
         # vLLM's logprobs_mode: what logprobs report (config.LOGPROBS_MODES): raw_logprobs
         # (the model's distribution), raw_logits, or processed_logprobs / processed_logits
         # (what the draw used: after penalties, bans, temperature, top-k / top-p / min-p)
         self.logprobs_mode = logprobs_mode
-        # the custom logits processors (vLLM's --logits-processors), on the sampling rank
-        self.custom: LogitsProcessorBatch | None = None
+        self.custom = custom  # vLLM's --logits-processors (only the sampling rank has them)
 
     def __call__(
         self,
@@ -117,11 +119,13 @@ class Sampler:
             logits = logits.masked_fill(~allowed_mask, _NEG_INF)  # so raw values see it too
         x = self._process(logits, states, None)
         greedy = [s.params.sampling_type_greedy for s in states]
+        # (logits, scale) the draw reads, made once (argmax-invariant processors run on it)
+        tempered = None if all(greedy) else self._tempered(x, states, greedy)
         # (B, V) what the logprobs report, when the top ones are wanted or the mode is not
         # raw_logprobs (whose sampled tokens' values need no (B, V) tensor)
         reported = None
         if want_top or (want_lp and self.logprobs_mode != "raw_logprobs"):
-            reported = self._reported(logits, x, states, greedy)
+            reported = self._reported(logits, x, states, greedy, tempered)
         raw_greedy = x is logits and any(greedy)  # the argmax of the raw logits is wanted
         log_norm, raw_argmax = None, None
         if reported is None and (want_lp or raw_greedy):
@@ -130,8 +134,8 @@ class Sampler:
         tokens = None
         if any(greedy):  # the argmax of the processed logits (the raw ones' when unchanged)
             tokens = raw_argmax if x is logits and raw_argmax is not None else x.argmax(dim=-1)
-        if not all(greedy):
-            drawn = self._draw(x, states, greedy)
+        if tempered is not None:
+            drawn = self._draw(tempered, states)
             tokens = drawn if tokens is None else torch.where(
                 torch.tensor(greedy, device=x.device), tokens, drawn)
         assert tokens is not None
@@ -153,24 +157,24 @@ class Sampler:
             s.record(tok_list[i])
         return out
 
-    def _draw(
-        self, x: torch.Tensor, states: list[SamplingState], greedy: list[bool]
-    ) -> torch.Tensor:
-        """(B,) a draw per row from the processed logits (greedy rows' draws are discarded):
-        through the platform's ``LayerOps.categorical`` at each row's temperature, or its
+    def _draw(self, tempered: Tempered, states: list[SamplingState]) -> torch.Tensor:
+        """(B,) a draw per row from the processed logits at each row's temperature (greedy
+        rows' draws are discarded): through the platform's ``LayerOps.categorical``, or its
         ``LayerOps.truncated_categorical`` when a row has a top-k, top-p or min-p."""
+        x, scale = tempered
         u = uniforms(states, x.device)
-        x, scale = self._tempered(x, 1.0 / self._temperatures(x, states, greedy))
         if truncates(states):
             top_k, top_p, min_p = limit_tensors(states, x.shape[1], x.device)
             return self.ops.truncated_categorical(x, scale, top_k, top_p, min_p, u)
         return self.ops.categorical(x, scale, u)
 
     def _tempered(
-        self, x: torch.Tensor, scale: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(logits, scale) for the draw: as given, or with argmax-invariant custom processors
-        (vLLM's order: after the temperature) the scaled logits they made and a scale of 1."""
+        self, x: torch.Tensor, states: list[SamplingState], greedy: list[bool]
+    ) -> Tempered:
+        """(logits, (B, 1) scale) for the draw: the processed logits and 1 / temperature, or
+        with argmax-invariant custom processors (vLLM's order: after the temperature) the
+        scaled logits they made and a scale of 1."""
+        scale = 1.0 / self._temperatures(x, states, greedy)
         if self.custom is None or not self.custom.invariant:
             return x, scale
         return self.custom.apply(x * scale, self.custom.invariant), torch.ones_like(scale)
@@ -187,14 +191,14 @@ class Sampler:
 
     def _reported(
         self, logits: torch.Tensor, x: torch.Tensor, states: list[SamplingState],
-        greedy: list[bool],
+        greedy: list[bool], tempered: Tempered | None,
     ) -> torch.Tensor:  # fmt: skip
         """(B, V) the values logprobs report under ``logprobs_mode``: from the raw ``logits``
         or the processed ``x`` as the draw sees it (``_finish``)."""
         mode = self.logprobs_mode
         if mode.startswith("raw_"):
             return logits if mode == "raw_logits" else torch.log_softmax(logits, dim=-1)
-        final = self._finish(x, states, greedy)
+        final = self._finish(x, states, greedy, tempered)
         return final if mode == "processed_logits" else torch.log_softmax(final, dim=-1)
 
     def final_logits(
@@ -206,13 +210,14 @@ class Sampler:
         return self._finish(x, states, [s.params.sampling_type_greedy for s in states])
 
     def _finish(
-        self, x: torch.Tensor, states: list[SamplingState], greedy: list[bool]
-    ) -> torch.Tensor:
+        self, x: torch.Tensor, states: list[SamplingState], greedy: list[bool],
+        tempered: Tempered | None = None,  # the draw's, when already made
+    ) -> torch.Tensor:  # fmt: skip
         """The processed logits ``x`` at each row's temperature, truncated by its top-k / top-p
         / min-p (greedy rows as they are)."""
         if all(greedy):
             return x
-        x, scale = self._tempered(x, 1.0 / self._temperatures(x, states, greedy))
+        x, scale = tempered if tempered is not None else self._tempered(x, states, greedy)
         if not truncates(states):
             return x * scale
         top_k, top_p, min_p = limit_tensors(states, x.shape[1], x.device)
@@ -259,7 +264,7 @@ class Sampler:
             )
         if self.custom is not None and self.custom.varying:  # vLLM's: before the penalties
             x = self.custom.apply(x, self.custom.varying)
-        x = _apply_penalties(x, states)
+        x = apply_penalties(x, states)
         if keep_rows:
             keep = torch.zeros((len(keep_rows), x.shape[1]), dtype=torch.bool, device=x.device)
             for j, i in enumerate(keep_rows):
@@ -271,28 +276,6 @@ class Sampler:
         if allowed is not None:
             x = x.masked_fill(~allowed, _NEG_INF)
         return x
-
-
-def _apply_penalties(x: torch.Tensor, states: list[SamplingState]) -> torch.Tensor:
-    rows = [i for i, s in enumerate(states) if s.output_counts is not None]
-    if not rows:
-        return x
-    idx = torch.tensor(rows, device=x.device)
-    counts = torch.stack([states[i].output_counts for i in rows]).to(x.dtype)  # (R, V)
-    rep = torch.tensor([states[i].params.repetition_penalty for i in rows], device=x.device)
-    freq = torch.tensor([states[i].params.frequency_penalty for i in rows], device=x.device)
-    pres = torch.tensor([states[i].params.presence_penalty for i in rows], device=x.device)
-    sub = x[idx]
-    seen = counts > 0
-    prompt = [states[i].prompt_mask for i in rows]
-    if any(m is not None for m in prompt):
-        pm = torch.stack([m if m is not None else torch.zeros_like(seen[0]) for m in prompt])
-        rep_seen = seen | pm
-        r = rep.unsqueeze(1)
-        sub = torch.where(rep_seen, torch.where(sub > 0, sub / r, sub * r), sub)
-    sub = sub - freq.unsqueeze(1) * counts - pres.unsqueeze(1) * seen.to(x.dtype)
-    x[idx] = sub
-    return x
 
 
 def top_logprobs(row: torch.Tensor, token_id: int, k: int) -> list[tuple[int, float, int]]:

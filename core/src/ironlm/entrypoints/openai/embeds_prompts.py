@@ -50,7 +50,7 @@ async def embeds_prompts(
         tensors = await asyncio.to_thread(decode)
     except ValueError as exc:
         raise APIError(str(exc), 400, param="prompt_embeds") from None
-    prompts = []
+    prompts: list[EnginePrompt] = []
     for rows in tensors:
         if keep is not None and keep >= 1:
             rows = rows[-keep:]
