@@ -2,7 +2,8 @@
 --head``, reached through RAY_ADDRESS): SmolLM2 at tp=3 and pp=2 gives the greedy tokens of
 one rank, through ``LLM`` and through ``ironlm serve`` with the openai client (streaming
 included); ``collective_rpc`` through the actors (a lambda, weight updates over three ranks, a
-refused call); a killed Ray worker makes the engine dead."""
+refused call); prompt embeddings and a custom logits processor at tp=3; a killed Ray worker
+makes the engine dead."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from parallel_utils import (
     greedy_outputs,
     greedy_tokens,
 )
+from logits_processors_examples import TargetTokenProcessor, has_processors
 from safetensors.torch import load_file
 from server_utils import RemoteServer
 from weight_sync import load_weights_call, perturbed
@@ -56,9 +58,21 @@ def test_ray_tp3_matches_one_rank_and_a_dead_worker_kills_the_engine(
 ) -> None:
     import ray
 
-    llm = _ray_llm(smollm2_dir, tensor_parallel_size=3)
+    llm = _ray_llm(smollm2_dir, tensor_parallel_size=3, enable_prompt_embeds=True,
+                   logits_processors=[TargetTokenProcessor])
     try:
-        assert greedy_tokens(llm) == one_rank[0]
+        assert greedy_tokens(llm) == one_rank[0]  # the processor configured, no request uses it
+        # prompts as embedding rows (SmolLM2's table, unscaled) reach every rank through Ray
+        table = load_file(smollm2_dir / "model.safetensors")["model.embed_tokens.weight"]
+        rows = [{"prompt_embeds": table[llm.get_tokenizer()(p).input_ids]} for p in PROMPTS]
+        greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+        assert [o.outputs[0].token_ids for o in llm.generate(rows, greedy, use_tqdm=False)] \
+            == one_rank[0]
+        # the custom processor: built on the sampling rank only, its target held
+        assert llm.collective_rpc(has_processors) == [True, False, False]
+        forced = SamplingParams(temperature=0.0, max_tokens=4, extra_args={"target_token": 7})
+        assert llm.generate(PROMPTS[:1], forced, use_tqdm=False)[0].outputs[0].token_ids \
+            == [7] * 4
         # collective_rpc through the actors: a lambda (Ray pickles it by value), weight
         # updates sharded over the three ranks, a refused call that leaves them running
         assert llm.collective_rpc(lambda worker: worker.rank) == [0, 1, 2]
