@@ -7,21 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from real_prompts import PROMPTS
 
 from ironlm import LLM, SamplingParams
 
 pytestmark = pytest.mark.real_model
 
-PROMPTS = [
-    "The capital of France is",
-    "Write a haiku about the sea.",
-    "def fibonacci(n):",
-    "Q: What is 17 times 23?\nA:",
-    "Once upon a time, in a land far away, there lived a",
-    "List three primary colors:",
-    "The quick brown fox",
-    "Translate to French: I like apples.",
-]
 NEW_TOKENS = 32
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS)
 

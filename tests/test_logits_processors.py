@@ -34,6 +34,7 @@ from logits_processors_examples import (
     has_processors,
 )
 from parallel_utils import worker_pids
+from real_prompts import PROMPTS
 from server_utils import RemoteServer
 
 from ironlm import LLM, SamplingParams
@@ -45,16 +46,6 @@ from ironlm.worker.logits_batch import LogitsProcessorBatch
 
 pytestmark = pytest.mark.real_model
 
-PROMPTS = [
-    "The capital of France is",
-    "Write a haiku about the sea.",
-    "def fibonacci(n):",
-    "Q: What is 17 times 23?\nA:",
-    "Once upon a time, in a land far away, there lived a",
-    "List three primary colors:",
-    "The quick brown fox",
-    "Translate to French: I like apples.",
-]
 # 12 blocks of 16 tokens for 8 sequences of up to ~55 tokens, a 24-token step budget:
 # chunked prefill and preemption by recompute churn the batch
 ARGS: dict[str, Any] = {

@@ -31,6 +31,7 @@ import httpx
 import pytest
 import torch
 from parallel_utils import worker_pids
+from real_prompts import PROMPTS
 from server_utils import RemoteServer
 
 from ironlm import LLM, SamplingParams
@@ -44,16 +45,6 @@ from ironlm.interfaces.model import ModelArchitecture
 
 pytestmark = pytest.mark.real_model
 
-PROMPTS = [
-    "The capital of France is",
-    "Write a haiku about the sea.",
-    "def fibonacci(n):",
-    "Q: What is 17 times 23?\nA:",
-    "Once upon a time, in a land far away, there lived a",
-    "List three primary colors:",
-    "The quick brown fox",
-    "Translate to French: I like apples.",
-]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=0)
 # 12 blocks of 16 tokens for 8 sequences of ~35 tokens, a 24-token step budget: chunked
 # prefill, and preemption by recompute (no swap space), so rows are sent again
