@@ -15,7 +15,15 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from ironlm.entrypoints.llm import LLM
-    from ironlm.outputs import CompletionOutput, RequestOutput
+    from ironlm.outputs import (
+        ClassificationOutput,
+        ClassificationRequestOutput,
+        CompletionOutput,
+        EmbeddingRequestOutput,
+        PoolingRequestOutput,
+        RequestOutput,
+        ScoringRequestOutput,
+    )
     from ironlm.pooling_params import PoolingParams
     from ironlm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
@@ -29,6 +37,11 @@ _LAZY = {
     "PoolingParams": "ironlm.pooling_params",
     "RequestOutput": "ironlm.outputs",
     "CompletionOutput": "ironlm.outputs",
+    "ClassificationOutput": "ironlm.outputs",
+    "ClassificationRequestOutput": "ironlm.outputs",
+    "EmbeddingRequestOutput": "ironlm.outputs",
+    "PoolingRequestOutput": "ironlm.outputs",
+    "ScoringRequestOutput": "ironlm.outputs",
 }
 
 
@@ -46,8 +59,14 @@ __all__ = [
     "BeamSearchParams",
     "GuidedDecodingParams",
     "StructuredOutputsParams",
+    "ClassificationOutput",
+    "ClassificationRequestOutput",
     "CompletionOutput",
+    "EmbeddingRequestOutput",
+    "PoolingParams",
+    "PoolingRequestOutput",
     "RequestOutput",
+    "ScoringRequestOutput",
     "RequestOutputKind",
     "SamplingParams",
     "hookimpl",

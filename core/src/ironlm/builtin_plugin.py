@@ -58,17 +58,14 @@ def register_quantization_methods(register: Callable[[type], None]) -> None:
 
 @hookimpl
 def register_models(register: Callable[[str, type], None]) -> None:
-    from ironlm.models.gemma3 import Gemma3ForCausalLM
-    from ironlm.models.llama import LlamaForCausalLM
+    from ironlm.models.gemma3 import Gemma3ForCausalLM, Gemma3TextForSequenceClassification
+    from ironlm.models.llama import LlamaForCausalLM, LlamaForSequenceClassification
 
-    for arch in (
-        "LlamaForCausalLM",
-        "MistralForCausalLM",
-        "Qwen2ForCausalLM",
-        "Qwen3ForCausalLM",
-    ):
-        register(arch, LlamaForCausalLM)
+    for family in ("Llama", "Mistral", "Qwen2", "Qwen3"):
+        register(f"{family}ForCausalLM", LlamaForCausalLM)
+        register(f"{family}ForSequenceClassification", LlamaForSequenceClassification)
     register("Gemma3ForCausalLM", Gemma3ForCausalLM)
+    register("Gemma3TextForSequenceClassification", Gemma3TextForSequenceClassification)
 
 
 @hookimpl

@@ -31,6 +31,11 @@ _OLD_SPEC_FIELDS = ("speculative_model", *_SPEC_FIELDS.values())
 def apply_vllm_aliases(cfg: EngineConfig) -> None:
     """Move the aliases ``cfg`` was given into their fields and clear them (ValueError when
     both forms are given, or for a value IronLM cannot honour)."""
+    for name in ("kv_cache_memory", "kv_cache_memory_bytes"):
+        value = getattr(cfg, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise TypeError(f"{name} takes a number of bytes (an int), got {value!r}; the "
+                            "command line's --kv-cache-memory reads sizes such as 512MiB")
     if cfg.kv_cache_memory_bytes is not None:
         if cfg.kv_cache_memory is not None:
             raise ValueError("give kv_cache_memory or kv_cache_memory_bytes (vLLM's name of "

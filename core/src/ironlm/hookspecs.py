@@ -50,7 +50,8 @@ PROJECT = "ironlm"
 # 1.3: prompt embeddings (``ModelArchitecture.supports_prompt_embeds``, ``embed_input_ids`` and
 # ``forward(..., inputs_embeds=)``); custom logits processors (``register_logits_processors``,
 # ``ironlm.interfaces.logits_processor``).
-CONTRACT_VERSION = "1.3"
+# 1.4: sequence classifiers (``ModelArchitecture.classifies`` and ``classify``).
+CONTRACT_VERSION = "1.4"
 # The module constant a plugin declares its contract version in.
 CONTRACT_ATTRIBUTE = "IRONLM_CONTRACT_VERSION"
 

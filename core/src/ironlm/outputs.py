@@ -90,15 +90,36 @@ class EmbeddingRequestOutput:
 
 
 @dataclass
+class ClassificationOutput:
+    probs: list[float]  # (num_labels,): softmax over the labels, a sigmoid for a single one
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.probs)
+
+
+@dataclass
+class ClassificationRequestOutput:
+    """One prompt's classes (``LLM.classify``, vLLM's shape)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: ClassificationOutput
+    finished: bool = True
+
+
+@dataclass
 class ScoringOutput:
-    score: float  # the cosine similarity of the pair's two embeddings, in [-1, 1]
+    # an embedding model's: the cosine similarity of the pair's two embeddings, in [-1, 1];
+    # a cross-encoder's (a one-label classifier): the sigmoid of the pair's logit, in (0, 1)
+    score: float
 
 
 @dataclass
 class ScoringRequestOutput:
     """One pair's score (``LLM.score``, vLLM's shape): ``prompt_token_ids`` are the first text's
     tokens, the pad token where the tokenizer has one, then the second's (vLLM counts usage
-    from them)."""
+    from them); a cross-encoder's, the pair's encoding as the model read it."""
 
     request_id: str
     prompt_token_ids: list[int]

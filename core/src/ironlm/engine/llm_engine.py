@@ -17,6 +17,7 @@ from ironlm.config import EngineConfig
 from ironlm.distributed.layout import check_model_fits
 from ironlm.engine.adapter_cache import AdapterCache
 from ironlm.engine.block_manager import BlockManager
+from ironlm.engine.classification import classifier_of
 from ironlm.engine.context_length import max_model_len, model_limit
 from ironlm.engine.guided_manager import GuidedManager
 from ironlm.engine.input_processor import InputProcessor, PromptType
@@ -107,8 +108,12 @@ class LLMEngine(LoRACalls, SleepCalls):
             self.pm.check_kv_cache_dtype(config.kv_cache_dtype, config.attention_backend,
                                          platform)
         self.spec = self._speculation(config)
+        model_cls = self.pm.select_model(source.architectures)
+        # a sequence classifier pools every request (None: a generative model)
+        self.classifier = classifier_of(model_cls, source.architectures, source.hf_config,
+                                        self.spec is not None)
         if config.enable_prompt_embeds:  # refused here, before any worker loads
-            check_embeds_support(self.pm.select_model(source.architectures), self.spec)
+            check_embeds_support(model_cls, self.spec)
         if config.logits_processors:  # classes from here on (the workers build them)
             self.config = config = replace(config, logits_processors=load_logits_processors(
                 self.pm, config.logits_processors, self.spec))
@@ -232,6 +237,8 @@ class LLMEngine(LoRACalls, SleepCalls):
             raise ValueError(f"request id {request_id!r} is already in use")
         if lora_request is not None:
             self._check_adapter(lora_request)
+        if self.classifier is not None and not pooling:
+            raise self.classifier.refuse_generation()
         params = params.clone()
         if not pooling:
             validate_request(self.config.logits_processors or [], params)

@@ -1,7 +1,9 @@
-"""The offline API's pooling calls, vLLM's names and shapes: ``encode`` (the pooled state as
-a tensor), ``embed`` (as a list of floats) and ``score`` (text pairs, ``scoring``).
+"""The offline API's pooling calls, vLLM's names and shapes: ``encode`` (the pooled output as
+a tensor), ``embed`` (as a list of floats), ``classify`` (a sequence classifier's class
+probabilities) and ``score`` (text pairs, ``scoring``).
 
-A prompt's pooled state is the mean of its last hidden states (after the final norm); the
+An LM's pooled state is the mean of a prompt's last hidden states (after the final norm); a
+classifier's is its head over the prompt's last one (``engine/classification.py``). The
 engine runs the prompt only (pooling requests generate nothing)."""
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from ironlm.entrypoints.prompt_lists import as_prompt_list, per_prompt_lora
 from ironlm.entrypoints.scoring import cosine, pair_indices, pair_token_ids
 from ironlm.lora.request import LoRARequest
 from ironlm.outputs import (
+    ClassificationOutput,
+    ClassificationRequestOutput,
     EmbeddingOutput,
     EmbeddingRequestOutput,
     PoolingOutput,
@@ -31,8 +35,8 @@ if TYPE_CHECKING:
     from ironlm.engine.llm_engine import LLMEngine
     from ironlm.outputs import RequestOutput
 
-# vLLM's pooling tasks that need a head this engine's models do not have
-_HEADLESS_TASKS = ("classify", "score", "token_classify", "token_embed", "encode")
+# vLLM's per-token pooling tasks: no model here has a per-token head
+_PER_TOKEN_TASKS = ("token_classify", "token_embed", "encode")
 
 
 class PoolingCalls:
@@ -54,18 +58,19 @@ class PoolingCalls:
         lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
         pooling_task: str | None = None,
     ) -> list[PoolingRequestOutput]:
-        """Each prompt's pooled state, ``outputs.data`` a (hidden_size,) float32 tensor.
-        ``pooling_params``: one for every prompt, or one per prompt; ``truncate_prompt_tokens``
-        (over theirs) keeps a prompt's last tokens (-1: as many as the context holds);
-        ``pooling_task`` "embed" (or None) only."""
-        if pooling_task in _HEADLESS_TASKS:
-            raise ValueError(f"pooling_task {pooling_task!r} needs a classification or "
-                             "per-token head; this engine pools for 'embed' only")
-        if pooling_task not in (None, "embed"):
-            raise ValueError(f"unknown pooling_task {pooling_task!r}")
+        """Each prompt's pooled output, ``outputs.data`` a float32 tensor: for "embed" (an
+        LM's default) the (hidden_size,) mean-pooled state; for "classify" (a sequence
+        classifier's default) the (num_labels,) class probabilities (logits with
+        ``use_activation=False``), for "score" the same but a multi-label head's logits
+        as they are (vLLM's). ``pooling_params``: one for every prompt, or one per prompt;
+        ``truncate_prompt_tokens`` (over theirs) keeps a prompt's last tokens (-1: as many
+        as the context holds)."""
+        task = self._pooling_task(pooling_task)
         batch = as_prompt_list(prompts)
         loras = per_prompt_lora(lora_request, len(batch))
         params = _per_prompt_params(pooling_params, len(batch))
+        for p in params:
+            p.check_task(task)
         ids: list[str] = []
         try:
             for prompt, lora, p in zip(batch, loras, params):
@@ -79,13 +84,37 @@ class PoolingCalls:
             self.engine.abort_request(ids)
             raise
         results = []
+        classifier = self.engine.classifier
         for out, p in zip(self._run(ids, use_tqdm), params):
             vec = torch.tensor(out.embedding or [], dtype=torch.float32)
             if p.normalize:
                 vec = torch.nn.functional.normalize(vec, dim=0)
+            if classifier is not None and p.use_activation is not False and (
+                task == "classify" or classifier.num_labels == 1
+            ):  # "score" keeps a multi-label head's logits (vLLM's score activation)
+                vec = classifier.activate(vec)
             results.append(PoolingRequestOutput(out.request_id, out.prompt_token_ids,
                                                 PoolingOutput(vec)))
         return results
+
+    def _pooling_task(self, requested: str | None) -> str:
+        """The task a request runs: the model's own when None ("classify" for a sequence
+        classifier, "embed" otherwise); ValueError for one the model has no head for."""
+        classifier = self.engine.classifier
+        task = requested or ("embed" if classifier is None else "classify")
+        if task in _PER_TOKEN_TASKS:
+            raise ValueError(f"pooling_task {task!r} needs a per-token head; no model here "
+                             "has one")
+        if task not in ("embed", "classify", "score"):
+            raise ValueError(f"unknown pooling_task {task!r}")
+        if classifier is None and task != "embed":
+            raise ValueError(f"pooling_task {task!r} needs a sequence classifier (an HF "
+                             "*ForSequenceClassification model); this model pools hidden "
+                             "states for 'embed'")
+        if classifier is not None and task == "embed":
+            raise ValueError(f"this model ({classifier.architecture}) is a sequence "
+                             "classifier: it has no embeddings; use classify or score")
+        return task
 
     def embed(
         self,
@@ -98,7 +127,7 @@ class PoolingCalls:
     ) -> list[EmbeddingRequestOutput]:
         """Each prompt's embedding, ``outputs.embedding`` a list of floats (``encode``)."""
         pooled = self.encode(prompts, pooling_params, truncate_prompt_tokens=truncate_prompt_tokens,
-                             use_tqdm=use_tqdm, lora_request=lora_request)
+                             use_tqdm=use_tqdm, lora_request=lora_request, pooling_task="embed")
         return [EmbeddingRequestOutput(p.request_id, p.prompt_token_ids,
                                        EmbeddingOutput(p.outputs.data.tolist()))
                 for p in pooled]  # fmt: skip
@@ -114,16 +143,21 @@ class PoolingCalls:
         pooling_params: PoolingParams | None = None,
         lora_request: LoRARequest | None = None,
     ) -> list[ScoringRequestOutput]:
-        """vLLM's bi-encoder scores: the cosine of each pair's pooled states, one ``data_1``
-        against every ``data_2`` or pairwise (``scoring``)."""
+        """vLLM's scores, one ``data_1`` against every ``data_2`` or pairwise (``scoring``):
+        an embedding model's are the cosine of each pair's pooled states (bi-encoder); a
+        classifier with one label reads each pair as one prompt, the tokenizer's pair
+        encoding, and scores the sigmoid of its logit (cross-encoder, ``llm_classify``)."""
         first, second = as_prompt_list(data_1), as_prompt_list(data_2)
         if any(isinstance(p, dict) and "prompt_embeds" in p for p in first + second):
             raise ValueError("score takes text or token prompts, not prompt_embeds (a pair's "
                              "tokens are joined)")
         pairs = pair_indices(len(first), len(second))
+        if self.engine.classifier is not None:  # a cross-encoder reads each pair at once
+            return self._cross_encode(first, second, pairs, truncate_prompt_tokens, use_tqdm,
+                                      pooling_params, lora_request)
         pooled = self.encode(first + second, pooling_params,
                              truncate_prompt_tokens=truncate_prompt_tokens, use_tqdm=use_tqdm,
-                             lora_request=lora_request)  # fmt: skip
+                             lora_request=lora_request, pooling_task="embed")  # fmt: skip
         a, b = pooled[: len(first)], pooled[len(first) :]
         pad = getattr(self.engine.tokenizer, "pad_token_id", None)
         return [
@@ -134,6 +168,63 @@ class PoolingCalls:
             )
             for i, j in pairs
         ]
+
+
+    def classify(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        *,
+        use_tqdm: bool = True,
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+        truncate_prompt_tokens: int | None = None,
+    ) -> list[ClassificationRequestOutput]:
+        """A sequence classifier's class probabilities for each prompt (vLLM's):
+        ``outputs.probs`` over the model's labels (``id2label`` order; logits with
+        ``PoolingParams(use_activation=False)``), from the prompt's last token."""
+        pooled = self.encode(prompts, pooling_params, truncate_prompt_tokens=truncate_prompt_tokens,
+                             use_tqdm=use_tqdm, lora_request=lora_request,
+                             pooling_task="classify")  # fmt: skip
+        return [ClassificationRequestOutput(p.request_id, p.prompt_token_ids,
+                                            ClassificationOutput(p.outputs.data.tolist()))
+                for p in pooled]  # fmt: skip
+
+    def _cross_encode(
+        self, first: list[PromptType], second: list[PromptType], pairs: list[tuple[int, int]],
+        truncate_prompt_tokens: int | None, use_tqdm: bool, pooling_params: PoolingParams | None,
+        lora_request: LoRARequest | None,
+    ) -> list[ScoringRequestOutput]:  # fmt: skip
+        """``score`` on a classifier: each pair as one prompt (the tokenizer's pair encoding,
+        vLLM's), scored by the head's one label through a sigmoid."""
+        classifier = self.engine.classifier
+        assert classifier is not None
+        if classifier.num_labels != 1:
+            raise ValueError(f"score needs a classifier with one label (a cross-encoder); "
+                             f"this one has {classifier.num_labels}: use classify")
+        tokenizer = self.engine.tokenizer
+        if tokenizer is None:
+            raise ValueError("score on a cross-encoder tokenizes each pair; the tokenizer "
+                             "was not loaded (skip_tokenizer_init)")
+        a, b = [_pair_text(p) for p in first], [_pair_text(p) for p in second]
+        joined: list[PromptType] = [
+            {"prompt_token_ids": list(tokenizer(a[i], text_pair=b[j])["input_ids"])}
+            for i, j in pairs
+        ]
+        pooled = self.encode(joined, pooling_params, truncate_prompt_tokens=truncate_prompt_tokens,
+                             use_tqdm=use_tqdm, lora_request=lora_request, pooling_task="score")
+        return [ScoringRequestOutput(p.request_id, p.prompt_token_ids,
+                                     ScoringOutput(float(p.outputs.data[0])))
+                for p in pooled]  # fmt: skip
+
+
+def _pair_text(prompt: PromptType) -> str:
+    """A cross-encoder's text: the tokenizer encodes each pair together."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, dict) and isinstance(prompt.get("prompt"), str):
+        return prompt["prompt"]
+    raise ValueError("score on a cross-encoder takes text prompts (each pair is encoded "
+                     "together by the tokenizer), not token ids")
 
 
 def _per_prompt_params(

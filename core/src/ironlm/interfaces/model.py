@@ -61,6 +61,9 @@ class ModelArchitecture(torch.nn.Module, ABC):
     # Whether ``forward`` takes ``inputs_embeds`` and the model has ``embed_input_ids``
     # (contract 1.3; vLLM's prompt_embeds): the engine refuses enable_prompt_embeds otherwise
     supports_prompt_embeds: ClassVar[bool] = False
+    # A sequence classifier (contract 1.4; HF ``*ForSequenceClassification``, vLLM's classify
+    # task): the engine pools its requests through ``classify`` and refuses to generate
+    classifies: ClassVar[bool] = False
     # set by the loader once the layers processed their weights for the kernels; from then
     # on ``load_weights`` updates weights in place (any subset of names: RL weight sync)
     weights_processed: bool = False
@@ -98,6 +101,13 @@ class ModelArchitecture(torch.nn.Module, ABC):
     @abstractmethod
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(num_rows, hidden_size) -> (num_rows, vocab_size) float32 logits."""
+
+    def classify(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(num_rows, hidden_size) final hidden states -> (num_rows, num_labels) float32
+        logits of the classification head, before any activation (last stage only). Needed
+        with ``classifies``; the engine passes each prompt's last row."""
+        raise NotImplementedError(f"{type(self).__name__} has no classification head "
+                                  "(classifies is False)")
 
     @abstractmethod
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

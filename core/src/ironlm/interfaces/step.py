@@ -96,7 +96,8 @@ class ModelOutput:
     # Per request: one entry per prompt position computed this step, in position order;
     # each entry [(token_id, logprob, rank)] with the actual prompt token first.
     prompt_logprobs: dict[str, list[list[tuple[int, float, int]]]] = field(default_factory=dict)
-    # Pooled hidden states for embedding requests: request id -> (hidden_size,) float32.
+    # Pooling requests: request id -> (hidden_size,) float32 mean-pooled hidden state, or a
+    # classifier's (num_labels,) float32 class logits (before any activation).
     embeddings: dict[str, torch.Tensor] = field(default_factory=dict)
     # Speculative decoding: drafts proposed after this step (ScheduledSeq.num_proposals).
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)

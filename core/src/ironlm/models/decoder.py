@@ -1,13 +1,15 @@
-"""What every decoder-only causal LM here shares: the stack of one pipeline stage and the LM
-head, with HF checkpoint names.
+"""What every decoder-only model here shares: the stack of one pipeline stage and its head,
+with HF checkpoint names.
 
 ``StageDecoder`` (the HF ``model.*`` module) holds the token embedding on the first stage, the
 decoder layers of its stage (the others are ``MissingLayer`` placeholders, so layer ``i`` keeps
 the name ``layers.i`` of the checkpoint) and the final norm on the last stage.
-``StageCausalLM`` adds the LM head on the last stage; a tied LM head shares the embedding when
-both sit on one stage, and otherwise loads its own copy of ``model.embed_tokens.weight``.
-A model family subclasses both, supplying its layers, its norm, its embedding scale and which
-rotary table each layer reads.
+``StageModel`` wraps it under HF names and routes each checkpoint tensor to the stage that
+holds it; ``StageCausalLM`` adds the LM head on the last stage (a tied LM head shares the
+embedding when both sit on one stage, and otherwise loads its own copy of
+``model.embed_tokens.weight``); ``classifier.StageSequenceClassifier`` adds HF's ``score``
+head instead. A model family subclasses ``StageDecoder`` and the heads it offers, supplying
+its layers, its norm, its embedding scale and which rotary table each layer reads.
 """
 
 from __future__ import annotations
@@ -96,22 +98,18 @@ class StageDecoder(torch.nn.Module):
         return self.norm(hidden, residual)[0]
 
 
-class StageCausalLM(ModelArchitecture):
-    """A causal LM over a ``StageDecoder`` (``self.model``) with HF names."""
+class StageModel(ModelArchitecture):
+    """A ``StageDecoder`` (``self.model``) under HF names, and the head a subclass puts on the
+    last stage: ``StageCausalLM``'s LM head, or a classifier's ``score`` (classifier.py)."""
 
     supports_prompt_embeds = True
 
-    def __init__(self, hf_config: Any, ctx: ModelContext, model: StageDecoder, tied: bool) -> None:
+    def __init__(self, hf_config: Any, model: StageDecoder, tied: bool) -> None:
         super().__init__()
         self.config = hf_config
         self.model = model
         self.tie_word_embeddings = tied
-        self.lm_head: ParallelLMHead | None = None
-        if model.is_last:
-            share = model.embed_tokens if tied and model.is_first else None
-            self.lm_head = ParallelLMHead(
-                hf_config.vocab_size, hf_config.hidden_size, ctx, tie_to=share
-            )
+        self.lm_head: ParallelLMHead | None = None  # StageCausalLM's, on the last stage
 
     def attention_layers(self) -> list[AttentionLayerSpec]:
         return [layer.self_attn.spec for layer in self.model.stage_layers()]
@@ -130,10 +128,6 @@ class StageCausalLM(ModelArchitecture):
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed(input_ids)  # the family's scale applied (Gemma: sqrt(hidden))
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        assert self.lm_head is not None, "only the last pipeline stage computes logits"
-        return self.lm_head(hidden)  # (num_rows, vocab_size) float32
 
     def skip_weight(self, name: str) -> bool:
         """Checkpoint tensors this rank does not hold (other stages', recomputed tables)."""
@@ -177,3 +171,19 @@ class StageCausalLM(ModelArchitecture):
             elif name.startswith("model.norm.") and not m.is_last:
                 continue
             yield name, tensor
+
+
+class StageCausalLM(StageModel):
+    """A causal LM: the stage's decoder and, on the last stage, the LM head."""
+
+    def __init__(self, hf_config: Any, ctx: ModelContext, model: StageDecoder, tied: bool) -> None:
+        super().__init__(hf_config, model, tied)
+        if model.is_last:
+            share = model.embed_tokens if tied and model.is_first else None
+            self.lm_head = ParallelLMHead(
+                hf_config.vocab_size, hf_config.hidden_size, ctx, tie_to=share
+            )
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        assert self.lm_head is not None, "only the last pipeline stage computes logits"
+        return self.lm_head(hidden)  # (num_rows, vocab_size) float32

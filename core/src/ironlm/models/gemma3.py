@@ -18,6 +18,7 @@ from ironlm.layers.attention import Attention
 from ironlm.layers.layernorm import RMSNorm
 from ironlm.layers.mlp import GatedMLP
 from ironlm.layers.rotary_embedding import RotaryEmbedding, rope_parameters
+from ironlm.models.classifier import StageSequenceClassifier
 from ironlm.models.decoder import CosSin, StageCausalLM, StageDecoder
 
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -157,3 +158,10 @@ class Gemma3ForCausalLM(StageCausalLM):
             cap = self.final_logit_softcapping
             logits = torch.tanh(logits / cap) * cap
         return logits
+
+
+class Gemma3TextForSequenceClassification(StageSequenceClassifier):
+    """Gemma 3 text sequence classifier (HF's ``model.*`` and ``score``)."""
+
+    def __init__(self, hf_config: Any, ctx: ModelContext) -> None:
+        super().__init__(hf_config, ctx, Gemma3TextModel(hf_config, ctx))

@@ -18,6 +18,7 @@ from ironlm.layers.attention import Attention
 from ironlm.layers.layernorm import RMSNorm
 from ironlm.layers.mlp import GatedMLP
 from ironlm.layers.rotary_embedding import RotaryEmbedding, rope_parameters
+from ironlm.models.classifier import StageSequenceClassifier
 from ironlm.models.decoder import CosSin, StageCausalLM, StageDecoder
 
 
@@ -116,3 +117,10 @@ class LlamaForCausalLM(StageCausalLM):
     def __init__(self, hf_config: Any, ctx: ModelContext) -> None:
         tied = bool(getattr(hf_config, "tie_word_embeddings", False))
         super().__init__(hf_config, ctx, LlamaModel(hf_config, ctx), tied)
+
+
+class LlamaForSequenceClassification(StageSequenceClassifier):
+    """Llama / Mistral / Qwen2 / Qwen3 sequence classifier (HF's ``model.*`` and ``score``)."""
+
+    def __init__(self, hf_config: Any, ctx: ModelContext) -> None:
+        super().__init__(hf_config, ctx, LlamaModel(hf_config, ctx))

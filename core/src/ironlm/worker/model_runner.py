@@ -152,6 +152,11 @@ class ModelRunner:
         sample_seqs: list[ScheduledSeq] = []
         for i, seq in enumerate(mi.seqs):
             state = self.states[seq.request_id]
+            if state.pooling and self.model.classifies:  # the prompt's last row, classified
+                if seq.sample:
+                    row = hidden[starts[i + 1] - 1 : starts[i + 1]]
+                    out.embeddings[seq.request_id] = self.model.classify(row)[0]
+                continue
             if state.pooling:  # embedding request: accumulate mean-pool sums
                 part = hidden[starts[i] : starts[i + 1]].float().sum(dim=0)
                 acc = self.embed_sums.get(seq.request_id)

@@ -27,6 +27,7 @@ from ironlm.engine.async_engine import AsyncEngine, EngineDeadError
 from ironlm.entrypoints.chat_utils import load_chat_template
 from ironlm.entrypoints.openai import (
     serving_chat,
+    serving_classify,
     serving_completions,
     serving_embeddings,
     serving_generate,
@@ -35,6 +36,7 @@ from ironlm.entrypoints.openai import (
     serving_score,
     serving_tokenize,
 )
+from ironlm.entrypoints.openai.classify_protocol import ClassificationRequest
 from ironlm.entrypoints.openai.cli_args import engine_config_from_args, expand_argv, make_parser
 from ironlm.entrypoints.openai.errors import APIError, install_error_handlers
 from ironlm.entrypoints.openai.metrics import fresh_stats, log_stats_forever
@@ -161,8 +163,16 @@ async def embeddings(request: Request) -> Response:
 @router.post("/pooling")
 async def pooling(request: Request) -> Response:
     req = await parse_body(request, PoolingRequest)
-    return await serving_embeddings.create_embedding(_server(request), request, req,
-                                                     pooling_form=True)
+    state = _server(request)
+    if state.classifier is not None:  # the classifier's task: /classify's results
+        return await serving_classify.create_classification(state, request, req)
+    return await serving_embeddings.create_embedding(state, request, req, pooling_form=True)
+
+
+@router.post("/classify")
+async def classify(request: Request) -> Response:
+    req = await parse_body(request, ClassificationRequest)
+    return await serving_classify.create_classification(_server(request), request, req)
 
 
 @router.post("/score")
@@ -219,9 +229,13 @@ async def invocations(request: Request) -> Response:
     score (``text_1``, ``data_1`` or ``queries``) or a rerank (``query``), validated as that
     request (a bad field is a 400 naming it)."""
     body = await parse_body(request, None)
+    state = _server(request)
+    if state.classifier is not None and isinstance(body, dict) and "input" in body:
+        return await serving_classify.create_classification(
+            state, request, validated(body, ClassificationRequest))  # the model's task
     for key, request_type, endpoint in _INVOCATION_TYPES:
         if isinstance(body, dict) and key in body:
-            return await endpoint(_server(request), request, validated(body, request_type))
+            return await endpoint(state, request, validated(body, request_type))
     names = ", ".join(dict.fromkeys(t.__name__ for _, t, _ in _INVOCATION_TYPES))
     raise APIError(f"Cannot find suitable handler for request. Expected one of: {names}", 400)
 

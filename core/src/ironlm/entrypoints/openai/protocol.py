@@ -155,14 +155,14 @@ class EmbeddingRequest(_Request):
 
 
 class PoolingRequest(EmbeddingRequest):
-    """vLLM's /pooling body: an embedding request with the pooling ``task`` ("embed" only:
-    the other tasks need a classification or per-token head)."""
+    """vLLM's /pooling body: an embedding request with the pooling ``task``: "embed" on an
+    embedding model, "classify" on a sequence classifier (no per-token tasks)."""
 
     UNSUPPORTED: ClassVar[dict[str, str]] = {
-        name: "applies to a classification head; this model pools hidden states"
-        for name in ("use_activation", "activation", "softmax")
+        name: "vLLM's older name: use use_activation" for name in ("activation", "softmax")
     }  # fmt: skip
     task: str | None = None
+    use_activation: bool | None = None  # a classifier's softmax / sigmoid (default: applied)
 
 
 class TokenizeRequest(_Request):

@@ -9,12 +9,15 @@ from pydantic import BaseModel
 from ironlm.entrypoints.openai.protocol import UsageInfo
 from ironlm.entrypoints.openai.request_base import OpenAIRequest
 
-# vLLM's cross-encoder fields: a classification head's activation, the HF processor's options
-_CROSS_ENCODER_ONLY = {
-    name: "applies to a cross-encoder's classification score; this server scores by the cosine "
-          "of two embeddings"
-    for name in ("use_activation", "activation", "softmax", "mm_processor_kwargs")
-}  # fmt: skip
+# Why a bi-encoder (an embedding model) refuses a cross-encoder's field
+BI_ENCODER_REFUSAL = ("applies to a cross-encoder's classification score; this model scores by "
+                      "the cosine of two embeddings")
+# vLLM's older spellings of use_activation, and the HF processor's options
+_UNSUPPORTED = {
+    "activation": "vLLM's older name: use use_activation",
+    "softmax": "vLLM's older name: use use_activation",
+    "mm_processor_kwargs": "no multimodal processor here",
+}
 
 Texts = str | list[str]
 
@@ -27,7 +30,7 @@ SCORE_SIDES: tuple[tuple[str, str], ...] = (
 class ScoreRequest(OpenAIRequest):
     """Exactly one pair of sides (``SCORE_SIDES``): 1:1, 1:N or N:N texts."""
 
-    UNSUPPORTED: ClassVar[dict[str, str]] = _CROSS_ENCODER_ONLY
+    UNSUPPORTED: ClassVar[dict[str, str]] = _UNSUPPORTED
     model: str | None = None
     text_1: Texts | None = None
     text_2: Texts | None = None
@@ -39,10 +42,11 @@ class ScoreRequest(OpenAIRequest):
     truncate_prompt_tokens: int | None = None
     priority: int = 0
     request_id: str | None = None
+    use_activation: bool | None = None  # a cross-encoder's sigmoid (default: applied)
 
 
 class RerankRequest(OpenAIRequest):
-    UNSUPPORTED: ClassVar[dict[str, str]] = _CROSS_ENCODER_ONLY
+    UNSUPPORTED: ClassVar[dict[str, str]] = _UNSUPPORTED
     model: str | None = None
     query: str
     documents: list[str]
@@ -50,6 +54,7 @@ class RerankRequest(OpenAIRequest):
     truncate_prompt_tokens: int | None = None
     priority: int = 0
     request_id: str | None = None
+    use_activation: bool | None = None
 
 
 class ScoreData(BaseModel):

@@ -78,6 +78,7 @@ async def create_chat_completion(
     state: ServerState, request: Request, req: ChatCompletionRequest
 ) -> Response:
     lora = state.check_model(req.model)
+    state.serves("Chat Completions API")
     state.need_tokenizer("messages")
     check_request(req)
     plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls,

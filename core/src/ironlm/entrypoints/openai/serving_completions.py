@@ -77,6 +77,7 @@ async def create_completion(
     state: ServerState, request: Request, req: CompletionRequest
 ) -> Response:
     lora = state.check_model(req.model)
+    state.serves("Completions API")
     check_request(req)
     echo_only = _echo_only(req)
     if not echo_only:

@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ironlm.entrypoints.openai.chat_prompt import render_chat_prompt, warn_chat_fields
+from ironlm.entrypoints.openai.classify_protocol import ClassificationRequest
 from ironlm.entrypoints.openai.engine_response import respond
 from ironlm.entrypoints.openai.errors import APIError
 from ironlm.entrypoints.openai.protocol import (
@@ -43,24 +44,13 @@ async def create_embedding(
     """/v1/embeddings; with ``pooling_form``, vLLM's /pooling: the same vectors as
     ``{"object": "pooling", "data": [...]}`` items under a ``pool-`` id."""
     lora = state.check_model(req.model)
+    state.serves("Pooling API" if pooling_form else "Embeddings API")
     if isinstance(req, PoolingRequest):
         _check_pooling_fields(req)
     if req.dimensions is not None:
         raise APIError("dimensions is not supported: embeddings have the model's hidden size",
                        400, param="dimensions")
-    if (req.input is None) == (req.messages is None):
-        raise APIError("give exactly one of input and messages", 400, param="input")
-    if req.input is not None:
-        warn_chat_fields(req)
-    if req.messages is not None:
-        state.need_tokenizer("messages")
-        assert state.tokenizers is not None
-        prompts = [await state.tokenizers.run(_chat_prompt, state, req)]
-    else:
-        assert req.input is not None
-        add_special = True if req.add_special_tokens is None else req.add_special_tokens
-        prompts = await tokenize_prompts(state, split_prompts(req.input, "input"), add_special,
-                                         req.truncate_prompt_tokens, field="input")
+    prompts = await pooling_prompts(state, req)
     check_fits(state, prompts, "input" if req.messages is None else "messages")
     request_id, engine_id = request_id_for("pool" if pooling_form else "embd", request,
                                            req.request_id)
@@ -73,11 +63,32 @@ async def create_embedding(
     )
 
 
+async def pooling_prompts(
+    state: ServerState, req: EmbeddingRequest | ClassificationRequest
+) -> list[EnginePrompt]:
+    """The request's prompts: each of ``input``, or ``messages`` through the chat template
+    as one prompt (400 unless exactly one of the two is given)."""
+    if (req.input is None) == (req.messages is None):
+        raise APIError("give exactly one of input and messages", 400, param="input")
+    if req.messages is not None:
+        state.need_tokenizer("messages")
+        assert state.tokenizers is not None
+        return [await state.tokenizers.run(_chat_prompt, state, req)]
+    warn_chat_fields(req)
+    add_special = True if req.add_special_tokens is None else req.add_special_tokens
+    return await tokenize_prompts(state, split_prompts(req.input, "input"), add_special,
+                                  req.truncate_prompt_tokens, field="input")
+
+
 def _check_pooling_fields(req: PoolingRequest) -> None:
-    """/pooling: the "embed" task only; a classifier's fields refused (400 naming them)."""
+    """/pooling on an embedding model: the "embed" task only; a classifier's fields
+    refused (400 naming them)."""
     if req.task not in (None, "embed"):
-        raise APIError(f"task {req.task!r} needs a classification or per-token head; this "
-                       "model pools for 'embed' only", 400, param="task")
+        raise APIError(f"task {req.task!r} needs a sequence classifier (or a per-token "
+                       "head); this model pools for 'embed' only", 400, param="task")
+    if req.use_activation is not None:
+        raise APIError("use_activation is not supported: it applies to a classification "
+                       "head; this model pools hidden states", 400, param="use_activation")
     refused = req.unsupported_fields()
     if refused:
         name, why = refused[0]
@@ -114,7 +125,9 @@ def start_pooling(
     return gens
 
 
-def _chat_prompt(tokenizer: Any, state: ServerState, req: EmbeddingRequest) -> EnginePrompt:
+def _chat_prompt(
+    tokenizer: Any, state: ServerState, req: EmbeddingRequest | ClassificationRequest
+) -> EnginePrompt:
     assert req.messages is not None
     text = render_chat_prompt(
         tokenizer, req.messages, state.options,

@@ -41,6 +41,7 @@ from ironlm.entrypoints.openai.state import ServerState
 
 async def create_response(state: ServerState, request: Request,
                           req: ResponsesRequest) -> Response:  # fmt: skip
+    state.serves("Responses API")
     history = state.responses.get(req.previous_response_id, "previous_response_id") \
         .conversation if req.previous_response_id else []  # fmt: skip
     body, conversation = chat_body(req, history)

@@ -1,7 +1,9 @@
-"""vLLM's /score and /rerank on an embedding model: each text embedded on its own (as
-/v1/embeddings embeds it), a pair scored by the cosine of its two embeddings
-(``entrypoints/scoring.py``). /rerank is Jina's and Cohere's form: one query, documents
-ordered by relevance, the best ``top_n``."""
+"""vLLM's /score and /rerank. On an embedding model (bi-encoder): each text embedded on its
+own (as /v1/embeddings embeds it), a pair scored by the cosine of its two embeddings
+(``entrypoints/scoring.py``). On a one-label sequence classifier (cross-encoder,
+``score_pairs.py``): each pair read as one prompt, the sigmoid of the head's logit.
+/rerank is Jina's and Cohere's form: one query, documents ordered by relevance, the best
+``top_n``."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from ironlm.entrypoints.openai.errors import APIError
 from ironlm.entrypoints.openai.protocol import UsageInfo
 from ironlm.entrypoints.openai.request_inputs import tokenize_prompts
 from ironlm.entrypoints.openai.score_protocol import (
+    BI_ENCODER_REFUSAL,
     SCORE_SIDES,
     RerankDocument,
     RerankRequest,
@@ -26,6 +29,7 @@ from ironlm.entrypoints.openai.score_protocol import (
     ScoreRequest,
     ScoreResponse,
 )
+from ironlm.entrypoints.openai.score_pairs import cross_encode as _cross_encode
 from ironlm.entrypoints.openai.serving_embeddings import check_fits, start_pooling
 from ironlm.entrypoints.openai.state import ServerState, request_id_for
 from ironlm.entrypoints.scoring import cosine, pair_indices, pair_token_ids
@@ -105,7 +109,7 @@ async def _score_pairs(
     operation: str = "embedding generation",
 ) -> Response:  # fmt: skip
     """Embed both sides' texts, then ``build`` from each pair's cosine and the usage's token
-    count (each pair's tokens, as vLLM counts them)."""
+    count (each pair's tokens, as vLLM counts them); on a classifier, ``_cross_encode``."""
     refused = req.unsupported_fields()
     if refused:
         name, why = refused[0]
@@ -116,6 +120,12 @@ async def _score_pairs(
     except ValueError as exc:
         raise APIError(str(exc), 400, param=names[1] if first and not second else names[0]) \
             from None
+    if state.classifier is not None:
+        return await _cross_encode(state, request, req, lora, engine_id, sides, names, pairs,
+                                   build, operation)
+    if req.use_activation is not None:
+        raise APIError(f"use_activation is not supported: it {BI_ENCODER_REFUSAL}", 400,
+                       param="use_activation")
     prompts = []
     for texts, name in zip(sides, names):
         part = await tokenize_prompts(state, list(texts), True, req.truncate_prompt_tokens,

@@ -15,6 +15,7 @@ from starlette.requests import Request
 
 from ironlm import __version__
 from ironlm.engine.async_engine import AsyncEngine
+from ironlm.engine.classification import Classifier
 from ironlm.entrypoints.openai.chat_reasoning import markers_are_special
 from ironlm.entrypoints.openai.errors import APIError
 from ironlm.entrypoints.openai.lora_modules import LoRAModulePath
@@ -73,6 +74,8 @@ class ServerState:
     # --enable-prompt-embeds: the hidden size the Completions API's prompt_embeds must have
     # (None: prompt_embeds are refused)
     embeds_hidden_size: int | None = None
+    # a sequence classifier's labels and activation (None: a generative model)
+    classifier: Classifier | None = None
     model_path: str = ""
     created: int = 0  # start time, reported as the model cards' "created"
     # LoRA adapters served by name (--lora-modules, /v1/load_lora_adapter), in load order
@@ -102,6 +105,7 @@ class ServerState:
             default_sampling=dict(llm.default_sampling),
             vocab_size=llm.vocab_size,
             embeds_hidden_size=llm.inputs.embeds_hidden_size,
+            classifier=llm.classifier,
             model_path=str(llm.config.model),
             created=int(time.time()),
             reasoning_markers_special=markers_are_special(llm.reasoning_parser, llm.tokenizer),
@@ -115,6 +119,12 @@ class ServerState:
     @property
     def system_fingerprint(self) -> str:
         return f"ironlm-{__version__}"
+
+    def serves(self, api: str, classifies: bool = False) -> None:
+        """400 when the model's kind does not serve ``api`` (vLLM's message): a classifier
+        serves /classify, /score and /rerank; a generative model everything else."""
+        if (self.classifier is not None) != classifies:
+            raise APIError(f"The model does not support {api}", 400)
 
     def need_tokenizer(self, field: str | None) -> None:
         """400 naming ``field`` when the server runs without a tokenizer

@@ -1,0 +1,45 @@
+"""Body and reply of vLLM's /classify (a sequence classifier's class probabilities)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from ironlm.entrypoints.openai.protocol import PromptInput, UsageInfo
+from ironlm.entrypoints.openai.request_base import OpenAIRequest
+
+
+class ClassificationRequest(OpenAIRequest):
+    """``input`` (the completions form) or ``messages`` (vLLM's chat form, through the
+    chat template), as /v1/embeddings takes them."""
+
+    model: str | None = None
+    input: PromptInput | None = None
+    messages: list[dict[str, Any]] | None = None
+    user: str | None = None
+    request_id: str | None = None
+    add_special_tokens: bool | None = None  # default: True for input, False for messages
+    add_generation_prompt: bool = False
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    truncate_prompt_tokens: int | None = None
+    priority: int = 0
+    use_activation: bool | None = None  # False: the head's logits instead of probabilities
+
+
+class ClassificationData(BaseModel):
+    index: int
+    label: str | None  # the label of the highest probability (id2label)
+    probs: list[float]
+    num_classes: int
+
+
+class ClassificationResponse(BaseModel):
+    id: str
+    object: str = "list"
+    created: int
+    model: str
+    data: list[ClassificationData]
+    usage: UsageInfo
