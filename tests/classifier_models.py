@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
@@ -22,11 +23,12 @@ HEAD_SHARD = "model-00002-of-00002.safetensors"
 
 
 def write_classifier(base: Path, out: Path, labels: list[str], seed: int = 0,
-                     scale: float = 0.05) -> Path:
+                     scale: float = 0.05, **config_extra: Any) -> Path:
     """``base`` (an HF causal-LM folder with one model.safetensors) as a classifier over
-    ``labels`` in ``out``; the head drawn from N(0, scale^2) with ``seed``."""
+    ``labels`` in ``out``; the head drawn from N(0, scale^2) with ``seed``; ``config_extra``
+    set in its config.json (``problem_type``, ``sentence_transformers``)."""
     out.mkdir(parents=True, exist_ok=True)
-    config = json.loads((base / "config.json").read_text())
+    config = json.loads((base / "config.json").read_text()) | config_extra
     config["architectures"] = [_CLASSIFIER_OF[config["architectures"][0]]]
     config["id2label"] = {str(i): name for i, name in enumerate(labels)}
     config["label2id"] = {name: i for i, name in enumerate(labels)}

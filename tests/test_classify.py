@@ -46,8 +46,10 @@ def cross_encoder_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Pat
                             seed=2)
 
 
-def _hf_logits(folder: Path, texts: list[str], pairs: list[str] | None = None) -> torch.Tensor:
-    """HF transformers' class logits, one prompt at a time (no padding): (len, num_labels)."""
+def _hf_logits(folder: Path, texts: list[str] | list[list[int]], pairs: list[str] | None = None,
+               **tokenizer_kwargs: Any) -> torch.Tensor:
+    """HF transformers' class logits, one prompt (text, token ids, or text pair) at a time (no
+    padding): (len, num_labels)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(folder)
@@ -55,8 +57,10 @@ def _hf_logits(folder: Path, texts: list[str], pairs: list[str] | None = None) -
     rows = []
     with torch.no_grad():
         for i, text in enumerate(texts):
-            enc = tok(text, text_pair=None if pairs is None else pairs[i], return_tensors="pt")
-            rows.append(model(**enc).logits[0])
+            ids = text if isinstance(text, list) else tok(
+                text, text_pair=None if pairs is None else pairs[i], **tokenizer_kwargs
+            )["input_ids"]
+            rows.append(model(input_ids=torch.tensor([ids])).logits[0])
     return torch.stack(rows)
 
 
@@ -81,6 +85,8 @@ def test_classify_matches_hf(classifier_dir: Path) -> None:
     tail = llm.classify(TEXTS[3], truncate_prompt_tokens=5, use_tqdm=False)[0]
     ids = llm.get_tokenizer()(TEXTS[3])["input_ids"][-5:]
     assert tail.prompt_token_ids == ids
+    assert torch.allclose(torch.tensor(tail.outputs.probs),
+                          torch.softmax(_hf_logits(classifier_dir, [ids])[0], dim=-1), atol=1e-4)
     with pytest.raises(ValueError, match="is a sequence classifier: it classifies"):
         llm.generate("Hello", use_tqdm=False)
     with pytest.raises(ValueError, match="it has no embeddings"):
@@ -99,16 +105,49 @@ def test_cross_encoder_score_matches_hf(cross_encoder_dir: Path) -> None:
     scored = llm.score(QUERY, DOCS, use_tqdm=False)  # 1:N
     scores = torch.tensor([s.outputs.score for s in scored])
     assert torch.allclose(scores, torch.sigmoid(ref), atol=1e-4), (scores, ref)
-    tok = llm.get_tokenizer()
-    assert scored[1].prompt_token_ids == tok(QUERY, text_pair=DOCS[1])["input_ids"]
+    assert scored[1].prompt_token_ids == \
+        llm.get_tokenizer()(QUERY, text_pair=DOCS[1])["input_ids"]
     pairwise = llm.score([QUERY, DOCS[0]], [DOCS[1], DOCS[2]], use_tqdm=False)  # N:N
     ref2 = _hf_logits(cross_encoder_dir, [QUERY, DOCS[0]], [DOCS[1], DOCS[2]])[:, 0]
     assert torch.allclose(torch.tensor([s.outputs.score for s in pairwise]),
                           torch.sigmoid(ref2), atol=1e-4)
     probs = llm.classify(DOCS, use_tqdm=False)  # one label: a sigmoid, as vLLM's
-    assert all(0 < p.outputs.probs[0] < 1 and p.outputs.num_classes == 1 for p in probs)
+    assert torch.allclose(torch.tensor([p.outputs.probs for p in probs]),
+                          torch.sigmoid(_hf_logits(cross_encoder_dir, DOCS)), atol=1e-4)
+    # a pair longer than the truncation is cut as the tokenizer cuts a pair: the query stays
+    cut = llm.score(QUERY, DOCS[2], truncate_prompt_tokens=9, use_tqdm=False)[0]
+    tok = llm.get_tokenizer()
+    assert cut.prompt_token_ids == tok(QUERY, text_pair=DOCS[2], truncation=True,
+                                       max_length=9)["input_ids"]
+    assert tok(QUERY)["input_ids"][:2] == cut.prompt_token_ids[:2]
+    ref_cut = _hf_logits(cross_encoder_dir, [cut.prompt_token_ids])[0, 0]
+    assert abs(cut.outputs.score - float(torch.sigmoid(ref_cut))) < 1e-4
     with pytest.raises(ValueError, match="text prompts"):
         llm.score({"prompt_token_ids": [1, 2, 3]}, DOCS[0], use_tqdm=False)
+
+
+def test_activation_follows_the_config(tmp_path: Path, smollm2_dir: Path) -> None:
+    """vLLM's choice from the config: a regression head's logits as they are, a multi-label
+    head's sigmoids, a sentence-transformers cross-encoder's named activation for scores."""
+    regression = write_classifier(
+        smollm2_dir, tmp_path / "r", ["value"], seed=4, problem_type="regression",
+        sentence_transformers={"activation_fn": "torch.nn.modules.linear.Identity"})
+    ref = _hf_logits(regression, TEXTS[:2])
+    llm = LLM(str(regression), **SMALL)
+    out = torch.tensor([o.outputs.probs for o in llm.classify(TEXTS[:2], use_tqdm=False)])
+    assert torch.allclose(out, ref, atol=2e-3), (out, ref)
+    score = llm.score(TEXTS[0], TEXTS[1], use_tqdm=False)[0].outputs.score
+    assert abs(score - float(_hf_logits(regression, [TEXTS[0]], [TEXTS[1]])[0, 0])) < 2e-3
+    del llm
+    multi = write_classifier(smollm2_dir, tmp_path / "m", LABELS, seed=5,
+                             problem_type="multi_label_classification")
+    probs = LLM(str(multi), **SMALL).classify(TEXTS[:2], use_tqdm=False)
+    assert torch.allclose(torch.tensor([o.outputs.probs for o in probs]),
+                          torch.sigmoid(_hf_logits(multi, TEXTS[:2])), atol=1e-4)
+    bad = write_classifier(smollm2_dir, tmp_path / "b", ["x"],
+                           sbert_ce_default_activation_function="os.system")
+    with pytest.raises(ValueError, match="cross-encoder activation 'os.system'"):
+        LLM(str(bad), **SMALL)
 
 
 def test_gemma3_classifier_matches_hf(tmp_path: Path, gemma3_dir: Path) -> None:
@@ -181,13 +220,19 @@ def test_server_classify(http: httpx.Client, classifier_dir: Path) -> None:
     one = http.post("/classify", json={"model": "c", "input": TEXTS[0]}).json()
     assert one["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens,
                             "completion_tokens": 0}
-    raw = http.post("/classify", json={"input": TEXTS[0], "use_activation": False}).json()
-    assert abs(sum(raw["data"][0]["probs"]) - 1) > 1e-3  # logits, not probabilities
+    ref_logits = _hf_logits(classifier_dir, TEXTS[:1])[0]
+    for name in ("use_activation", "activation", "softmax"):  # vLLM's name, its older ones
+        raw = http.post("/classify", json={"input": TEXTS[0], name: False}).json()
+        assert torch.allclose(torch.tensor(raw["data"][0]["probs"]), ref_logits, atol=2e-3)
     pooled = http.post("/pooling", json={"model": "c", "input": TEXTS[:3]}).json()
     assert pooled["id"].startswith("pool-")
     assert torch.allclose(torch.tensor([d["data"] for d in pooled["data"]]), probs)
     inv = http.post("/invocations", json={"input": TEXTS[0]}).json()
     assert inv["data"][0]["probs"] == one["data"][0]["probs"]
+    chat = [{"role": "user", "content": TEXTS[0]}]
+    by_messages = http.post("/classify", json={"messages": chat}).json()
+    assert by_messages["data"][0]["num_classes"] == 3
+    assert http.post("/invocations", json={"messages": chat}).json()["data"] == by_messages["data"]
 
 
 @pytest.mark.server
@@ -198,6 +243,9 @@ def test_server_classify(http: httpx.Client, classifier_dir: Path) -> None:
     ("/classify", {"input": "x", "messages": [{"role": "user", "content": "x"}]}, "input"),
     ("/pooling", {"input": "x", "task": "embed"}, "task"),
     ("/pooling", {"input": "x", "normalize": True}, "normalize"),
+    ("/classify", {"input": "x", "normalize": True}, "normalize"),
+    ("/classify", {"input": "x", "encoding_format": "base64"}, "encoding_format"),
+    ("/classify", {"input": "x", "use_activation": "maybe"}, "use_activation"),
 ])
 def test_server_bad_classify_requests(http: httpx.Client, path: str, body: dict[str, Any],
                                       param: str) -> None:
@@ -210,6 +258,8 @@ def test_server_bad_classify_requests(http: httpx.Client, path: str, body: dict[
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]},
      "Chat Completions API"),
     ("/v1/embeddings", {"input": "Hi"}, "Embeddings API"),
+    ("/v1/responses", {"input": "Hi"}, "Responses API"),
+    ("/generate", {"prompt": "Hi"}, "Generate API"),
     ("/score", {"text_1": QUERY, "text_2": DOCS}, "Score API"),
 ])
 def test_server_refuses_what_a_classifier_does_not_serve(
@@ -231,5 +281,13 @@ def test_server_cross_encoder_score_and_rerank(cross_encoder_dir: Path) -> None:
         rerank = http.post("/rerank", json={"query": QUERY, "documents": DOCS, "top_n": 2})
         results = rerank.json()["results"]
         assert [r["index"] for r in results] == ref.argsort(descending=True)[:2].tolist()
+        raw = http.post("/score", json={"text_1": QUERY, "text_2": DOCS[0], "activation": False})
+        assert abs(raw.json()["data"][0]["score"] - float(torch.logit(ref[0]))) < 2e-3
+        cut = http.post("/score", json={"text_1": QUERY, "text_2": DOCS[2],
+                                        "truncate_prompt_tokens": 9}).json()
+        ref_cut = _hf_logits(cross_encoder_dir, [QUERY], [DOCS[2]], truncation=True,
+                             max_length=9)[0, 0]
+        assert abs(cut["data"][0]["score"] - float(torch.sigmoid(ref_cut))) < 1e-4
+        assert cut["usage"]["prompt_tokens"] == 9
         assert _error(http.post("/v1/completions", json={"prompt": "x"}))["message"] \
             == "The model does not support Completions API"

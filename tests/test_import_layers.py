@@ -31,7 +31,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                   "ironlm.config_aliases",
                   "ironlm.sampling_params", "ironlm.pooling_params", "ironlm.guided_spec",
                   "ironlm.outputs",
-                  "ironlm.plugin_manager", "ironlm.registry", "ironlm.contract_version",
+                  "ironlm.plugin_manager", "ironlm.plugin_selection", "ironlm.registry",
+                  "ironlm.contract_version",
                   "ironlm.json_scan", "ironlm.python_file")),
 ]
 CONTRACT = len(LAYERS) - 1

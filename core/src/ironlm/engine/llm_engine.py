@@ -32,13 +32,13 @@ from ironlm.engine.request import Request, RequestStatus
 from ironlm.engine.sampling_defaults import default_sampling
 from ironlm.engine.scheduler import Scheduler, SchedulerOutput
 from ironlm.engine.sleep_calls import SleepCalls
-from ironlm.engine.speculation import SpeculationPolicy
+from ironlm.engine.startup_checks import check_budget, eos_token_id, speculation_policy
 from ironlm.engine.tokenizer_extension import extend_tokenizer
 from ironlm.interfaces.executor import Executor
 from ironlm.interfaces.reasoning_parser import ReasoningParser
 from ironlm.interfaces.step import ModelInput, ModelOutput, NewRequestData
 from ironlm.lora.request import LoRARequest
-from ironlm.model_loader import HubOptions, ModelSource, resolve_model
+from ironlm.model_loader import HubOptions, resolve_model
 from ironlm.outputs import RequestOutput
 from ironlm.plugin_manager import PluginManager
 from ironlm.sampling_params import SamplingParams
@@ -88,14 +88,14 @@ class LLMEngine(LoRACalls, SleepCalls):
         # a budget too small is refused before any worker starts; with max_model_len auto,
         # once the KV cache has set the length (the default budget follows the model's)
         if not fit_to_cache:
-            self._check_budget(config)
+            check_budget(config, self.max_model_len)
         self.vocab_size = int(source.hf_config.vocab_size)
         # generation_config may name more end-of-sequence ids than the tokenizer (Gemma's
         # <end_of_turn>): they stop generation like stop_token_ids, as in vLLM.
         gen = source.load_generation_config()
         gen_eos = getattr(gen, "eos_token_id", None) if gen is not None else None
         gen_eos = [gen_eos] if isinstance(gen_eos, int) else list(gen_eos or [])
-        self.eos_token_id = _eos_token_id(self.tokenizer, source, gen_eos)
+        self.eos_token_id = eos_token_id(self.tokenizer, source, gen_eos)
         self.extra_eos_ids = [t for t in gen_eos if t != self.eos_token_id]
         # SamplingParams fields the generation config sets (vLLM's --generation-config): the
         # offline API's default params, the server's values for unset request fields
@@ -107,7 +107,8 @@ class LLMEngine(LoRACalls, SleepCalls):
         if config.kv_cache_dtype != "auto":  # refused here, naming it, not late in a worker
             self.pm.check_kv_cache_dtype(config.kv_cache_dtype, config.attention_backend,
                                          platform)
-        self.spec = self._speculation(config)
+        self.spec = speculation_policy(self.pm, config, self.max_model_len, self.tokenizer,
+                                       self.vocab_size)
         model_cls = self.pm.select_model(source.architectures)
         # a sequence classifier pools every request (None: a generative model)
         self.classifier = classifier_of(model_cls, source.architectures, source.hf_config,
@@ -166,18 +167,6 @@ class LLMEngine(LoRACalls, SleepCalls):
             and not config.structured_outputs_enable_in_reasoning else None
         self._new: list[NewRequestData] = []
 
-    def _check_budget(self, config: EngineConfig) -> None:
-        """Without chunked prefill every prompt runs in one step: the budget must hold the
-        longest."""
-        budget = config.max_num_batched_tokens
-        assert budget is not None
-        if not config.enable_chunked_prefill and budget < self.max_model_len:
-            raise ValueError(
-                f"max_num_batched_tokens ({budget}) is smaller than max_model_len "
-                f"({self.max_model_len}) without chunked prefill; enable chunked prefill or "
-                "raise max_num_batched_tokens"
-            )
-
     def _fit_to_cache(self, config: EngineConfig, cache_tokens: int) -> None:
         """max_model_len auto: the model's length, or what the KV cache holds when that is
         less; the checks and the speculation policy that read the length, redone with it."""
@@ -186,28 +175,9 @@ class LLMEngine(LoRACalls, SleepCalls):
                      "takes %d)", cache_tokens, self.max_model_len)
             self.max_model_len = cache_tokens
             if self.spec is not None:
-                self.spec = self._speculation(config)
-        self._check_budget(config)
-
-    def _speculation(self, config: EngineConfig) -> SpeculationPolicy | None:
-        """The speculative proposer's start-up checks (before any worker loads), and the
-        policy the scheduler follows; None without speculative decoding."""
-        spec = config.speculative_model
-        if spec is None:
-            return None
-        model_type = None
-        if config.speculative_proposer_name is None:
-            draft = resolve_model(spec, config.trust_remote_code, None, HubOptions.cache_of(config))
-            model_type = getattr(draft.hf_config, "model_type", None)
-        proposer_cls = self.pm.select_speculative_proposer(spec, model_type)
-        limit = config.speculative_max_model_len
-        if limit is not None and limit > self.max_model_len:
-            raise ValueError(
-                f"speculative_max_model_len ({limit}) is larger than max_model_len "
-                f"({self.max_model_len})"
-            )
-        proposer_cls.validate(config, self.tokenizer, self.vocab_size)
-        return SpeculationPolicy(config, self.max_model_len, proposer_cls.lookahead_slots)
+                self.spec = speculation_policy(self.pm, config, self.max_model_len,
+                                               self.tokenizer, self.vocab_size)
+        check_budget(config, self.max_model_len)
 
     # -- requests --------------------------------------------------------------------------
     def add_request(
@@ -389,16 +359,3 @@ class LLMEngine(LoRACalls, SleepCalls):
 
     def shutdown(self) -> None:
         self.executor.shutdown()
-
-
-def _eos_token_id(tokenizer: Any, source: ModelSource, gen_eos: list[int]) -> int | None:
-    """The tokenizer's end-of-sequence id; without a tokenizer (skip_tokenizer_init), the
-    generation config's first, else the model config's. (vLLM has none then and stops only
-    at the generation config's ids: a model without a generation config would run on to
-    max_tokens there.)"""
-    if tokenizer is not None:
-        return tokenizer.eos_token_id
-    if gen_eos:
-        return gen_eos[0]
-    eos = getattr(source.hf_config, "eos_token_id", None)
-    return eos[0] if isinstance(eos, list) and eos else eos

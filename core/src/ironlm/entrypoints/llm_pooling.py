@@ -9,14 +9,15 @@ engine runs the prompt only (pooling requests generate nothing)."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
-from ironlm.engine.input_processor import PromptType
+from ironlm.engine.input_processor import PromptType, check_truncation
 from ironlm.entrypoints.prompt_lists import as_prompt_list, per_prompt_lora
-from ironlm.entrypoints.scoring import cosine, pair_indices, pair_token_ids
+from ironlm.entrypoints.scoring import cosine, cross_encoder_ids, pair_indices, pair_token_ids
 from ironlm.lora.request import LoRARequest
 from ironlm.outputs import (
     ClassificationOutput,
@@ -60,9 +61,9 @@ class PoolingCalls:
     ) -> list[PoolingRequestOutput]:
         """Each prompt's pooled output, ``outputs.data`` a float32 tensor: for "embed" (an
         LM's default) the (hidden_size,) mean-pooled state; for "classify" (a sequence
-        classifier's default) the (num_labels,) class probabilities (logits with
-        ``use_activation=False``), for "score" the same but a multi-label head's logits
-        as they are (vLLM's). ``pooling_params``: one for every prompt, or one per prompt;
+        classifier's default) and "score" the (num_labels,) class logits through the task's
+        activation (``engine/classification.py``; the logits with ``use_activation=False``).
+        ``pooling_params``: one for every prompt, or one per prompt;
         ``truncate_prompt_tokens`` (over theirs) keeps a prompt's last tokens (-1: as many
         as the context holds)."""
         task = self._pooling_task(pooling_task)
@@ -89,10 +90,8 @@ class PoolingCalls:
             vec = torch.tensor(out.embedding or [], dtype=torch.float32)
             if p.normalize:
                 vec = torch.nn.functional.normalize(vec, dim=0)
-            if classifier is not None and p.use_activation is not False and (
-                task == "classify" or classifier.num_labels == 1
-            ):  # "score" keeps a multi-label head's logits (vLLM's score activation)
-                vec = classifier.activate(vec)
+            if classifier is not None and p.use_activation is not False:
+                vec = classifier.activate(vec, task)
             results.append(PoolingRequestOutput(out.request_id, out.prompt_token_ids,
                                                 PoolingOutput(vec)))
         return results
@@ -195,7 +194,8 @@ class PoolingCalls:
         lora_request: LoRARequest | None,
     ) -> list[ScoringRequestOutput]:  # fmt: skip
         """``score`` on a classifier: each pair as one prompt (the tokenizer's pair encoding,
-        vLLM's), scored by the head's one label through a sigmoid."""
+        vLLM's, ``cross_encoder_ids``), scored by the head's one label through the score
+        activation (a sigmoid unless the config names another)."""
         classifier = self.engine.classifier
         assert classifier is not None
         if classifier.num_labels != 1:
@@ -206,11 +206,15 @@ class PoolingCalls:
             raise ValueError("score on a cross-encoder tokenizes each pair; the tokenizer "
                              "was not loaded (skip_tokenizer_init)")
         a, b = [_pair_text(p) for p in first], [_pair_text(p) for p in second]
+        params = pooling_params or PoolingParams()
+        truncate = truncate_prompt_tokens if truncate_prompt_tokens is not None \
+            else params.truncate_prompt_tokens
+        keep = check_truncation(truncate, self.engine.max_model_len)
         joined: list[PromptType] = [
-            {"prompt_token_ids": list(tokenizer(a[i], text_pair=b[j])["input_ids"])}
+            {"prompt_token_ids": cross_encoder_ids(tokenizer, a[i], b[j], keep)}
             for i, j in pairs
-        ]
-        pooled = self.encode(joined, pooling_params, truncate_prompt_tokens=truncate_prompt_tokens,
+        ]  # truncated as a pair (the longer text first), not by the joined ids' tail
+        pooled = self.encode(joined, replace(params, truncate_prompt_tokens=None),
                              use_tqdm=use_tqdm, lora_request=lora_request, pooling_task="score")
         return [ScoringRequestOutput(p.request_id, p.prompt_token_ids,
                                      ScoringOutput(float(p.outputs.data[0])))

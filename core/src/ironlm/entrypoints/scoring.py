@@ -3,13 +3,14 @@
 Each text is embedded on its own (the mean-pooled last hidden state, as ``encode`` and
 ``/v1/embeddings`` give it) and a pair scores the cosine of its two embeddings. Pairs form as
 vLLM forms them: one first text against every second (1:N), or the i-th against the i-th (N:N).
-A cross-encoder (a classification head reading both texts at once) is not supported: no model
-IronLM loads has one.
+A cross-encoder (a one-label sequence classifier reading both texts at once) scores the pair
+as one prompt: ``cross_encoder_ids`` is the token ids it reads.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -37,3 +38,11 @@ def cosine(first: Sequence[float], second: Sequence[float]) -> float:
 def pair_token_ids(first: list[int], second: list[int], pad_token_id: int | None) -> list[int]:
     """The token ids a pair is counted by: vLLM joins the two prompts with the pad token."""
     return first + ([] if pad_token_id is None else [pad_token_id]) + second
+
+
+def cross_encoder_ids(tokenizer: Any, first: str, second: str, keep: int | None) -> list[int]:
+    """The pair as a cross-encoder reads it: the tokenizer's pair encoding (its special
+    tokens, ``text_pair``); with ``keep``, at most that many tokens, cut as the tokenizer
+    cuts a pair (the longer text first, so both stay), as vLLM truncates a pair."""
+    cut: dict[str, Any] = {} if keep is None else {"truncation": True, "max_length": keep}
+    return list(tokenizer(first, text_pair=second, **cut)["input_ids"])

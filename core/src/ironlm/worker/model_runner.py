@@ -91,6 +91,8 @@ class ModelRunner:
         for rid in mi.finished_ids:
             self.states.pop(rid, None)
             self.embed_sums.pop(rid, None)
+        for rid in mi.preempted_ids:  # a pooling request is recomputed from its first token
+            self.embed_sums.pop(rid, None)
         if stage.is_last:  # only the last stage samples or pools
             for nr in mi.new_requests:
                 self.states[nr.request_id] = SamplingState.create(

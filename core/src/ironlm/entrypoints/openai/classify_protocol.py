@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
 from ironlm.entrypoints.openai.protocol import PromptInput, UsageInfo
-from ironlm.entrypoints.openai.request_base import OpenAIRequest
+from ironlm.entrypoints.openai.request_base import ActivationFields, OpenAIRequest
 
 
-class ClassificationRequest(OpenAIRequest):
+class ClassificationRequest(OpenAIRequest, ActivationFields):
     """``input`` (the completions form) or ``messages`` (vLLM's chat form, through the
-    chat template), as /v1/embeddings takes them."""
+    chat template), as /v1/embeddings takes them; ``use_activation: false`` (or vLLM's older
+    ``activation`` / ``softmax``): the head's logits instead of probabilities."""
+
+    UNSUPPORTED: ClassVar[dict[str, str]] = {
+        name: "it applies to embeddings, not to a classifier's probabilities"
+        for name in ("normalize", "dimensions", "encoding_format")
+    }  # fmt: skip
 
     model: str | None = None
     input: PromptInput | None = None
@@ -26,7 +32,6 @@ class ClassificationRequest(OpenAIRequest):
     chat_template_kwargs: dict[str, Any] | None = None
     truncate_prompt_tokens: int | None = None
     priority: int = 0
-    use_activation: bool | None = None  # False: the head's logits instead of probabilities
 
 
 class ClassificationData(BaseModel):

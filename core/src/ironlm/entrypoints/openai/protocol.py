@@ -9,11 +9,11 @@ default then applies.
 from __future__ import annotations
 
 import time
-from typing import Any, ClassVar, Literal, Union
+from typing import Any, Literal, Union
 
 from pydantic import BaseModel, Field, model_serializer
 
-from ironlm.entrypoints.openai.request_base import OpenAIRequest
+from ironlm.entrypoints.openai.request_base import ActivationFields, OpenAIRequest
 
 # A prompt: text, token ids, or a batch of either.
 PromptInput = Union[list[int], list[list[int]], str, list[str]]
@@ -154,15 +154,12 @@ class EmbeddingRequest(_Request):
     priority: int = 0
 
 
-class PoolingRequest(EmbeddingRequest):
+class PoolingRequest(EmbeddingRequest, ActivationFields):
     """vLLM's /pooling body: an embedding request with the pooling ``task``: "embed" on an
-    embedding model, "classify" on a sequence classifier (no per-token tasks)."""
+    embedding model, "classify" on a sequence classifier (no per-token tasks); the
+    activation fields are a classifier's."""
 
-    UNSUPPORTED: ClassVar[dict[str, str]] = {
-        name: "vLLM's older name: use use_activation" for name in ("activation", "softmax")
-    }  # fmt: skip
     task: str | None = None
-    use_activation: bool | None = None  # a classifier's softmax / sigmoid (default: applied)
 
 
 class TokenizeRequest(_Request):

@@ -45,3 +45,24 @@ class OpenAIRequest(BaseModel):
         extra = self.model_extra or {}
         return [(k, why) for k, why in self.UNSUPPORTED.items()
                 if extra.get(k) not in (None, False, [], {}, "")]
+
+
+class ActivationFields(BaseModel):
+    """A classifier's activation switch: vLLM's ``use_activation`` and its older names
+    ``activation`` and ``softmax`` (bodies written for older vLLM send them)."""
+
+    use_activation: bool | None = None
+    activation: bool | None = None
+    softmax: bool | None = None
+
+    def activation_given(self) -> tuple[str, bool] | None:
+        """(the field the request set, its value): ``use_activation`` first; None if unset."""
+        for name in ("use_activation", "activation", "softmax"):
+            value = getattr(self, name)
+            if value is not None:
+                return name, value
+        return None
+
+    def applies_activation(self) -> bool:
+        given = self.activation_given()
+        return given is None or given[1]

@@ -7,17 +7,13 @@ from typing import ClassVar
 from pydantic import BaseModel
 
 from ironlm.entrypoints.openai.protocol import UsageInfo
-from ironlm.entrypoints.openai.request_base import OpenAIRequest
+from ironlm.entrypoints.openai.request_base import ActivationFields, OpenAIRequest
 
 # Why a bi-encoder (an embedding model) refuses a cross-encoder's field
 BI_ENCODER_REFUSAL = ("applies to a cross-encoder's classification score; this model scores by "
                       "the cosine of two embeddings")
-# vLLM's older spellings of use_activation, and the HF processor's options
-_UNSUPPORTED = {
-    "activation": "vLLM's older name: use use_activation",
-    "softmax": "vLLM's older name: use use_activation",
-    "mm_processor_kwargs": "no multimodal processor here",
-}
+# the HF processor's options
+_UNSUPPORTED = {"mm_processor_kwargs": "no multimodal processor here"}
 
 Texts = str | list[str]
 
@@ -27,7 +23,7 @@ SCORE_SIDES: tuple[tuple[str, str], ...] = (
 )
 
 
-class ScoreRequest(OpenAIRequest):
+class ScoreRequest(OpenAIRequest, ActivationFields):
     """Exactly one pair of sides (``SCORE_SIDES``): 1:1, 1:N or N:N texts."""
 
     UNSUPPORTED: ClassVar[dict[str, str]] = _UNSUPPORTED
@@ -42,10 +38,9 @@ class ScoreRequest(OpenAIRequest):
     truncate_prompt_tokens: int | None = None
     priority: int = 0
     request_id: str | None = None
-    use_activation: bool | None = None  # a cross-encoder's sigmoid (default: applied)
 
 
-class RerankRequest(OpenAIRequest):
+class RerankRequest(OpenAIRequest, ActivationFields):
     UNSUPPORTED: ClassVar[dict[str, str]] = _UNSUPPORTED
     model: str | None = None
     query: str
@@ -54,7 +49,6 @@ class RerankRequest(OpenAIRequest):
     truncate_prompt_tokens: int | None = None
     priority: int = 0
     request_id: str | None = None
-    use_activation: bool | None = None
 
 
 class ScoreData(BaseModel):

@@ -1,6 +1,7 @@
 """vLLM's /classify on a sequence classifier (and /pooling, whose task there is classify):
 each input's class probabilities from the head over its last token, the label of the highest
-(``engine/classification.py``); ``use_activation: false`` gives the head's logits."""
+(``engine/classification.py``); ``use_activation: false`` (or vLLM's older ``activation`` /
+``softmax``) gives the head's logits."""
 
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ async def create_classification(
     pooling_form = isinstance(req, PoolingRequest)
     if isinstance(req, PoolingRequest):
         _check_pooling_fields(req)
+    _refuse_unsupported(req)
     prompts = await pooling_prompts(state, req)
     check_fits(state, prompts, "input" if req.messages is None else "messages",
                "classification")
@@ -50,7 +52,7 @@ async def create_classification(
     model = state.response_model(lora, req.model)
 
     def build(finals: list[RequestOutput]) -> Response:
-        rows = [_probs(classifier, out, req.use_activation) for out in finals]
+        rows = [_probs(classifier, out, req.applies_activation()) for out in finals]
         usage = UsageInfo(prompt_tokens=tokens, completion_tokens=0, total_tokens=tokens)
         if pooling_form:
             body = EmbeddingResponse(
@@ -79,17 +81,20 @@ def _check_pooling_fields(req: PoolingRequest) -> None:
         if given:
             raise APIError(f"{name} is not supported: it applies to embeddings, not to a "
                            "classifier's probabilities", 400, param=name)
+
+
+def _refuse_unsupported(req: ClassificationRequest | PoolingRequest) -> None:
     refused = req.unsupported_fields()
     if refused:
         name, why = refused[0]
         raise APIError(f"{name} is not supported: {why}", 400, param=name)
 
 
-def _probs(classifier: Classifier, out: RequestOutput, use_activation: bool | None) -> list[float]:
+def _probs(classifier: Classifier, out: RequestOutput, activate: bool) -> list[float]:
     if out.embedding is None:
         raise APIError("the engine returned no class logits", 500)
     logits = torch.tensor(out.embedding, dtype=torch.float32)  # (num_labels,)
-    return (logits if use_activation is False else classifier.activate(logits)).tolist()
+    return (classifier.activate(logits, "classify") if activate else logits).tolist()
 
 
 def _argmax(row: list[float]) -> int:

@@ -86,9 +86,10 @@ def _check_pooling_fields(req: PoolingRequest) -> None:
     if req.task not in (None, "embed"):
         raise APIError(f"task {req.task!r} needs a sequence classifier (or a per-token "
                        "head); this model pools for 'embed' only", 400, param="task")
-    if req.use_activation is not None:
-        raise APIError("use_activation is not supported: it applies to a classification "
-                       "head; this model pools hidden states", 400, param="use_activation")
+    given = req.activation_given()
+    if given is not None:
+        raise APIError(f"{given[0]} is not supported: it applies to a classification head; "
+                       "this model pools hidden states", 400, param=given[0])
     refused = req.unsupported_fields()
     if refused:
         name, why = refused[0]

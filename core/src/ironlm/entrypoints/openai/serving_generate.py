@@ -36,6 +36,7 @@ _SAMPLING_KEYS = {f.name for f in fields(SamplingParams) if not f.name.startswit
 
 
 async def generate(state: ServerState, request: Request, body: Any) -> Response:
+    state.serves("Generate API")
     if not isinstance(body, dict):
         raise APIError("the request body must be a JSON object", 400)
     body = dict(body)

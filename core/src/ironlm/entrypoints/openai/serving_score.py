@@ -122,10 +122,11 @@ async def _score_pairs(
             from None
     if state.classifier is not None:
         return await _cross_encode(state, request, req, lora, engine_id, sides, names, pairs,
-                                   build, operation)
-    if req.use_activation is not None:
-        raise APIError(f"use_activation is not supported: it {BI_ENCODER_REFUSAL}", 400,
-                       param="use_activation")
+                                   build)
+    given = req.activation_given()
+    if given is not None:
+        raise APIError(f"{given[0]} is not supported: it {BI_ENCODER_REFUSAL}", 400,
+                       param=given[0])
     prompts = []
     for texts, name in zip(sides, names):
         part = await tokenize_prompts(state, list(texts), True, req.truncate_prompt_tokens,
