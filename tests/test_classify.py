@@ -81,6 +81,11 @@ def test_classify_matches_hf(classifier_dir: Path) -> None:
     assert out[0].prompt_token_ids == llm.get_tokenizer()(TEXTS[0])["input_ids"]
     encoded = llm.encode(TEXTS[:2], use_tqdm=False)  # the model's task: classify
     assert torch.allclose(torch.stack([e.outputs.data for e in encoded]), probs[:2])
+    # the head reads the last row only: a cached prefix serves a classifier's prompt
+    hits = llm.engine.stats()["prefix_cache_hits"]
+    again = llm.classify(TEXTS[3], use_tqdm=False)[0]
+    assert llm.engine.stats()["prefix_cache_hits"] >= hits + 16
+    assert torch.allclose(torch.tensor(again.outputs.probs), probs[3], atol=1e-5)
     # the last tokens kept: the class of the prompt's tail, as HF gives for those tokens
     tail = llm.classify(TEXTS[3], truncate_prompt_tokens=5, use_tqdm=False)[0]
     ids = llm.get_tokenizer()(TEXTS[3])["input_ids"][-5:]

@@ -239,6 +239,7 @@ class LLMEngine(LoRACalls, SleepCalls):
                 grammar=grammars[i][0],
                 grammar_backend=grammars[i][1],
                 pooling=pooling,
+                pools_last_row=pooling and self.classifier is not None,
                 lora_request=lora_request,
                 cache_salt=processed.cache_salt,
                 prompt_embeds=processed.embeds,

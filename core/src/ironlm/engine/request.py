@@ -66,7 +66,10 @@ class Request:
     # Closing its constrained output within max_tokens (engine.guided_closing.ClosingState),
     # from the last tokens of its budget on; None before.
     closing: ClosingState | None = None
-    pooling: bool = False  # an embedding request: run the prompt, return its mean hidden state
+    pooling: bool = False  # a pooling request: run the prompt, return its pooled output
+    # a classifier's pooling request reads only its last prompt row, so a cached prefix
+    # serves it; an embedding's mean reads every row (no prefix-cache reuse)
+    pools_last_row: bool = False
     lora_request: LoRARequest | None = None  # the adapter it runs with (None: the base model)
     # vLLM's cache_salt: its prefix-cache chain starts from this string, so only requests that
     # carry the same salt share its cached blocks (no timing tells another user its prompt)

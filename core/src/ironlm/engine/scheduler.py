@@ -187,8 +187,10 @@ class Scheduler:
             if req.lora_id and req.lora_id not in adapters and len(adapters) >= self.max_loras:
                 passed_over.append(self.waiting.popleft())
                 continue
-            # Prompt logprobs need every prompt position computed: no prefix-cache reuse.
-            wants_all = req.sampling_params.prompt_logprobs is not None or req.pooling
+            # Prompt logprobs and an embedding's mean need every prompt position computed: no
+            # prefix-cache reuse (a classifier's request reads its last row only: reuse).
+            wants_all = req.sampling_params.prompt_logprobs is not None or (
+                req.pooling and not req.pools_last_row)
             cached = [] if wants_all else self.block_manager.find_cached_prefix(req)
             num_cached = len(cached) * self.block_manager.block_size
             n = min(req.num_tokens - num_cached, self.long_prefill_cap)
