@@ -22,16 +22,13 @@ import torch
 from ironlm.interfaces.model import ModelArchitecture
 from ironlm.models.classifier import num_labels_of
 
-# activation name -> what it does to a (num_labels,) float32 row
+# activation name -> what it does to a (num_labels,) float32 row; other names are torch.nn
+# module classes a sentence-transformers config named (``_cross_encoder_activation``)
 _ACTIVATIONS = {
     "identity": lambda x: x,
     "sigmoid": torch.sigmoid,
     "softmax": lambda x: torch.softmax(x, dim=-1),
-    "tanh": torch.tanh,
 }
-# the torch.nn modules a sentence-transformers config may name (vLLM resolves the same)
-_TORCH_MODULES = {"Identity": "identity", "Sigmoid": "sigmoid", "Softmax": "softmax",
-                  "Tanh": "tanh"}
 
 
 @dataclass(frozen=True)
@@ -48,7 +45,8 @@ class Classifier:
     def activate(self, logits: torch.Tensor, task: str = "classify") -> torch.Tensor:
         """(num_labels,) class logits -> the ``task``'s output ("classify" or "score")."""
         name = self.classify_activation if task == "classify" else self.score_activation
-        return _ACTIVATIONS[name](logits.float())
+        fn = _ACTIVATIONS.get(name) or getattr(torch.nn, name)()
+        return fn(logits.float())
 
     def refuse_generation(self) -> ValueError:
         return ValueError(
@@ -81,14 +79,21 @@ def classifier_of(
 
 
 def _cross_encoder_activation(hf_config: Any) -> str | None:
-    """The activation a sentence-transformers cross-encoder config names, or None."""
+    """The activation a sentence-transformers cross-encoder config names (a torch.nn module
+    class, built without arguments, as vLLM builds it), or None."""
     st = getattr(hf_config, "sentence_transformers", None)
     named = st.get("activation_fn") if isinstance(st, dict) else None
     named = named or getattr(hf_config, "sbert_ce_default_activation_function", None)
     if not named:
         return None
     module, _, cls = str(named).rpartition(".")
-    if not module.startswith("torch.nn") or cls not in _TORCH_MODULES:
-        raise ValueError(f"the config's cross-encoder activation {named!r} is not one of "
-                         f"torch.nn's {', '.join(_TORCH_MODULES)}")
-    return _TORCH_MODULES[cls]
+    found = getattr(torch.nn, cls, None) if module.startswith("torch.nn.modules") else None
+    if not (isinstance(found, type) and issubclass(found, torch.nn.Module)):
+        raise ValueError(f"the config's cross-encoder activation {named!r} is not a "
+                         "torch.nn.modules class")
+    try:
+        found()
+    except TypeError as exc:
+        raise ValueError(f"the config's cross-encoder activation {named!r} cannot be built "
+                         f"without arguments: {exc}") from None
+    return {"Identity": "identity", "Sigmoid": "sigmoid"}.get(cls, cls)

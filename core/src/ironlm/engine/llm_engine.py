@@ -300,7 +300,8 @@ class LLMEngine(LoRACalls, SleepCalls):
         plan = self.scheduler.schedule()
         failed = self._load_adapters(plan.scheduled) if self.adapters is not None else []
         if plan.is_empty():
-            if plan.finished_ids or plan.has_swaps:  # workers drop state / copy swapped KV
+            if plan.finished_ids or plan.has_swaps or plan.preempted:  # workers drop state
+                # (finished, recomputed: a pooling sum) and copy swapped KV
                 self.executor.execute_model(ModelInput(
                     [], self._take_new(), plan.finished_ids,
                     blocks_to_swap_out=plan.blocks_to_swap_out,

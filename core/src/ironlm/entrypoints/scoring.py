@@ -45,4 +45,9 @@ def cross_encoder_ids(tokenizer: Any, first: str, second: str, keep: int | None)
     tokens, ``text_pair``); with ``keep``, at most that many tokens, cut as the tokenizer
     cuts a pair (the longer text first, so both stay), as vLLM truncates a pair."""
     cut: dict[str, Any] = {} if keep is None else {"truncation": True, "max_length": keep}
-    return list(tokenizer(first, text_pair=second, **cut)["input_ids"])
+    try:
+        return list(tokenizer(first, text_pair=second, **cut)["input_ids"])
+    except Exception as exc:  # noqa: BLE001 (a fast tokenizer raises a bare Exception)
+        if keep is None:
+            raise
+        raise ValueError(f"truncate_prompt_tokens {keep} cannot hold the pair: {exc}") from None

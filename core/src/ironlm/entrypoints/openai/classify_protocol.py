@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -15,10 +15,6 @@ class ClassificationRequest(OpenAIRequest, ActivationFields):
     chat template), as /v1/embeddings takes them; ``use_activation: false`` (or vLLM's older
     ``activation`` / ``softmax``): the head's logits instead of probabilities."""
 
-    UNSUPPORTED: ClassVar[dict[str, str]] = {
-        name: "it applies to embeddings, not to a classifier's probabilities"
-        for name in ("normalize", "dimensions", "encoding_format")
-    }  # fmt: skip
 
     model: str | None = None
     input: PromptInput | None = None
@@ -32,6 +28,10 @@ class ClassificationRequest(OpenAIRequest, ActivationFields):
     chat_template_kwargs: dict[str, Any] | None = None
     truncate_prompt_tokens: int | None = None
     priority: int = 0
+    # an embedding body's fields (/invocations sends one here): refused unless at their default
+    encoding_format: str = "float"
+    normalize: bool | None = None
+    dimensions: int | None = None
 
 
 class ClassificationData(BaseModel):

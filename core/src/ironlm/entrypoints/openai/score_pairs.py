@@ -51,7 +51,10 @@ async def cross_encode(
                                 None, state.vocab_size, names[1])
                 for i, j in pairs]  # fmt: skip
 
-    prompts = await state.tokenizers.run(encode)
+    try:
+        prompts = await state.tokenizers.run(encode)
+    except ValueError as exc:  # the truncation cannot hold the pair's special tokens
+        raise APIError(str(exc), 400, param="truncate_prompt_tokens") from None
     check_fits(state, prompts, names[1], "score")
     gens = start_pooling(state, engine_id, prompts, req.priority, lora)
 

@@ -41,6 +41,7 @@ async def create_classification(
     pooling_form = isinstance(req, PoolingRequest)
     if isinstance(req, PoolingRequest):
         _check_pooling_fields(req)
+    _check_embedding_fields(req)
     _refuse_unsupported(req)
     prompts = await pooling_prompts(state, req)
     check_fits(state, prompts, "input" if req.messages is None else "messages",
@@ -76,7 +77,11 @@ def _check_pooling_fields(req: PoolingRequest) -> None:
     if req.task not in (None, "classify"):
         raise APIError(f"task {req.task!r} is not this model's: a sequence classifier pools "
                        "for 'classify'", 400, param="task")
-    for name, given in (("normalize", req.normalize), ("dimensions", req.dimensions),
+
+
+def _check_embedding_fields(req: ClassificationRequest | PoolingRequest) -> None:
+    """An embedding's options (400 naming the first one set off its default)."""
+    for name, given in (("normalize", req.normalize), ("dimensions", req.dimensions is not None),
                         ("encoding_format", req.encoding_format != "float")):
         if given:
             raise APIError(f"{name} is not supported: it applies to embeddings, not to a "
