@@ -14,7 +14,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ironlm.entrypoints.openai.chat_prompt import render_chat_prompt, warn_chat_fields
-from ironlm.entrypoints.openai.classify_protocol import ClassificationRequest
 from ironlm.entrypoints.openai.engine_response import respond
 from ironlm.entrypoints.openai.errors import APIError
 from ironlm.entrypoints.openai.protocol import (
@@ -63,9 +62,7 @@ async def create_embedding(
     )
 
 
-async def pooling_prompts(
-    state: ServerState, req: EmbeddingRequest | ClassificationRequest
-) -> list[EnginePrompt]:
+async def pooling_prompts(state: ServerState, req: EmbeddingRequest) -> list[EnginePrompt]:
     """The request's prompts: each of ``input``, or ``messages`` through the chat template
     as one prompt (400 unless exactly one of the two is given)."""
     if (req.input is None) == (req.messages is None):
@@ -126,9 +123,7 @@ def start_pooling(
     return gens
 
 
-def _chat_prompt(
-    tokenizer: Any, state: ServerState, req: EmbeddingRequest | ClassificationRequest
-) -> EnginePrompt:
+def _chat_prompt(tokenizer: Any, state: ServerState, req: EmbeddingRequest) -> EnginePrompt:
     assert req.messages is not None
     text = render_chat_prompt(
         tokenizer, req.messages, state.options,
