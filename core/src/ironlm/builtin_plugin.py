@@ -4,7 +4,8 @@ Registers the pure-torch reference attention backend (runs on any platform; the 
 kernels are tested against), the executors (``uni`` in-process, ``mp`` one process per rank,
 ``ray`` Ray actors: available when the ``ray`` extra is installed), the model architectures, the
 quantization methods (each produces a canonical layout the platform's layer ops run), and the
-speculative proposers ``ngram`` (prompt lookup) and ``draft_model``.
+speculative proposers ``ngram`` (prompt lookup) and ``draft_model``, and vLLM's file-based KV
+connector (``ExampleConnector``, also under its older name ``SharedStorageConnector``).
 Imports happen inside the hooks so that loading this module costs nothing.
 """
 
@@ -75,3 +76,11 @@ def register_speculative_proposers(register: Callable[[type], None]) -> None:
 
     register(NgramProposer)
     register(DraftModelProposer)
+
+
+@hookimpl
+def register_kv_connectors(register: Callable[[type], None]) -> None:
+    from ironlm.distributed.kv_store import ExampleConnector, SharedStorageConnector
+
+    register(ExampleConnector)
+    register(SharedStorageConnector)

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from ironlm.config_aliases import apply_vllm_aliases
+from ironlm.interfaces.kv_connector import KVTransferConfig
 from ironlm.python_file import import_class
 
 _DTYPES: dict[str, torch.dtype] = {
@@ -159,8 +160,13 @@ class EngineConfig:
     # as ``self`` (reinforcement-learning weight sync); vLLM's "module.Class" string is
     # imported here, in the engine's process (so workers elsewhere unpickle the class)
     worker_extension_cls: type | str | None = None
+    # vLLM's KV transfer (interfaces/kv_connector.py, engine/kv_transfer.py): a
+    # KVTransferConfig, or its JSON object (--kv-transfer-config); None: off
+    kv_transfer_config: dict[str, Any] | KVTransferConfig | None = None
 
     def __post_init__(self) -> None:
+        if self.kv_transfer_config is not None:
+            self.kv_transfer_config = KVTransferConfig.of(self.kv_transfer_config)
         if isinstance(self.worker_extension_cls, str):
             self.worker_extension_cls = import_class(self.worker_extension_cls,
                                                      "worker_extension_cls")
@@ -252,6 +258,9 @@ class EngineConfig:
                 f"(num_scheduler_steps={self.num_scheduler_steps}); use one of them"
             )
         self._check_lora()
+        if self.kv_transfer_config is not None and self.speculative_model is not None:
+            raise ValueError("kv_transfer_config is not supported with speculative decoding yet "
+                             "(the draft model's KV is not transferred); use one of them")
         if self.distributed_executor_backend is None:
             # vLLM's rule: "ray when Ray is installed and more than one device is used,
             # otherwise mp" (and the in-process executor for a single rank)

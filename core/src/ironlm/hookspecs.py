@@ -51,7 +51,8 @@ PROJECT = "ironlm"
 # ``forward(..., inputs_embeds=)``); custom logits processors (``register_logits_processors``,
 # ``ironlm.interfaces.logits_processor``).
 # 1.4: sequence classifiers (``ModelArchitecture.classifies`` and ``classify``).
-CONTRACT_VERSION = "1.4"
+# 1.5: KV connectors (``register_kv_connectors``, ``ironlm.interfaces.kv_connector``).
+CONTRACT_VERSION = "1.5"
 # The module constant a plugin declares its contract version in.
 CONTRACT_ATTRIBUTE = "IRONLM_CONTRACT_VERSION"
 
@@ -206,4 +207,20 @@ def register_speculative_proposers(register: Callable[[type], None]) -> None:
 
     Call mode: all implementations. Process: engine (selection, start-up checks, KV lookahead)
     and the worker that samples (the proposer is built there, next to the target model).
+    """
+
+
+@hookspec
+def register_kv_connectors(register: Callable[[type], None]) -> None:
+    """Register KV connectors: stores of KV blocks that engines share (vLLM's
+    ``--kv-transfer-config``, contract 1.5).
+
+    :param register: call ``register(ConnectorSubclass)`` once per connector. The class must
+        subclass :class:`ironlm.interfaces.kv_connector.KVConnector`; ``name`` is the key for
+        ``kv_transfer_config``'s ``kv_connector`` (the core registers ``ExampleConnector``,
+        also under vLLM's older name ``SharedStorageConnector``).
+    :return: ignored.
+
+    Call mode: all implementations. Process: engine (which blocks the store holds) and every
+    worker (its rank's blocks in and out).
     """

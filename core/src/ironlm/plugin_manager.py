@@ -21,6 +21,7 @@ from ironlm.interfaces import (
     AttentionBackend,
     Executor,
     GuidedBackend,
+    KVConnector,
     LogitsProcessor,
     ModelArchitecture,
     Platform,
@@ -73,6 +74,9 @@ class Registries:
     logits_processors: Registry[type[LogitsProcessor]] = field(
         default_factory=lambda: Registry("logits processor", "logits_processors")
     )
+    kv_connectors: Registry[type[KVConnector]] = field(
+        default_factory=lambda: Registry("KV connector", "kv_connector")
+    )
 
 
 # hook name -> (Registries attribute, base class the registered object must subclass)
@@ -87,6 +91,7 @@ _HOOKS: dict[str, tuple[str, type]] = {
     "register_models": ("models", ModelArchitecture),
     "register_speculative_proposers": ("speculative_proposers", SpeculativeProposer),
     "register_logits_processors": ("logits_processors", LogitsProcessor),
+    "register_kv_connectors": ("kv_connectors", KVConnector),
 }
 
 

@@ -15,6 +15,7 @@ from ironlm.interfaces import (
     AttentionBackend,
     Executor,
     GuidedBackend,
+    KVConnector,
     LogitsProcessor,
     ModelArchitecture,
     Platform,
@@ -24,6 +25,7 @@ from ironlm.interfaces import (
     ToolParser,
 )
 from ironlm.interfaces.platform import Availability
+from ironlm.python_file import import_class
 from ironlm.registry import UnavailableError, UnknownNameError
 
 if TYPE_CHECKING:
@@ -191,6 +193,17 @@ class PluginSelection:
 
     def select_logits_processor(self, name: str) -> type[LogitsProcessor]:
         return self.registries.logits_processors.get(name)
+
+    def select_kv_connector(self, name: str, module_path: str | None = None) -> type[KVConnector]:
+        """The KV connector ``name`` (kv_transfer_config's kv_connector): a registered one, or
+        with ``module_path`` (vLLM's kv_connector_module_path) the class of that name there."""
+        if module_path is None:
+            return self.registries.kv_connectors.get(name)
+        cls = import_class(f"{module_path}:{name}", "kv_transfer_config kv_connector")
+        if not issubclass(cls, KVConnector):
+            raise ValueError(f"kv_transfer_config kv_connector {name!r} in {module_path!r} is "
+                             "not a subclass of ironlm.interfaces.kv_connector.KVConnector")
+        return cls
 
     def select_executor(self, name: str) -> type[Executor]:
         return self.registries.executors.select(name, lambda c: c.is_available())

@@ -266,6 +266,12 @@ class BlockManager:
             if block.ref_count == 0:
                 self._free.put(b)
 
+    def forget(self, block_ids: list[int]) -> None:
+        """Drop these blocks from the prefix cache: they do not hold what their hash says (a
+        load into them failed)."""
+        for b in block_ids:
+            self._evict_hash(b)
+
     def reset_prefix_cache(self) -> None:
         for h, b in list(self._cached.items()):
             if self.blocks[b].ref_count == 0:

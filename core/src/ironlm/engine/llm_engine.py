@@ -22,6 +22,7 @@ from ironlm.engine.context_length import max_model_len, model_limit
 from ironlm.engine.guided_manager import GuidedManager
 from ironlm.engine.input_processor import InputProcessor, PromptType
 from ironlm.engine.iteration_tokens import IterationTokens
+from ironlm.engine.kv_transfer import kv_transfer_of
 from ironlm.engine.logits_processors import load_logits_processors, validate_request
 from ironlm.engine.lora_calls import LoRACalls
 from ironlm.engine.model_input import model_input, recomputed
@@ -142,12 +143,14 @@ class LLMEngine(LoRACalls, SleepCalls):
             num_kv_blocks, config.block_size, config.enable_prefix_caching, num_swap_blocks,
             run=max(1, platform.kv_run_tokens // config.block_size),
         )
+        self.kv_transfer = kv_transfer_of(config, self.pm, self.executor)
         self.scheduler = Scheduler(
             self.block_manager, config.max_num_seqs, budget, config.enable_chunked_prefill,
             use_priority=config.scheduling_policy == "priority", spec=self.spec,
             num_scheduler_steps=config.num_scheduler_steps, max_model_len=self.max_model_len,
             max_loras=config.max_loras if config.enable_lora else 0,
             long_prefill_token_threshold=config.long_prefill_token_threshold,
+            kv_transfer=self.kv_transfer,
         )
         self.adapters = AdapterCache(self.executor, int(config.max_cpu_loras or 1)) \
             if config.enable_lora else None
@@ -299,6 +302,9 @@ class LLMEngine(LoRACalls, SleepCalls):
     def step(self) -> list[RequestOutput]:
         plan = self.scheduler.schedule()
         failed = self._load_adapters(plan.scheduled) if self.adapters is not None else []
+        kv = self.kv_transfer
+        if kv is not None and plan.kv_loads:  # blocks from the KV connector's store, first
+            failed += kv.load(plan, self.executor, self.scheduler, self.outputs)
         if plan.is_empty():
             if plan.finished_ids or plan.has_swaps or plan.preempted:  # workers drop state
                 # (finished, recomputed: a pooling sum) and copy swapped KV
@@ -309,8 +315,11 @@ class LLMEngine(LoRACalls, SleepCalls):
                     preempted_ids=recomputed(plan),
                 ))
             return failed
+        saves = kv.saves(plan, self.block_manager) if kv is not None else []
         output = self.executor.execute_model(
             model_input(plan, self.block_manager, self.guided, self._take_new()))
+        if saves:  # the prompt blocks this step completed, to the store
+            self.executor.collective_rpc("save_kv_blocks", saves)
         self.iteration_tokens.observe(plan.num_tokens)
         self.scheduler.on_step_done(plan, output)
         results = self.outputs.update(plan.scheduled, output, self.scheduler,
@@ -352,6 +361,9 @@ class LLMEngine(LoRACalls, SleepCalls):
             "time": time.time(),
             "iteration_tokens": self.iteration_tokens.to_dict(),
             **(self.spec.stats.to_dict() if self.spec is not None else {}),
+            **({"external_prefix_cache_queries": self.kv_transfer.stats.queries,
+                "external_prefix_cache_hits": self.kv_transfer.stats.hits}
+               if self.kv_transfer is not None else {}),
             **self._lora_stats(),
         }
 

@@ -89,9 +89,11 @@ class OutputProcessor:
         for c in group.children if group else []:
             self._child_group.pop(c.request_id, None)
 
-    def abort(self, reqs: list[Request], scheduler: Scheduler) -> list[RequestOutput]:
+    def abort(self, reqs: list[Request], scheduler: Scheduler,
+              error: str | None = None) -> list[RequestOutput]:  # fmt: skip
         """Finish ``reqs`` as aborted by the engine itself (not by their caller): their groups'
-        final outputs, so that whoever waits on them hears of it."""
+        final outputs, so that whoever waits on them hears of it (of ``error`` when given:
+        the request failed)."""
         groups: dict[str, Group] = {}
         for req in reqs:
             group = self._child_group.get(req.request_id)
@@ -99,6 +101,7 @@ class OutputProcessor:
                 scheduler.finish(req, RequestStatus.FINISHED_ABORTED)
             if group is not None:
                 groups[group.request_id] = group
+                group.error = group.error or error
         results = []
         for group in groups.values():
             for c in group.children:

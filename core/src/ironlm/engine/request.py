@@ -86,6 +86,10 @@ class Request:
     # after it did not pay (engine.speculation.SpeculationPolicy).
     spec_history: list[tuple[int, int]] = field(default_factory=list)
     spec_paused_steps: int = 0
+    # KV transfer (engine/kv_transfer.py): the root key, then the keys of its full blocks so
+    # far; and whether a load from the store failed (it computes its prompt itself then)
+    kv_block_keys: list[str] = field(default_factory=list)
+    kv_load_refused: bool = False
 
     @property
     def lora_id(self) -> int:

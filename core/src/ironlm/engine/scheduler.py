@@ -22,11 +22,15 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ironlm.engine.block_manager import BlockManager
 from ironlm.engine.request import Request, RequestStatus
 from ironlm.engine.speculation import SpeculationPolicy
 from ironlm.interfaces.step import ModelOutput
+
+if TYPE_CHECKING:
+    from ironlm.engine.kv_transfer import KVTransfer
 
 
 @dataclass
@@ -48,6 +52,9 @@ class SchedulerOutput:
     num_proposals: dict[str, int] = field(default_factory=dict)
     # Multi-step: decode steps per request when the plan runs more than one (absent: one).
     num_steps: dict[str, int] = field(default_factory=dict)
+    # KV transfer: (request, index of its first block, number of blocks) the workers load
+    # from the KV connector's store before the step runs
+    kv_loads: list[tuple[Request, int, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -80,6 +87,7 @@ class Scheduler:
         max_model_len: int | None = None,
         max_loras: int = 0,  # 0: LoRA disabled
         long_prefill_token_threshold: int = 0,  # most prompt tokens a step (0: no cap)
+        kv_transfer: KVTransfer | None = None,  # prompt blocks from a KV connector's store
     ) -> None:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
@@ -91,6 +99,7 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.max_loras = max_loras
         self.long_prefill_cap = long_prefill_token_threshold or max_num_batched_tokens
+        self.kv_transfer = kv_transfer
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()  # preempted to host swap, oldest first
@@ -192,7 +201,11 @@ class Scheduler:
             wants_all = req.sampling_params.prompt_logprobs is not None or (
                 req.pooling and not req.pools_last_row)
             cached = [] if wants_all else self.block_manager.find_cached_prefix(req)
-            num_cached = len(cached) * self.block_manager.block_size
+            # then the blocks after those that a KV connector's store holds (loaded, not run)
+            loaded = self.kv_transfer.lookup(req, len(cached)) \
+                if self.kv_transfer is not None and not wants_all else 0
+            bs = self.block_manager.block_size
+            num_cached = (len(cached) + loaded) * bs
             n = min(req.num_tokens - num_cached, self.long_prefill_cap)
             if n > budget:
                 if not self.enable_chunked_prefill:
@@ -215,7 +228,11 @@ class Scheduler:
                 req.num_cached_tokens = num_cached
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = time.monotonic()
-            self.block_manager.record_lookup(req.num_tokens, num_cached)
+            self.block_manager.record_lookup(req.num_tokens, len(cached) * bs)
+            if self.kv_transfer is not None:
+                self.kv_transfer.record(req.num_tokens, loaded * bs)
+            if loaded:
+                out.kv_loads.append((req, len(cached), loaded))
             self.waiting.popleft()
             req.status = RequestStatus.RUNNING
             self.running.append(req)
@@ -271,6 +288,15 @@ class Scheduler:
                 steps -= 1
             if steps > 1:
                 out.num_steps[req.request_id] = steps
+
+    def requeue(self, req: Request) -> None:
+        """Put a scheduled request back at the head of the queue, its blocks freed, to be
+        computed afresh (its KV could not be loaded)."""
+        self.running.remove(req)
+        self.block_manager.free(req.request_id)
+        req.num_computed_tokens = 0
+        req.status = RequestStatus.PREEMPTED if req.num_preemptions else RequestStatus.WAITING
+        self.waiting.appendleft(req)
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
         """Swap the request's KV to the host pool when it fits there; otherwise free it and

@@ -137,6 +137,12 @@ ENGINE_HELP: dict[str, str] = {
     "logits_processors": "vLLM's custom logits processors: LogitsProcessor classes as "
                          "module:Class (or module.Class), or names a plugin registered; "
                          "requests pass their settings in vllm_xargs",
+    "kv_transfer_config": "vLLM's KV transfer (disaggregated prefill), e.g. "
+                          "'{\"kv_connector\": \"ExampleConnector\", \"kv_role\": "
+                          "\"kv_both\", \"kv_connector_extra_config\": "
+                          "{\"shared_storage_path\": \"/tmp/kv\"}}': kv_producer stores the "
+                          "prompt blocks it computes, kv_consumer loads them; "
+                          "kv_load_failure_policy fail (default) or recompute",
     "enable_lora": "serve LoRA adapters (--lora-modules, requests naming an adapter)",
     "max_loras": "most adapters that run in one batch step (requests of others wait)",
     "max_lora_rank": "highest adapter rank accepted",

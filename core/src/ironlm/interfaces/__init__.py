@@ -4,6 +4,7 @@ registers which interface."""
 from ironlm.interfaces.attention import AttentionBackend, AttentionBatch, AttentionLayerSpec
 from ironlm.interfaces.executor import Executor
 from ironlm.interfaces.guided import Grammar, GuidedBackend, GuidedSpec, UnsupportedFeatureError
+from ironlm.interfaces.kv_connector import KVConnector, KVTransferConfig
 from ironlm.interfaces.logits_processor import BatchUpdate, LogitsProcessor
 from ironlm.interfaces.model import ModelArchitecture, ModelContext
 from ironlm.interfaces.platform import Availability, LayerOps, Platform
@@ -30,6 +31,8 @@ __all__ = [
     "Grammar",
     "GuidedBackend",
     "GuidedSpec",
+    "KVConnector",
+    "KVTransferConfig",
     "LayerOps",
     "LogitsProcessor",
     "ModelArchitecture",

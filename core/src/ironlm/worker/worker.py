@@ -28,6 +28,7 @@ from ironlm.registry import UnavailableError
 from ironlm.worker.decode_graphs import DecodeGraphs, capture_sizes
 from ironlm.worker.draft_runner import DraftModelRunner
 from ironlm.worker.kv_cache import KVCache
+from ironlm.worker.kv_transfer import KVTransferCalls, build_kv_connector
 from ironlm.worker.lora_manager import WorkerLoRAManager
 from ironlm.worker.model_runner import ModelRunner, StageInfo
 from ironlm.worker.proposer_context import WorkerProposerContext
@@ -36,7 +37,7 @@ from ironlm.worker.speculator import Speculator
 from ironlm.worker.weight_calls import WeightCalls
 
 
-class Worker(WorkerBase, WeightCalls):
+class Worker(WorkerBase, WeightCalls, KVTransferCalls):
     def __init__(
         self, config: EngineConfig, rank: WorkerRank, plugins: PluginManager | None = None
     ) -> None:
@@ -55,6 +56,9 @@ class Worker(WorkerBase, WeightCalls):
         self.layout = ParallelLayout(config.tensor_parallel_size, config.pipeline_parallel_size)
         self.dist: Distributed | None = None  # process groups when world_size > 1
         self._asleep = SleepingMemory()  # what sleep mode freed, until wake-up
+        # vLLM's KV transfer: the store this rank's prompt blocks go to and come from
+        self.kv_connector = build_kv_connector(self.plugins, config.kv_transfer_config) \
+            if config.kv_transfer_config is not None else None
 
     # -- set-up, in call order ---------------------------------------------------------------
     def init_device(self) -> None:

@@ -40,11 +40,12 @@ _TOKEN_BUCKETS = tuple(m * 10**e for e in range(6) for m in (1, 2, 5) if m * 10*
 _N_BUCKETS = (1, 2, 5, 10, 20)
 
 
-# speculative-decoding metrics vLLM has (the others are IronLM's own)
+# engine statistics vLLM exports (the other speculative-decoding ones are IronLM's own)
 _VLLM_SPEC = frozenset({
     "spec_decode_draft_acceptance_rate", "spec_decode_efficiency",
     "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens",
     "spec_decode_num_emitted_tokens",
+    "external_prefix_cache_queries", "external_prefix_cache_hits",
 })
 
 
@@ -150,7 +151,8 @@ class ServerMetrics:
                  "Tokens one verification emits on average (1 + accepted drafts)."),
             )
         }
-        self.spec_counters = {
+        # counters that follow the engine's totals, exported once the engine reports them
+        self.engine_counters = {
             key: Counter(f"{_spec_prefix(key)}:{key}", doc, labels, registry=reg) for key, doc in (
                 ("spec_decode_num_drafts", "Verifications of at least one draft."),
                 ("spec_decode_num_draft_tokens", "Draft tokens verified."),
@@ -159,9 +161,12 @@ class ServerMetrics:
                 ("spec_decode_draft_time_seconds", "Seconds spent drafting."),
                 ("spec_decode_target_time_seconds",
                  "Seconds in the target's forward and verification."),
+                ("external_prefix_cache_queries",
+                 "Prompt tokens looked up in the KV connector's store."),
+                ("external_prefix_cache_hits", "Of those, tokens loaded from the store."),
             )
         }
-        self._spec_seen: dict[str, float] = {}
+        self._counted: dict[str, float] = {}
         # vLLM's tokens-per-step histogram: the engine keeps the cumulative counts
         self.iteration_tokens = _EngineHistogram(
             "vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
@@ -203,12 +208,14 @@ class ServerMetrics:
         if "spec_decode_num_draft_tokens" in stats:
             for key, g in self.spec_gauges.items():
                 g.labels(m).set(stats[key])
-            for key, c in self.spec_counters.items():
-                c.labels(m)  # exported from the first scrape on, 0 until it grows (vLLM)
-                grown = stats[key] - self._spec_seen.get(key, 0)
-                if grown > 0:
-                    c.labels(m).inc(grown)
-                    self._spec_seen[key] = stats[key]
+        for key, c in self.engine_counters.items():
+            if key not in stats:
+                continue
+            c.labels(m)  # exported from the first scrape on, 0 until it grows (vLLM)
+            grown = stats[key] - self._counted.get(key, 0)
+            if grown > 0:
+                c.labels(m).inc(grown)
+                self._counted[key] = stats[key]
         if "max_lora" in stats:
             self.lora_info.clear()  # one sample: the current adapter sets
             self.lora_info.labels(
