@@ -100,8 +100,8 @@ def test_classify_matches_hf(classifier_dir: Path) -> None:
         llm.score(QUERY, DOCS, use_tqdm=False)
     with pytest.raises(ValueError, match="normalize applies to embeddings"):
         llm.classify(TEXTS[0], pooling_params=PoolingParams(normalize=True), use_tqdm=False)
-    with pytest.raises(ValueError, match="per-token head"):
-        llm.encode(TEXTS[0], pooling_task="token_classify", use_tqdm=False)
+    with pytest.raises(ValueError, match="it has no embeddings"):
+        llm.encode(TEXTS[0], pooling_task="token_embed", use_tqdm=False)
 
 
 def test_cross_encoder_score_matches_hf(cross_encoder_dir: Path) -> None:

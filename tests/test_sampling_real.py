@@ -403,6 +403,8 @@ def test_encode_and_embed_in_vllm_shapes(llm: LLM, hf) -> None:  # type: ignore[
         llm.embed(texts, pooling_params=[PoolingParams()], use_tqdm=False)
     with pytest.raises(ValueError, match="dimensions"):
         PoolingParams(dimensions=8)
-    for task, why in (("classify", "needs a sequence classifier"), ("encode", "per-token head")):
+    for task, why in (("classify", "needs a sequence classifier"),
+                      ("token_classify", "needs a sequence classifier"),
+                      ("encode", "unknown pooling_task")):
         with pytest.raises(ValueError, match=why):
             llm.encode(texts, pooling_task=task, use_tqdm=False)

@@ -142,8 +142,8 @@ def test_pooling_route_gives_the_embeddings(http: httpx.Client) -> None:
         assert p["data"] == pytest.approx(e["embedding"], abs=1e-5)
     assert pooled["usage"] == embedded["usage"]
     assert http.post("/pooling", json={**body, "task": "embed"}).status_code == 200
-    # what needs a classification or per-token head is refused, not answered with embeddings
-    for extra, param in (({"task": "classify"}, "task"), ({"task": "token_embed"}, "task"),
+    # what needs a classification head is refused, not answered with embeddings
+    for extra, param in (({"task": "classify"}, "task"), ({"task": "token_classify"}, "task"),
                          ({"use_activation": True}, "use_activation")):
         assert _error(http.post("/pooling", json={**body, **extra}))["param"] == param
 

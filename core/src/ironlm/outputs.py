@@ -45,7 +45,9 @@ class RequestOutput:
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     num_cached_tokens: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
-    embedding: list[float] | None = None  # set for pooling (encode / embeddings) requests
+    # set for pooling (encode / embeddings) requests: the pooled vector, or for a token task
+    # a row per prompt token
+    embedding: list[float] | list[list[float]] | None = None
     # Set when the request failed as a whole (a guided-decoding backend's dead end): the
     # outputs then hold what was generated before, finish_reason "abort".
     error: str | None = None
@@ -61,7 +63,9 @@ class RequestOutput:
 
 @dataclass
 class PoolingOutput:
-    data: torch.Tensor  # (hidden_size,) float32: the mean-pooled last hidden state
+    # float32: the (hidden_size,) mean-pooled last hidden state, a classifier's (num_labels,)
+    # output, or for a token task one such row per prompt token
+    data: torch.Tensor
 
 
 @dataclass

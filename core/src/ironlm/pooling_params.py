@@ -17,7 +17,8 @@ from ironlm.sampling_params import check_truncate_value
 @dataclass
 class PoolingParams:
     truncate_prompt_tokens: int | None = None  # keep the last N tokens (-1: the context)
-    normalize: bool | None = None  # embed: scale each embedding to unit L2 length (default: no)
+    # embed / token_embed: scale each embedding (each token's) to unit L2 length (default: no)
+    normalize: bool | None = None
     dimensions: int | None = None  # refused: embeddings have the model's hidden size
     use_activation: bool | None = None  # classify / score: softmax or sigmoid (default: yes)
 
@@ -29,9 +30,10 @@ class PoolingParams:
 
     def check_task(self, task: str) -> None:
         """ValueError naming the field that the pooling ``task`` does not take."""
-        if task == "embed" and self.use_activation is not None:
+        embeds = task in ("embed", "token_embed")
+        if embeds and self.use_activation is not None:
             raise ValueError("use_activation applies to a classification head; this model "
                              "pools hidden states")
-        if task != "embed" and self.normalize is not None:
+        if not embeds and self.normalize is not None:
             raise ValueError(f"normalize applies to embeddings, not to the {task!r} task of a "
                              "sequence classifier")

@@ -193,9 +193,12 @@ class LLMEngine(LoRACalls, SleepCalls):
         pooling: bool = False,
         lora_request: LoRARequest | None = None,
         reasoning_ended: bool | None = None,
+        pool_every_row: bool = False,
     ) -> None:
         """Validate and queue a request (ValueError naming the field when invalid). With n or
         best_of > 1 it fans out into child sequences that share the prompt's cached blocks.
+        ``pooling``: return the pooled prompt instead of generating (``pool_every_row``:
+        every prompt row, for vLLM's token tasks).
         ``lora_request``: the adapter to run with (checked on first use).
         ``reasoning_ended``: from a chat front end with a reasoning parser, whether the
         prompt closed the reasoning; False holds a guided request's grammar back until the
@@ -242,7 +245,7 @@ class LLMEngine(LoRACalls, SleepCalls):
                 grammar=grammars[i][0],
                 grammar_backend=grammars[i][1],
                 pooling=pooling,
-                pools_last_row=pooling and self.classifier is not None,
+                pools_last_row=pooling and self.classifier is not None and not pool_every_row,
                 lora_request=lora_request,
                 cache_salt=processed.cache_salt,
                 prompt_embeds=processed.embeds,
@@ -251,7 +254,7 @@ class LLMEngine(LoRACalls, SleepCalls):
             self.scheduler.add(child)
             self._new.append(
                 NewRequestData(child.request_id, processed.output_token_ids, child_params,
-                               child.eos_token_id, pooling)
+                               child.eos_token_id, pooling, pool_every_row and pooling)
             )
         self.outputs.add_group(request_id, processed.prompt, processed.output_token_ids, params,
                                children)

@@ -31,7 +31,8 @@ class Group:
     detoks: list[IncrementalDetokenizer | None]
     prompt_logprobs: list[PositionLogprobs | None] = field(default_factory=lambda: [None])
     arrival: float = field(default_factory=time.monotonic)
-    embedding: list[float] | None = None  # pooling requests: the mean-pooled hidden state
+    # pooling requests: the pooled vector (a row per prompt token for a token task)
+    embedding: list[float] | list[list[float]] | None = None
     error: str | None = None  # why the request failed (a guided backend's dead end)
     # DELTA outputs: per child, the tokens, text characters and logprob entries sent so far
     sent: list[tuple[int, int, int]] = field(default_factory=list)

@@ -36,8 +36,10 @@ if TYPE_CHECKING:
     from ironlm.engine.llm_engine import LLMEngine
     from ironlm.outputs import RequestOutput
 
-# vLLM's per-token pooling tasks: no model here has a per-token head
-_PER_TOKEN_TASKS = ("token_classify", "token_embed", "encode")
+# the pooling tasks of an embedding model (a causal LM's hidden states) and of a sequence
+# classifier; the token_ ones give one row per prompt position (vLLM's)
+EMBED_TASKS = ("embed", "token_embed")
+CLASSIFY_TASKS = ("classify", "score", "token_classify")
 
 
 class PoolingCalls:
@@ -62,7 +64,10 @@ class PoolingCalls:
         """Each prompt's pooled output, ``outputs.data`` a float32 tensor: for "embed" (an
         LM's default) the (hidden_size,) mean-pooled state; for "classify" (a sequence
         classifier's default) and "score" the (num_labels,) class logits through the task's
-        activation (``engine/classification.py``; the logits with ``use_activation=False``).
+        activation (``engine/classification.py``; the logits with ``use_activation=False``);
+        vLLM's token tasks give a row per prompt token: "token_embed" (num_tokens,
+        hidden_size) hidden states, "token_classify" (num_tokens, num_labels) through the
+        classify activation (``LLM.reward``).
         ``pooling_params``: one for every prompt, or one per prompt;
         ``truncate_prompt_tokens`` (over theirs) keeps a prompt's last tokens (-1: as many
         as the context holds)."""
@@ -79,7 +84,8 @@ class PoolingCalls:
                     else p.truncate_prompt_tokens
                 run = SamplingParams(max_tokens=1, truncate_prompt_tokens=truncate)
                 rid = str(next(self._ids))
-                self.engine.add_request(rid, prompt, run, pooling=True, lora_request=lora)
+                self.engine.add_request(rid, prompt, run, pooling=True, lora_request=lora,
+                                        pool_every_row=task.startswith("token_"))
                 ids.append(rid)
         except BaseException:
             self.engine.abort_request(ids)
@@ -88,10 +94,10 @@ class PoolingCalls:
         classifier = self.engine.classifier
         for out, p in zip(self._run(ids, use_tqdm), params):
             vec = torch.tensor(out.embedding or [], dtype=torch.float32)
-            if p.normalize:
-                vec = torch.nn.functional.normalize(vec, dim=0)
+            if p.normalize:  # each row (each token's, for token_embed)
+                vec = torch.nn.functional.normalize(vec, dim=-1)
             if classifier is not None and p.use_activation is not False:
-                vec = classifier.activate(vec, task)
+                vec = classifier.activate(vec, "score" if task == "score" else "classify")
             results.append(PoolingRequestOutput(out.request_id, out.prompt_token_ids,
                                                 PoolingOutput(vec)))
         return results
@@ -101,18 +107,17 @@ class PoolingCalls:
         classifier, "embed" otherwise); ValueError for one the model has no head for."""
         classifier = self.engine.classifier
         task = requested or ("embed" if classifier is None else "classify")
-        if task in _PER_TOKEN_TASKS:
-            raise ValueError(f"pooling_task {task!r} needs a per-token head; no model here "
-                             "has one")
-        if task not in ("embed", "classify", "score"):
-            raise ValueError(f"unknown pooling_task {task!r}")
-        if classifier is None and task != "embed":
+        if task not in EMBED_TASKS + CLASSIFY_TASKS:
+            raise ValueError(f"unknown pooling_task {task!r}; choose one of "
+                             f"{list(EMBED_TASKS + CLASSIFY_TASKS)}")
+        if classifier is None and task not in EMBED_TASKS:
             raise ValueError(f"pooling_task {task!r} needs a sequence classifier (an HF "
                              "*ForSequenceClassification model); this model pools hidden "
-                             "states for 'embed'")
-        if classifier is not None and task == "embed":
+                             f"states for {' and '.join(EMBED_TASKS)}")
+        if classifier is not None and task in EMBED_TASKS:
             raise ValueError(f"this model ({classifier.architecture}) is a sequence "
-                             "classifier: it has no embeddings; use classify or score")
+                             "classifier: it has no embeddings; use classify, score or "
+                             "token_classify")
         return task
 
     def embed(
@@ -187,6 +192,23 @@ class PoolingCalls:
         return [ClassificationRequestOutput(p.request_id, p.prompt_token_ids,
                                             ClassificationOutput(p.outputs.data.tolist()))
                 for p in pooled]  # fmt: skip
+
+    def reward(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        /,
+        *,
+        truncate_prompt_tokens: int | None = None,
+        use_tqdm: bool = True,
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+    ) -> list[PoolingRequestOutput]:
+        """vLLM's: a sequence classifier's head on every prompt token, ``outputs.data``
+        (num_tokens, num_labels) through the classify activation (``encode`` with
+        pooling_task "token_classify")."""
+        return self.encode(prompts, pooling_params, truncate_prompt_tokens=truncate_prompt_tokens,
+                           use_tqdm=use_tqdm, lora_request=lora_request,
+                           pooling_task="token_classify")  # fmt: skip
 
     def _cross_encode(
         self, first: list[PromptType], second: list[PromptType], pairs: list[tuple[int, int]],

@@ -26,6 +26,9 @@ class NewRequestData:
     sampling_params: SamplingParams
     eos_token_id: int | None
     pooling: bool = False  # return the prompt's mean-pooled hidden state instead of sampling
+    # a token pooling task (token_embed / token_classify): every prompt row, not their mean
+    # (a classifier's: every row through its head, not the last)
+    pool_every_row: bool = False
 
 
 @dataclass
@@ -97,7 +100,8 @@ class ModelOutput:
     # each entry [(token_id, logprob, rank)] with the actual prompt token first.
     prompt_logprobs: dict[str, list[list[tuple[int, float, int]]]] = field(default_factory=dict)
     # Pooling requests: request id -> (hidden_size,) float32 mean-pooled hidden state, or a
-    # classifier's (num_labels,) float32 class logits (before any activation).
+    # classifier's (num_labels,) float32 class logits (before any activation); for a
+    # request of a token task, one such row per prompt position, (num_prompt_tokens, ...).
     embeddings: dict[str, torch.Tensor] = field(default_factory=dict)
     # Speculative decoding: drafts proposed after this step (ScheduledSeq.num_proposals).
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)

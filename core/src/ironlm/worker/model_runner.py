@@ -80,6 +80,8 @@ class ModelRunner:
         self.sampler = Sampler(ops, config.logprobs_mode, custom)
         self.states: dict[str, SamplingState] = {}
         self.embed_sums: dict[str, torch.Tensor] = {}  # pooling requests: running hidden sums
+        # token pooling requests: each chunk's rows so far, (chunk_tokens, hidden | labels)
+        self.row_parts: dict[str, list[torch.Tensor]] = {}
         self.speculator: Speculator | None = None  # set by the worker with a proposer
 
     # -- one step --------------------------------------------------------------------------
@@ -91,8 +93,10 @@ class ModelRunner:
         for rid in mi.finished_ids:
             self.states.pop(rid, None)
             self.embed_sums.pop(rid, None)
+            self.row_parts.pop(rid, None)
         for rid in mi.preempted_ids:  # a pooling request is recomputed from its first token
             self.embed_sums.pop(rid, None)
+            self.row_parts.pop(rid, None)
         if stage.is_last:  # only the last stage samples or pools
             for nr in mi.new_requests:
                 self.states[nr.request_id] = SamplingState.create(
@@ -100,6 +104,7 @@ class ModelRunner:
                     self.device,
                 )
                 self.states[nr.request_id].pooling = nr.pooling
+                self.states[nr.request_id].pool_every_row = nr.pool_every_row
         if self.speculator is not None:
             self.speculator.drop(mi.finished_ids + mi.preempted_ids)
         out = ModelOutput()
@@ -154,6 +159,14 @@ class ModelRunner:
         sample_seqs: list[ScheduledSeq] = []
         for i, seq in enumerate(mi.seqs):
             state = self.states[seq.request_id]
+            if state.pool_every_row:  # a token task: every row (classified on a classifier)
+                rows = hidden[starts[i] : starts[i + 1]]
+                parts = self.row_parts.setdefault(seq.request_id, [])
+                parts.append(self.model.classify(rows) if self.model.classifies
+                             else rows.float())
+                if seq.sample:
+                    out.embeddings[seq.request_id] = torch.cat(self.row_parts.pop(seq.request_id))
+                continue
             if state.pooling and self.model.classifies:  # the prompt's last row, classified
                 if seq.sample:
                     row = hidden[starts[i + 1] - 1 : starts[i + 1]]

@@ -37,6 +37,7 @@ class SamplingState:
     prompt_mask: torch.Tensor | None = None  # (vocab,) bool, for repetition_penalty
     output_token_ids: list[int] | None = None  # for bad_words matching
     pooling: bool = False  # embedding request: no sampling
+    pool_every_row: bool = False  # a token pooling task: every prompt row
 
     @classmethod
     def create(

@@ -155,9 +155,10 @@ class EmbeddingRequest(_Request):
 
 
 class PoolingRequest(EmbeddingRequest, ActivationFields):
-    """vLLM's /pooling body: an embedding request with the pooling ``task``: "embed" on an
-    embedding model, "classify" on a sequence classifier (no per-token tasks); the
-    activation fields are a classifier's."""
+    """vLLM's /pooling body: an embedding request with the pooling ``task``: "embed" or
+    "token_embed" (every token's hidden state) on an embedding model, "classify" or
+    "token_classify" (the head on every token) on a sequence classifier; the activation
+    fields are a classifier's."""
 
     task: str | None = None
 
@@ -354,7 +355,8 @@ class EmbeddingData(BaseModel):
 class PoolingData(BaseModel):  # vLLM's /pooling item: the same vector as an embedding
     index: int
     object: str = "pooling"
-    data: list[float] | str
+    # a vector, a row per token (token tasks), or base64 of the float32 values (row-major)
+    data: list[float] | list[list[float]] | str
 
 
 class EmbeddingResponse(BaseModel):

@@ -48,7 +48,8 @@ async def create_classification(
                "classification")
     request_id, engine_id = request_id_for("pool" if pooling_form else "classify", request,
                                            req.request_id)
-    gens = start_pooling(state, engine_id, prompts, req.priority, lora)
+    every_row = isinstance(req, PoolingRequest) and req.task == "token_classify"
+    gens = start_pooling(state, engine_id, prompts, req.priority, lora, every_row)
     tokens = sum(len(p.token_ids) for p in prompts)
     model = state.response_model(lora, req.model)
 
@@ -73,10 +74,11 @@ async def create_classification(
 
 
 def _check_pooling_fields(req: PoolingRequest) -> None:
-    """/pooling on a classifier: the classify task (400 naming what it does not take)."""
-    if req.task not in (None, "classify"):
+    """/pooling on a classifier: the classify and token_classify tasks (400 naming what it
+    does not take)."""
+    if req.task not in (None, "classify", "token_classify"):
         raise APIError(f"task {req.task!r} is not this model's: a sequence classifier pools "
-                       "for 'classify'", 400, param="task")
+                       "for 'classify' and 'token_classify'", 400, param="task")
 
 
 def _check_embedding_fields(req: ClassificationRequest | PoolingRequest) -> None:
@@ -95,10 +97,11 @@ def _refuse_unsupported(req: ClassificationRequest | PoolingRequest) -> None:
         raise APIError(f"{name} is not supported: {why}", 400, param=name)
 
 
-def _probs(classifier: Classifier, out: RequestOutput, activate: bool) -> list[float]:
+def _probs(classifier: Classifier, out: RequestOutput,
+           activate: bool) -> list[float] | list[list[float]]:  # fmt: skip
     if out.embedding is None:
         raise APIError("the engine returned no class logits", 500)
-    logits = torch.tensor(out.embedding, dtype=torch.float32)  # (num_labels,)
+    logits = torch.tensor(out.embedding, dtype=torch.float32)  # ([num_tokens,] num_labels)
     return (classifier.activate(logits, "classify") if activate else logits).tolist()
 
 

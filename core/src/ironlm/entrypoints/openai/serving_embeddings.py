@@ -53,7 +53,8 @@ async def create_embedding(
     check_fits(state, prompts, "input" if req.messages is None else "messages")
     request_id, engine_id = request_id_for("pool" if pooling_form else "embd", request,
                                            req.request_id)
-    gens = start_pooling(state, engine_id, prompts, req.priority, lora)
+    every_row = isinstance(req, PoolingRequest) and req.task == "token_embed"
+    gens = start_pooling(state, engine_id, prompts, req.priority, lora, every_row)
     num_tokens = sum(len(p.token_ids) for p in prompts)
     return await respond(
         request, gens,
@@ -78,11 +79,11 @@ async def pooling_prompts(state: ServerState, req: EmbeddingRequest) -> list[Eng
 
 
 def _check_pooling_fields(req: PoolingRequest) -> None:
-    """/pooling on an embedding model: the "embed" task only; a classifier's fields
-    refused (400 naming them)."""
-    if req.task not in (None, "embed"):
-        raise APIError(f"task {req.task!r} needs a sequence classifier (or a per-token "
-                       "head); this model pools for 'embed' only", 400, param="task")
+    """/pooling on an embedding model: the "embed" and "token_embed" tasks; a classifier's
+    fields refused (400 naming them)."""
+    if req.task not in (None, "embed", "token_embed"):
+        raise APIError(f"task {req.task!r} needs a sequence classifier; this model pools "
+                       "for 'embed' and 'token_embed'", 400, param="task")
     given = req.activation_given()
     if given is not None:
         raise APIError(f"{given[0]} is not supported: it applies to a classification head; "
@@ -108,16 +109,18 @@ def check_fits(state: ServerState, prompts: list[EnginePrompt], field: str,
 
 def start_pooling(
     state: ServerState, engine_id: str, prompts: list[EnginePrompt], priority: int,
-    lora: LoRARequest | None,
+    lora: LoRARequest | None, every_row: bool = False,
 ) -> list[AsyncIterator[RequestOutput]]:  # fmt: skip
-    """One engine pooling request per prompt (``engine_id-i``): each ends with its embedding."""
+    """One engine pooling request per prompt (``engine_id-i``): each ends with its embedding
+    (``every_row``: a row per prompt token, for the token tasks)."""
     gens = []
     for i, p in enumerate(prompts):
         params = SamplingParams(max_tokens=1)
         state.log_request(f"{engine_id}-{i}", p.text, p.token_ids, params)
         gens.append(tracked(
             state.engine.generate(f"{engine_id}-{i}", p.as_engine_prompt(), params,
-                                  priority=priority, pooling=True, lora_request=lora),
+                                  priority=priority, pooling=True, lora_request=lora,
+                                  pool_every_row=every_row),
             state.new_tracker(),
         ))
     return gens
@@ -145,10 +148,11 @@ def _response(
     for i, out in enumerate(finals):
         if out.embedding is None:
             raise APIError("the engine returned no embedding", 500)
-        values = np.asarray(out.embedding, dtype=np.float32)  # (hidden_size,)
-        if req.normalize:
-            values = values / max(float(np.linalg.norm(values)), 1e-12)
-        vec: list[float] | str = values.tolist()
+        values = np.asarray(out.embedding, dtype=np.float32)  # ([num_tokens,] hidden_size)
+        if req.normalize:  # each vector (each token's)
+            norms = np.linalg.norm(values, axis=-1, keepdims=True)
+            values = values / np.maximum(norms, 1e-12)
+        vec: list[float] | list[list[float]] | str = values.tolist()
         if req.encoding_format == "base64":
             vec = base64.b64encode(values.astype("<f4").tobytes()).decode()
         data.append(PoolingData(index=i, data=vec) if pooling_form
