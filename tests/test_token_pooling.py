@@ -100,6 +100,23 @@ def test_token_classify_and_reward_match_hf(classifier_dir: Path) -> None:
         llm.shutdown()
 
 
+def test_token_classify_on_two_pipeline_stages(classifier_dir: Path) -> None:
+    """The last stage's rows come back through the mp executor: the same as one rank's."""
+    llm = LLM(str(classifier_dir), **SMALL)
+    try:
+        one = [o.outputs.data for o in llm.reward(TEXTS, use_tqdm=False)]
+    finally:
+        llm.shutdown()
+    llm = LLM(str(classifier_dir), **SMALL, pipeline_parallel_size=2,
+              distributed_executor_backend="mp", enforce_eager=True)
+    try:
+        two = [o.outputs.data for o in llm.reward(TEXTS, use_tqdm=False)]
+    finally:
+        llm.shutdown()
+    for a, b in zip(one, two):
+        assert a.shape == b.shape and torch.allclose(a, b, atol=1e-5)
+
+
 @pytest.mark.server
 def test_pooling_route_token_tasks(smollm2_dir: Path, classifier_dir: Path,
                                    lm_rows: list[torch.Tensor]) -> None:

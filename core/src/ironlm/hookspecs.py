@@ -52,7 +52,8 @@ PROJECT = "ironlm"
 # ``ironlm.interfaces.logits_processor``).
 # 1.4: sequence classifiers (``ModelArchitecture.classifies`` and ``classify``).
 # 1.5: KV connectors (``register_kv_connectors``, ``ironlm.interfaces.kv_connector``).
-CONTRACT_VERSION = "1.5"
+# 1.6: token pooling tasks (``NewRequestData.pool_every_row``: a row per prompt token).
+CONTRACT_VERSION = "1.6"
 # The module constant a plugin declares its contract version in.
 CONTRACT_ATTRIBUTE = "IRONLM_CONTRACT_VERSION"
 

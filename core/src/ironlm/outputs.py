@@ -46,8 +46,8 @@ class RequestOutput:
     num_cached_tokens: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
     # set for pooling (encode / embeddings) requests: the pooled vector, or for a token task
-    # a row per prompt token
-    embedding: list[float] | list[list[float]] | None = None
+    # a (num_prompt_tokens, hidden_size | num_labels) float32 tensor, a row per prompt token
+    embedding: list[float] | torch.Tensor | None = None
     # Set when the request failed as a whole (a guided-decoding backend's dead end): the
     # outputs then hold what was generated before, finish_reason "abort".
     error: str | None = None

@@ -2,7 +2,8 @@
 activations its class logits go through, and what it refuses.
 
 A classifier (``ModelArchitecture.classifies``: HF's ``*ForSequenceClassification``) pools
-every request: the runner hands the head the prompt's last row and returns the class logits;
+every request: the runner hands the head the prompt's last row (every row, for vLLM's
+token_classify task) and returns the class logits;
 the front ends turn them into the task's output here, as vLLM's classifier poolers do:
 - classify: by the config's ``problem_type`` (HF's training loss): "regression" the logits as
   they are, "multi_label_classification" a sigmoid per label, otherwise a softmax over two or
@@ -43,7 +44,8 @@ class Classifier:
         return len(self.labels)
 
     def activate(self, logits: torch.Tensor, task: str = "classify") -> torch.Tensor:
-        """(num_labels,) class logits -> the ``task``'s output ("classify" or "score")."""
+        """([num_tokens,] num_labels) class logits -> the ``task``'s output ("classify" or
+        "score"), over the last dimension."""
         name = self.classify_activation if task == "classify" else self.score_activation
         fn = _ACTIVATIONS.get(name) or getattr(torch.nn, name)()
         return fn(logits.float())

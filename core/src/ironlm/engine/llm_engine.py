@@ -246,6 +246,7 @@ class LLMEngine(LoRACalls, SleepCalls):
                 grammar_backend=grammars[i][1],
                 pooling=pooling,
                 pools_last_row=pooling and self.classifier is not None and not pool_every_row,
+                pools_every_row=pooling and pool_every_row,
                 lora_request=lora_request,
                 cache_salt=processed.cache_salt,
                 prompt_embeds=processed.embeds,

@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from ironlm.engine.detokenizer import IncrementalDetokenizer, WholeDetokenizer
 from ironlm.engine.guided_manager import mark_dead_end
 from ironlm.engine.request import Request, RequestStatus
@@ -31,8 +33,8 @@ class Group:
     detoks: list[IncrementalDetokenizer | None]
     prompt_logprobs: list[PositionLogprobs | None] = field(default_factory=lambda: [None])
     arrival: float = field(default_factory=time.monotonic)
-    # pooling requests: the pooled vector (a row per prompt token for a token task)
-    embedding: list[float] | list[list[float]] | None = None
+    # pooling requests: the pooled vector; for a token task a (num_prompt_tokens, ...) tensor
+    embedding: list[float] | torch.Tensor | None = None
     error: str | None = None  # why the request failed (a guided backend's dead end)
     # DELTA outputs: per child, the tokens, text characters and logprob entries sent so far
     sent: list[tuple[int, int, int]] = field(default_factory=list)
@@ -138,9 +140,14 @@ class OutputProcessor:
                 self._add_prompt_logprobs(group, req.num_computed_tokens - n, plp)
             emb = output.embeddings.get(req.request_id)
             if emb is not None:
-                group.embedding = emb.tolist()
+                if req.pools_every_row and tuple(emb.shape[:1]) != (req.num_prompt_tokens,):
+                    self._fail_group(group, f"the workers returned {tuple(emb.shape)} for a "
+                                     f"token pooling task over {req.num_prompt_tokens} "
+                                     "prompt tokens (a row per token expected)", scheduler)
+                else:  # a token task's rows stay a tensor (lists of lists are slow and big)
+                    group.embedding = emb if req.pools_every_row else emb.tolist()
+                    scheduler.finish(req, RequestStatus.FINISHED_STOPPED)
                 touched[group.request_id] = group
-                scheduler.finish(req, RequestStatus.FINISHED_STOPPED)
                 continue
             toks = output.sampled.get(req.request_id)
             if not toks:

@@ -70,6 +70,8 @@ class Request:
     # a classifier's pooling request reads only its last prompt row, so a cached prefix
     # serves it; an embedding's mean reads every row (no prefix-cache reuse)
     pools_last_row: bool = False
+    # a token pooling task (token_embed / token_classify): a row per prompt token comes back
+    pools_every_row: bool = False
     lora_request: LoRARequest | None = None  # the adapter it runs with (None: the base model)
     # vLLM's cache_salt: its prefix-cache chain starts from this string, so only requests that
     # carry the same salt share its cached blocks (no timing tells another user its prompt)

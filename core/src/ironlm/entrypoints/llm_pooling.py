@@ -93,7 +93,8 @@ class PoolingCalls:
         results = []
         classifier = self.engine.classifier
         for out, p in zip(self._run(ids, use_tqdm), params):
-            vec = torch.tensor(out.embedding or [], dtype=torch.float32)
+            vec = torch.as_tensor(out.embedding if out.embedding is not None else [],
+                                  dtype=torch.float32)
             if p.normalize:  # each row (each token's, for token_embed)
                 vec = torch.nn.functional.normalize(vec, dim=-1)
             if classifier is not None and p.use_activation is not False:

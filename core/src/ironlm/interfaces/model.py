@@ -105,7 +105,8 @@ class ModelArchitecture(torch.nn.Module, ABC):
     def classify(self, hidden: torch.Tensor) -> torch.Tensor:
         """(num_rows, hidden_size) final hidden states -> (num_rows, num_labels) float32
         logits of the classification head, before any activation (last stage only). Needed
-        with ``classifies``; the engine passes each prompt's last row."""
+        with ``classifies``; the engine passes each prompt's last row (every row of a
+        token_classify request)."""
         raise NotImplementedError(f"{type(self).__name__} has no classification head "
                                   "(classifies is False)")
 

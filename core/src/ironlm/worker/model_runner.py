@@ -162,8 +162,9 @@ class ModelRunner:
             if state.pool_every_row:  # a token task: every row (classified on a classifier)
                 rows = hidden[starts[i] : starts[i + 1]]
                 parts = self.row_parts.setdefault(seq.request_id, [])
-                parts.append(self.model.classify(rows) if self.model.classifies
-                             else rows.float())
+                # a copy in host memory: a view would keep the step's whole hidden tensor
+                parts.append((self.model.classify(rows) if self.model.classifies else rows)
+                             .to("cpu", torch.float32, copy=True))
                 if seq.sample:
                     out.embeddings[seq.request_id] = torch.cat(self.row_parts.pop(seq.request_id))
                 continue

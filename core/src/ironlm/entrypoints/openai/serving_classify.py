@@ -1,4 +1,5 @@
-"""vLLM's /classify on a sequence classifier (and /pooling, whose task there is classify):
+"""vLLM's /classify on a sequence classifier (and /pooling, whose tasks there are classify and
+token_classify, a row per token):
 each input's class probabilities from the head over its last token, the label of the highest
 (``engine/classification.py``); ``use_activation: false`` (or vLLM's older ``activation`` /
 ``softmax``) gives the head's logits."""
@@ -101,7 +102,7 @@ def _probs(classifier: Classifier, out: RequestOutput,
            activate: bool) -> list[float] | list[list[float]]:  # fmt: skip
     if out.embedding is None:
         raise APIError("the engine returned no class logits", 500)
-    logits = torch.tensor(out.embedding, dtype=torch.float32)  # ([num_tokens,] num_labels)
+    logits = torch.as_tensor(out.embedding, dtype=torch.float32)  # ([num_tokens,] num_labels)
     return (classifier.activate(logits, "classify") if activate else logits).tolist()
 
 

@@ -82,8 +82,10 @@ def _check_pooling_fields(req: PoolingRequest) -> None:
     """/pooling on an embedding model: the "embed" and "token_embed" tasks; a classifier's
     fields refused (400 naming them)."""
     if req.task not in (None, "embed", "token_embed"):
-        raise APIError(f"task {req.task!r} needs a sequence classifier; this model pools "
-                       "for 'embed' and 'token_embed'", 400, param="task")
+        why = "needs a sequence classifier" if req.task in ("classify", "score",
+                                                            "token_classify") else "is unknown"
+        raise APIError(f"task {req.task!r} {why}; this model pools for 'embed' and "
+                       "'token_embed'", 400, param="task")
     given = req.activation_given()
     if given is not None:
         raise APIError(f"{given[0]} is not supported: it applies to a classification head; "
