@@ -73,9 +73,9 @@ def test_config_is_vllms() -> None:
                         ({"kv_connector": "X", "kv_role": "kv_both", "kv_buffer": 1}, "kv_buffer")]:
         with pytest.raises(ValueError, match=needle):
             KVTransferConfig.of(bad)
-    with pytest.raises(ValueError, match="not supported with speculative decoding"):
-        EngineConfig("m", kv_transfer_config=cfg, speculative_model="[ngram]",
-                     num_speculative_tokens=2, ngram_prompt_lookup_max=2)
+    with pytest.raises(ValueError, match="not supported with a speculative model"):
+        EngineConfig("m", kv_transfer_config=cfg, speculative_model="/a/draft",
+                     num_speculative_tokens=2)
 
 
 def test_example_connector_stores_blocks_whole(tmp_path: Path) -> None:
@@ -212,6 +212,28 @@ def test_failed_load_finishes_the_whole_request(smollm2_dir: Path, tmp_path: Pat
         assert llm.llm_engine.stats()["num_used_blocks"] == 0
     finally:
         llm.shutdown()
+
+
+def test_prompt_lookup_speculation_over_loaded_blocks(
+    smollm2_dir: Path, reference: list[Any], tmp_path: Path
+) -> None:
+    """[ngram] speculation (no KV of its own) on a kv_both engine: the second run loads the
+    prompts' blocks and verifies drafts over them; greedy tokens as without either."""
+    ngram = {"speculative_model": "[ngram]", "num_speculative_tokens": 3,
+             "ngram_prompt_lookup_max": 3}
+    llm = LLM(str(smollm2_dir), **ARGS, **ngram, kv_transfer_config=ktc(tmp_path, "kv_both"))
+    try:
+        first = llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False)
+        assert llm.reset_prefix_cache()
+        again = llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False)
+        stats = llm.llm_engine.stats()
+    finally:
+        llm.shutdown()
+    assert [o.num_cached_tokens for o in again] == [48, 48]
+    assert stats["spec_decode_num_draft_tokens"] > 0
+    for outs in (first, again):
+        assert [o.outputs[0].token_ids for o in outs] == \
+            [o.outputs[0].token_ids for o in reference[:2]]
 
 
 def test_third_party_store_through_the_interface(smollm2_dir: Path, reference: list[Any]) -> None:

@@ -258,9 +258,11 @@ class EngineConfig:
                 f"(num_scheduler_steps={self.num_scheduler_steps}); use one of them"
             )
         self._check_lora()
-        if self.kv_transfer_config is not None and self.speculative_model is not None:
-            raise ValueError("kv_transfer_config is not supported with speculative decoding yet "
-                             "(the draft model's KV is not transferred); use one of them")
+        if self.kv_transfer_config is not None and self.speculative_model not in (None,
+                                                                                   "[ngram]"):
+            raise ValueError("kv_transfer_config is not supported with a speculative model "
+                             "yet (its KV is not transferred); [ngram] (prompt lookup, no KV "
+                             "of its own) is")
         if self.distributed_executor_backend is None:
             # vLLM's rule: "ray when Ray is installed and more than one device is used,
             # otherwise mp" (and the in-process executor for a single rank)
