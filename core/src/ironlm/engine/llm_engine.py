@@ -255,7 +255,7 @@ class LLMEngine(LoRACalls, SleepCalls):
             self.scheduler.add(child)
             self._new.append(
                 NewRequestData(child.request_id, processed.output_token_ids, child_params,
-                               child.eos_token_id, pooling, pool_every_row and pooling)
+                               child.eos_token_id, pooling, child.pools_every_row)
             )
         self.outputs.add_group(request_id, processed.prompt, processed.output_token_ids, params,
                                children)
