@@ -116,3 +116,11 @@ class RayHead:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def worker_facts(worker: Any) -> tuple[int, int, int, int]:
+    """collective_rpc callable: (pid, local rank, ranks sharing the machine, torch threads)."""
+    import torch
+
+    return (os.getpid(), worker.local_rank, worker.worker_rank.local_world_size,
+            torch.get_num_threads())

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterator
 
+import httpx
 import pytest
 import torch
 from parallel_utils import (
@@ -19,6 +20,7 @@ from parallel_utils import (
     RayHead,
     greedy_outputs,
     greedy_tokens,
+    worker_pids,
 )
 from logits_processors_examples import TargetTokenProcessor, has_processors
 from safetensors.torch import load_file
@@ -117,3 +119,21 @@ def test_ray_pp2_server_matches_one_rank_streaming_included(
         )
         assert "".join(c.choices[0].text for c in stream) == expected[2]
     assert server.proc.returncode is not None
+
+
+def test_ray_dp2_server_matches_one_rank(
+    ray_address: str, smollm2_dir: Path, one_rank: tuple[list[list[int]], list[str]]
+) -> None:
+    """-dp 2 -dpb ray: each data-parallel engine's worker a Ray actor."""
+    args = ["--dtype", "float32", "--max-model-len", "256", "--kv-cache-memory", "32MiB",
+            "--enforce-eager", "-dp", "2", "-dpb", "ray"]
+    env = {"RAY_ADDRESS": ray_address, "VLLM_SERVER_DEV_MODE": "1"}
+    with RemoteServer(smollm2_dir, args, env=env) as server:
+        assert worker_pids(server.proc.pid) == []  # no mp workers: the actors run them
+        out = server.openai_client().completions.create(
+            model=str(smollm2_dir), prompt=PROMPTS, max_tokens=MAX_TOKENS, temperature=0,
+            extra_body={"ignore_eos": True})
+        assert [c.text for c in sorted(out.choices, key=lambda c: c.index)] == one_rank[1]
+        rpc = httpx.post(server.url("/collective_rpc"), json={"method": "check_health"},
+                         timeout=60)
+        assert rpc.json() == {"results": [None, None]}  # one actor per engine

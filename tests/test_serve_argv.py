@@ -119,8 +119,7 @@ def test_frontend_flags_of_vllm() -> None:
     assert not _parse(["m"]).enable_log_requests  # vLLM's default since 0.10: not logged
     assert engine_config_from_args(_parse(["m", "-O0"])).enforce_eager
     assert not engine_config_from_args(_parse(["m", "-O3"])).enforce_eager
-    with pytest.raises(ValueError, match="no data parallelism"):
-        engine_config_from_args(_parse(["m", "-dp", "2"]))
+    assert engine_config_from_args(_parse(["m", "-dp", "2"])).data_parallel_size == 2
     with pytest.raises(ValueError, match="Hugging Face tokenizers only"):
         engine_config_from_args(_parse(["m", "--tokenizer-mode", "mistral"]))
     with pytest.raises(ValueError, match="transformers 5"):  # it would ignore use_fast=False

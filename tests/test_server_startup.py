@@ -91,7 +91,8 @@ def test_no_platform_names_plugins(monkeypatch: pytest.MonkeyPatch,
     (["--api-key", "k", " "], ["--api-key must not be empty"]),
     (["--default-chat-template-kwargs", '{"add_generation_prompt": false}'],
      ["--default-chat-template-kwargs", "add_generation_prompt"]),
-    (["-dp", "2"], ["no data parallelism"]),
+    (["-dp", "2", "--distributed-executor-backend", "uni"],
+     ["data_parallel_size > 1", "'uni'"]),
 ])
 def test_unhonourable_flags_fail_at_start(flags: list[str], needles: list[str],
                                           capsys: pytest.CaptureFixture[str]) -> None:

@@ -37,7 +37,8 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     """``--model`` (required) and the engine's flags, generated as ``ironlm serve``'s are."""
     group = parser.add_argument_group("engine", "IronLM engine arguments (vLLM's names)")
     group.add_argument("--model", required=True, help="HF folder or GGUF file to benchmark")
-    add_engine_args(group, skip=("model",))
+    # one engine in this process: data parallelism is the server's (ironlm serve -dp N)
+    add_engine_args(group, skip=("model", "data_parallel_size", "data_parallel_backend"))
 
 
 def add_offline_args(parser: argparse.ArgumentParser) -> None:

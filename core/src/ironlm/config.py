@@ -27,6 +27,8 @@ LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed
 # vLLM's accepted LoRA limits (max_lora_rank values; extra vocabulary sizes)
 LORA_MAX_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 LORA_EXTRA_VOCAB_SIZES = (0, 256, 512)
+# vLLM's data-parallel backends: what runs each data-parallel engine's workers
+DATA_PARALLEL_BACKENDS = ("mp", "ray")
 
 
 @dataclass
@@ -102,6 +104,14 @@ class EngineConfig:
     distributed_executor_backend: str | None = None
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    # vLLM's data parallelism (the server's internal load balancing): this many engines of
+    # the model, each with tensor_parallel_size x pipeline_parallel_size workers of its own
+    # (engine/data_parallel.py); the offline LLM runs one
+    data_parallel_size: int = 1
+    # this engine's place among them (set by the server for each engine; no flag)
+    data_parallel_rank: int = 0
+    # what runs every data-parallel engine's workers: "mp" (child processes) or "ray"
+    data_parallel_backend: str = "mp"
     max_logprobs: int = 20
     # what logprobs (and prompt logprobs) report (LOGPROBS_MODES; vLLM's, default raw):
     # processed = after penalties, bans, temperature and top-k / top-p / min-p
@@ -185,7 +195,7 @@ class EngineConfig:
                 f"{list(LOAD_FORMATS)}"
             )
         for name in ("block_size", "max_num_seqs", "tensor_parallel_size",
-                     "pipeline_parallel_size", "max_logprobs"):
+                     "pipeline_parallel_size", "data_parallel_size", "max_logprobs"):
             if getattr(self, name) is not None and getattr(self, name) < 1 \
                     and name != "max_logprobs":
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -263,6 +273,10 @@ class EngineConfig:
             raise ValueError("kv_transfer_config is not supported with a speculative model "
                              "yet (its KV is not transferred); [ngram] (prompt lookup, no KV "
                              "of its own) is")
+        self._check_data_parallel()
+        if self.distributed_executor_backend is None and self.data_parallel_size > 1:
+            # every engine's forward runs in its own workers, in parallel with the others'
+            self.distributed_executor_backend = self.data_parallel_backend
         if self.distributed_executor_backend is None:
             # vLLM's rule: "ray when Ray is installed and more than one device is used,
             # otherwise mp" (and the in-process executor for a single rank)
@@ -293,6 +307,18 @@ class EngineConfig:
     def world_size(self) -> int:
         """Ranks the model runs on: tensor_parallel_size x pipeline_parallel_size."""
         return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    def _check_data_parallel(self) -> None:
+        if not 0 <= self.data_parallel_rank < self.data_parallel_size:
+            raise ValueError(f"data_parallel_rank must be in [0, data_parallel_size="
+                             f"{self.data_parallel_size}), got {self.data_parallel_rank}")
+        if self.data_parallel_backend not in DATA_PARALLEL_BACKENDS:
+            raise ValueError(f"data_parallel_backend {self.data_parallel_backend!r} is not "
+                             f"supported; choose one of {list(DATA_PARALLEL_BACKENDS)}")
+        if self.data_parallel_size > 1 and self.distributed_executor_backend == "uni":
+            raise ValueError("data_parallel_size > 1 runs each engine's workers out of the "
+                             "server's process: distributed_executor_backend 'uni' (in "
+                             "process) cannot; use 'mp' or 'ray' (or leave it unset)")
 
     def _check_lora(self) -> None:
         """vLLM's LoRAConfig checks (made whether or not LoRA is enabled, as the flags are)."""

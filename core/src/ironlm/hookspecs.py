@@ -53,7 +53,10 @@ PROJECT = "ironlm"
 # 1.4: sequence classifiers (``ModelArchitecture.classifies`` and ``classify``).
 # 1.5: KV connectors (``register_kv_connectors``, ``ironlm.interfaces.kv_connector``).
 # 1.6: token pooling tasks (``NewRequestData.pool_every_row``: a row per prompt token).
-CONTRACT_VERSION = "1.6"
+# 1.7: data parallelism (``EngineConfig.data_parallel_size`` / ``data_parallel_rank``: an
+#      executor runs every rank out of the engine's process, local ranks after the lower
+#      engines' ranks).
+CONTRACT_VERSION = "1.7"
 # The module constant a plugin declares its contract version in.
 CONTRACT_ATTRIBUTE = "IRONLM_CONTRACT_VERSION"
 

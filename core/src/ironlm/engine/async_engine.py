@@ -25,7 +25,7 @@ import asyncio
 import logging
 import queue
 import threading
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
@@ -92,7 +92,15 @@ class AsyncEngine:
     def start(self) -> None:
         """Start the engine thread, which builds the engine; returns once it is built, or
         raises what building raised."""
+        self.begin_start()
+        self.wait_started()
+
+    def begin_start(self) -> None:
+        """Start the engine thread, which builds the engine (``wait_started`` waits for it)."""
         self._thread.start()
+
+    def wait_started(self) -> None:
+        """Return once the engine is built, or raise what building raised."""
         self._built.wait()
         if self._build_error is not None:
             self._thread.join()
@@ -226,6 +234,10 @@ class AsyncEngine:
         self._commands.put(do)
         return fut
 
+    def call_all(self, fn: Callable[[LLMEngine], Any]) -> Future[list[Any]]:
+        """``call`` with its result in a list: one per engine, as a data-parallel group's."""
+        return gather([self.call(fn)])
+
     # -- the engine thread -----------------------------------------------------------------
     def _drain(self, block: bool) -> None:
         try:
@@ -305,3 +317,31 @@ class AsyncEngine:
         # Requests with no stream (already abandoned) are aborted too.
         for rid in list(self.engine.outputs.groups):
             self.engine.abort_request(rid)
+
+
+def gather(futures: list[Future[Any]]) -> Future[list[Any]]:
+    """One future for several: their results in order once every one is done, else the first
+    one's exception (raised only then: no engine is left mid-call). Cancelling it cancels
+    those not started yet."""
+    out: Future[list[Any]] = Future()
+    left = [len(futures)]
+    lock = threading.Lock()
+
+    def one_done(_: Future[Any]) -> None:
+        with lock:
+            left[0] -= 1
+            if left[0]:
+                return
+        if not out.set_running_or_notify_cancel():  # the caller gave up
+            return
+        failed = [f for f in futures if f.cancelled() or f.exception() is not None]
+        if failed:
+            first = failed[0]
+            out.set_exception(CancelledError() if first.cancelled() else first.exception())
+        else:
+            out.set_result([f.result() for f in futures])
+
+    out.add_done_callback(lambda o: [f.cancel() for f in futures] if o.cancelled() else None)
+    for f in futures:
+        f.add_done_callback(one_done)
+    return out

@@ -36,3 +36,11 @@ class IterationTokens:
             running += count
             cumulative.append([bound, running])
         return {"buckets": cumulative, "sum": self.total, "count": self.steps}
+
+
+def merge_iteration_tokens(histograms: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several engines' ``to_dict`` histograms as one (counts, sums and steps added)."""
+    buckets = [[bound, sum(h["buckets"][i][1] for h in histograms)]
+               for i, (bound, _) in enumerate(histograms[0]["buckets"])]
+    return {"buckets": buckets, "sum": sum(h["sum"] for h in histograms),
+            "count": sum(h["count"] for h in histograms)}

@@ -16,7 +16,7 @@ from collections.abc import Collection
 from dataclasses import MISSING, fields
 from typing import Any
 
-from ironlm.config import LOAD_FORMATS, LOGPROBS_MODES, EngineConfig
+from ironlm.config import DATA_PARALLEL_BACKENDS, LOAD_FORMATS, LOGPROBS_MODES, EngineConfig
 
 # Help per engine argument (fields missing here still get a flag, with a generic help).
 ENGINE_HELP: dict[str, str] = {
@@ -87,6 +87,12 @@ ENGINE_HELP: dict[str, str] = {
     "rank; for more, ray when Ray is installed, otherwise mp)",
     "tensor_parallel_size": "number of tensor-parallel ranks (each layer split over them)",
     "pipeline_parallel_size": "number of pipeline stages (the layers split over them)",
+    "data_parallel_size": "vLLM's data parallelism: this many engines of the model behind one "
+    "server, each with -tp x -pp workers of its own and its own KV cache; a request goes to "
+    "the engine with the fewest sequences in flight (max-num-seqs and max-waiting-requests "
+    "apply per engine; the offline LLM runs one)",
+    "data_parallel_backend": "what runs each data-parallel engine's workers: mp (child "
+    "processes on this machine) or ray",
     "logprobs_mode": "what logprobs report: raw_logprobs (the model's), raw_logits, "
                      "processed_logprobs or processed_logits (after penalties, temperature, "
                      "top-k / top-p / min-p: what the draw used); vLLM's",
@@ -153,7 +159,7 @@ ENGINE_HELP: dict[str, str] = {
 }
 _SIZE_FIELDS = {"kv_cache_memory"}
 # fields set only through another argument's JSON (structured_outputs_config): no flag
-NO_FLAG_FIELDS = {"structured_outputs_enable_in_reasoning"}
+NO_FLAG_FIELDS = {"structured_outputs_enable_in_reasoning", "data_parallel_rank"}
 # a class field named on the command line by vLLM's "module.Class" string
 _CLASS_FIELDS = {"worker_extension_cls"}
 # vLLM's integer flags that take 1k (1000) or 1K (1024) style values
@@ -204,10 +210,12 @@ def json_object(text: str) -> dict[str, Any]:
 
 
 # flags that take one of a few names (argparse's "invalid choice" error, as vLLM's)
-FLAG_CHOICES: dict[str, tuple[str, ...]] = {"logprobs_mode": LOGPROBS_MODES}
+FLAG_CHOICES: dict[str, tuple[str, ...]] = {"logprobs_mode": LOGPROBS_MODES,
+                                            "data_parallel_backend": DATA_PARALLEL_BACKENDS}
 
 # vLLM's short aliases of engine flags.
 SHORT_FLAGS: dict[str, str] = {"tensor_parallel_size": "-tp", "pipeline_parallel_size": "-pp",
+                               "data_parallel_size": "-dp", "data_parallel_backend": "-dpb",
                                "quantization": "-q", "compilation_config": "-cc"}
 
 

@@ -38,6 +38,12 @@ class LLM(PoolingCalls):
                 f"LLM() got unknown argument(s) {unknown}; engine arguments are: "
                 f"{sorted(_ENGINE_ARGS - {'model'})}"
             )
+        if kwargs.get("data_parallel_size", 1) != 1:  # vLLM refuses it too
+            raise ValueError(
+                f"LLM(data_parallel_size={kwargs['data_parallel_size']}): the offline LLM runs "
+                "one engine in this process; serve data-parallel engines with `ironlm serve "
+                "MODEL -dp N`, or run one LLM process per replica on its share of the prompts"
+            )
         config = EngineConfig(model=model, **kwargs)
         torch.manual_seed(config.seed)  # unseeded sampling draws from the global generator
         self.engine = LLMEngine(config, plugin_manager)

@@ -1,5 +1,8 @@
 """Executor ``mp``: one worker process per rank on this machine, the driver (rank 0) in the
-engine's own process, as vLLM lays them out.
+engine's own process, as vLLM lays them out. Under data parallelism (several engines in one
+server, ``engine/data_parallel.py``) rank 0 runs in a child process too, so that the engines'
+forward passes run in parallel instead of taking turns on the server's interpreter; each
+engine's ranks then take the device indices (local ranks) after the lower engines' ranks.
 
 Start-up: every other rank is spawned (``multiprocessing`` spawn: a fresh interpreter that
 discovers its own plugins) and reports its construction; then ``init_device`` (the
@@ -24,8 +27,7 @@ import pickle
 import threading
 import time
 import weakref
-from multiprocessing.connection import Connection, wait
-from multiprocessing.process import BaseProcess
+from multiprocessing.connection import wait
 from typing import Any, Callable, ClassVar, NoReturn
 
 from torch.distributed import TCPStore
@@ -33,42 +35,20 @@ from torch.distributed import TCPStore
 from ironlm.config import EngineConfig
 from ironlm.distributed.layout import ParallelLayout
 from ironlm.distributed.process_groups import host_rendezvous
-from ironlm.executor.worker_process import STOP, RemoteTraceback, run_worker
+from ironlm.executor.worker_process import (  # WorkerDiedError: raised by this executor
+    STOP,
+    WorkerChild,
+    WorkerDiedError,
+    call_payload,
+    run_worker,
+)
 from ironlm.interfaces.executor import LOCKSTEP_METHODS, REPLY_AFTER_FAILURE_S, Executor
 from ironlm.interfaces.step import ModelInput, ModelOutput
-from ironlm.interfaces.worker import WorkerBase, WorkerRank, with_extension
+from ironlm.interfaces.worker import UnknownMethodError, WorkerBase, WorkerRank, with_extension
 from ironlm.plugin_manager import PluginManager
 
 log = logging.getLogger("ironlm.executor.mp")
 STOP_TIMEOUT_S = 5.0  # a child that does not leave in time after STOP is terminated
-
-
-class WorkerDiedError(RuntimeError):
-    """A worker process of the executor is gone; the engine cannot run steps any more."""
-
-
-class _Child:
-    """The engine's handle on one worker process."""
-
-    def __init__(self, rank: int, proc: BaseProcess, conn: Connection) -> None:
-        self.rank = rank
-        self.proc = proc
-        self.conn = conn
-
-    def reply(self, dead: Callable[[], str | None]) -> Any:
-        """The child's next reply; raises its exception, or WorkerDiedError when it is gone."""
-        try:
-            status, payload = self.conn.recv()
-        except (EOFError, OSError):
-            self.proc.join(timeout=1.0)
-            raise WorkerDiedError(
-                dead() or f"worker rank {self.rank} (pid {self.proc.pid}) exited with code "
-                f"{self.proc.exitcode}"
-            ) from None
-        if status == "error":
-            exc, text = payload
-            raise exc from RemoteTraceback(f"in worker rank {self.rank}:\n{text}")
-        return payload
 
 
 class MultiprocExecutor(Executor):
@@ -79,8 +59,10 @@ class MultiprocExecutor(Executor):
     ) -> None:
         super().__init__(config, plugins, worker_cls)
         self.layout = ParallelLayout(config.tensor_parallel_size, config.pipeline_parallel_size)
-        self.driver: WorkerBase | None = None
-        self.children: list[_Child] = []
+        self.driver: WorkerBase | None = None  # rank 0 in this process (None: in a child)
+        self.started = False
+        self._cls = with_extension(worker_cls, config.worker_extension_cls)  # the ranks' class
+        self.children: list[WorkerChild] = []
         self.dead: str | None = None  # why the executor cannot run steps any more
         self._stopping = threading.Event()
         self._monitor: threading.Thread | None = None
@@ -90,18 +72,22 @@ class MultiprocExecutor(Executor):
     # -- start-up ------------------------------------------------------------------------
     def start(self) -> None:
         world = self.layout.world_size
+        dp, dp_rank = self.config.data_parallel_size, self.config.data_parallel_rank
         platform = self.plugins.select_platform(self.config.device)
         count = platform.device_count()
-        if count is not None and world > count:
+        if count is not None and world * dp > count:
             raise ValueError(
-                f"tensor_parallel_size x pipeline_parallel_size = {world} ranks, but platform "
-                f"{platform.name!r} has {count} device(s) on this machine; use fewer ranks, or "
-                "distributed_executor_backend='ray' across machines"
+                f"tensor_parallel_size x pipeline_parallel_size x data_parallel_size = "
+                f"{world * dp} ranks, but platform {platform.name!r} has {count} device(s) on "
+                "this machine; use fewer ranks, or distributed_executor_backend='ray' across "
+                "machines"
             )
         self._store = host_rendezvous("127.0.0.1", world)
         init_method = f"tcp://127.0.0.1:{self._store.port}"
-        ranks = [WorkerRank(r, world, r, init_method, local_world_size=world)
-                 for r in range(world)]
+        # every rank of every data-parallel engine on this machine shares its cores / devices
+        ranks = [WorkerRank(r, world, dp_rank * world + r, init_method,
+                            local_world_size=world * dp) for r in range(world)]
+        remote = ranks if dp > 1 else ranks[1:]  # rank 0 in a child too under data parallelism
         ctx = multiprocessing.get_context("spawn")
         # an engine never shut down stops its workers and rendezvous before the interpreter
         # tears them down (else multiprocessing kills the children and the store's thread
@@ -109,7 +95,7 @@ class MultiprocExecutor(Executor):
         shutdown = weakref.WeakMethod(self.shutdown)
         atexit.register(lambda: (method := shutdown()) is not None and method())
         try:
-            for rank in ranks[1:]:
+            for rank in remote:
                 parent_end, child_end = ctx.Pipe(duplex=True)
                 proc = ctx.Process(
                     target=run_worker, args=(self.config, rank, self.worker_cls, child_end),
@@ -117,11 +103,12 @@ class MultiprocExecutor(Executor):
                 )  # fmt: skip
                 proc.start()
                 child_end.close()
-                self.children.append(_Child(rank.rank, proc, parent_end))
+                self.children.append(WorkerChild(rank.rank, proc, parent_end))
             for child in self.children:  # each reports its construction (or its error)
                 child.reply(lambda: self.dead)
-            driver_cls = with_extension(self.worker_cls, self.config.worker_extension_cls)
-            self.driver = driver_cls(self.config, ranks[0], self.plugins)
+            self.started = True
+            if dp == 1:
+                self.driver = self._cls(self.config, ranks[0], self.plugins)
             self._monitor = threading.Thread(
                 target=self._watch, name="ironlm-mp-monitor", daemon=True
             )
@@ -148,15 +135,16 @@ class MultiprocExecutor(Executor):
                 outcome.append(exc)
 
         helper = threading.Thread(target=run_driver, name=f"ironlm-driver-{method}", daemon=True)
-        self._driver_call = helper
-        helper.start()
+        if self.driver is not None:  # else every rank is a child
+            self._driver_call = helper
+            helper.start()
         pending = {child.conn: child for child in self.children}
         while pending or helper.is_alive():
             if outcome and outcome[0] is not None:
                 raise outcome[0]  # the children wait for the driver: do not wait for them
             for conn in wait(list(pending), timeout=0.2) if pending else []:
                 pending.pop(conn).reply(lambda: self.dead)  # type: ignore[call-overload]
-            if not pending:
+            if not pending and helper.is_alive():
                 helper.join(timeout=0.2)
         if outcome and outcome[0] is not None:
             raise outcome[0]
@@ -171,16 +159,16 @@ class MultiprocExecutor(Executor):
         self, method: str | Callable[..., Any], /, *args: Any, **kwargs: Any
     ) -> list[Any]:
         self.check_health()
-        if self.driver is None:
+        if not self.started:
             raise RuntimeError("executor is not started (or was shut down)")
-        call = self.driver.resolve_method(method)  # an unknown name: raised, nothing sent
-        payload = _call_payload(method, args, kwargs)
+        call = self._local_call(method)  # an unknown name: raised, nothing sent
+        payload = call_payload(method, args, kwargs)
         label = method if isinstance(method, str) else getattr(method, "__qualname__", "callable")
         lockstep = isinstance(method, str) and method in LOCKSTEP_METHODS
         try:
             for child in self.children:
                 child.conn.send_bytes(payload)
-            results = [call(*args, **kwargs)]
+            results = [call(*args, **kwargs)] if call is not None else []
         except Exception as exc:
             if lockstep or not self._children_replied(self.children):
                 self._fail(label, exc)  # the children may wait for the driver in a collective
@@ -199,8 +187,17 @@ class MultiprocExecutor(Executor):
                 raise
         return results
 
+    def _local_call(self, method: str | Callable[..., Any]) -> Callable[..., Any] | None:
+        """The driver's own call of ``method`` (None when rank 0 runs in a child: the name is
+        checked against the ranks' class). UnknownMethodError for an unknown name."""
+        if self.driver is not None:
+            return self.driver.resolve_method(method)
+        if isinstance(method, str) and not callable(getattr(self._cls, method, None)):
+            raise UnknownMethodError(f"worker {self._cls.__name__} has no method {method!r}")
+        return None
+
     def _children_replied(
-        self, children: list[_Child], timeout_s: float = REPLY_AFTER_FAILURE_S
+        self, children: list[WorkerChild], timeout_s: float = REPLY_AFTER_FAILURE_S
     ) -> bool:
         """After one rank's call failed: whether each of ``children`` answers the same call
         within ``timeout_s`` (its reply, result or error, is read and dropped)."""
@@ -266,6 +263,7 @@ class MultiprocExecutor(Executor):
 
     def shutdown(self) -> None:
         self._stopping.set()
+        self.started = False
         for child in self.children:
             try:
                 if child.proc.is_alive():
@@ -292,18 +290,3 @@ class MultiprocExecutor(Executor):
         if self._monitor is not None:
             self._monitor.join(timeout=2.0)
             self._monitor = None
-
-
-def _call_payload(method: str | Callable[..., Any], args: tuple[Any, ...],
-                  kwargs: dict[str, Any]) -> bytes:
-    """One call, pickled once for every child; ValueError, before anything is sent, for what
-    cannot cross processes (a callable goes by reference: a module-level function, not a
-    lambda or a nested function)."""
-    try:
-        return pickle.dumps((method, args, kwargs))
-    except (pickle.PicklingError, AttributeError, TypeError) as exc:
-        raise ValueError(
-            f"collective_rpc: the call to {getattr(method, '__qualname__', method)!r} cannot be "
-            f"sent to the worker processes ({exc}); a callable must be a module-level "
-            "function, its arguments picklable"
-        ) from exc

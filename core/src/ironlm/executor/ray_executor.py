@@ -24,8 +24,8 @@ from torch.distributed import TCPStore
 from ironlm.config import EngineConfig
 from ironlm.distributed.layout import ParallelLayout
 from ironlm.distributed.process_groups import host_rendezvous
-from ironlm.executor.mp import WorkerDiedError
 from ironlm.executor.ray_actor import RayWorkerActor
+from ironlm.executor.worker_process import WorkerDiedError
 from ironlm.interfaces.executor import LOCKSTEP_METHODS, REPLY_AFTER_FAILURE_S, Executor
 from ironlm.interfaces.platform import Availability
 from ironlm.interfaces.step import ModelInput, ModelOutput
@@ -38,8 +38,41 @@ PLACEMENT_TIMEOUT_S = 120.0
 PING_INTERVAL_S = 1.0
 
 
+class RayConnection:
+    """A process's use of its one Ray connection (``ray.init`` holds it per process), shared
+    by the process's executors (a server's data-parallel engines have one each): the first
+    that needs it connects (RAY_ADDRESS or a cluster already running on this machine, else a
+    local one), the last that leaves disconnects; a connection made before them is left be."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._users = 0
+        self._ours = False  # connected by an executor (else by the process itself)
+
+    def acquire(self) -> None:
+        import ray
+
+        with self._lock:
+            if self._users == 0 and not ray.is_initialized():
+                ray.init(log_to_driver=False)
+                self._ours = True
+            self._users += 1
+
+    def release(self) -> None:
+        import ray
+
+        with self._lock:
+            self._users -= 1
+            if self._users == 0 and self._ours:
+                self._ours = False
+                if ray.is_initialized():
+                    ray.shutdown()
+
+
 class RayExecutor(Executor):
     name: ClassVar[str] = "ray"
+    # Ray's connection is per process: every executor of the process shares this one
+    connection: ClassVar[RayConnection] = RayConnection()
 
     @classmethod
     def is_available(cls) -> Availability:
@@ -56,7 +89,7 @@ class RayExecutor(Executor):
         self.placement_group: Any = None
         self._store: TCPStore | None = None  # the rendezvous, alive as long as the workers
         self.dead: str | None = None
-        self._owns_ray = False  # this executor connected (or started) Ray: it disconnects
+        self._uses_ray = False  # this executor holds a use of the process's Ray connection
         self._stopping = threading.Event()
         self._monitor: threading.Thread | None = None
 
@@ -66,10 +99,8 @@ class RayExecutor(Executor):
 
         platform = self.plugins.select_platform(self.config.device)
         key, world = platform.ray_device_key, self.layout.world_size
-        if not ray.is_initialized():
-            # RAY_ADDRESS or a cluster already running on this machine, else a local one
-            ray.init(log_to_driver=False)
-            self._owns_ray = True
+        self.connection.acquire()
+        self._uses_ray = True
         try:
             have = ray.cluster_resources().get(key, 0)
             if have < world:
@@ -137,8 +168,9 @@ class RayExecutor(Executor):
                 local_rank = node_ids.index(ids[0])
             else:
                 local_rank = peers.index(rank)
+            # the data-parallel engines' ranks share the node's cores too (torch threads)
             worker_rank = WorkerRank(rank, len(infos), local_rank, init_method,
-                                     local_world_size=len(peers))
+                                     local_world_size=len(peers) * self.config.data_parallel_size)
             calls.append(self.actors[rank].create.remote(self.config, worker_rank,
                                                          self.worker_cls, env))
         self._get_all(calls)
@@ -232,9 +264,9 @@ class RayExecutor(Executor):
         if self._monitor is not None:
             self._monitor.join(timeout=5.0)
             self._monitor = None
-        if self._owns_ray and ray.is_initialized():
-            ray.shutdown()
-            self._owns_ray = False
+        if self._uses_ray:
+            self._uses_ray = False
+            self.connection.release()
 
 
 def _device_order(device_id: str) -> tuple[int, str]:

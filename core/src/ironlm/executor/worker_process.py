@@ -1,4 +1,4 @@
-"""One worker rank in a child process of the ``mp`` executor, and its end of the channel.
+"""One worker rank in a child process of the ``mp`` executor, and both ends of the channel.
 
 The channel is a duplex pipe carrying pickled messages in lockstep: the executor sends one
 call ``(method, args, kwargs)`` (or None: stop) and waits for its one reply before sending
@@ -15,7 +15,9 @@ from __future__ import annotations
 import os
 import pickle
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 from ironlm.config import EngineConfig
@@ -72,3 +74,46 @@ def run_worker(
         worker.shutdown()
     finally:
         conn.close()
+
+
+class WorkerDiedError(RuntimeError):
+    """A worker process of the executor is gone; the engine cannot run steps any more."""
+
+
+class WorkerChild:
+    """The ``mp`` executor's handle on one worker process: its end of the channel."""
+
+    def __init__(self, rank: int, proc: BaseProcess, conn: Connection) -> None:
+        self.rank = rank
+        self.proc = proc
+        self.conn = conn
+
+    def reply(self, dead: Callable[[], str | None]) -> Any:
+        """The child's next reply; raises its exception, or WorkerDiedError when it is gone."""
+        try:
+            status, payload = self.conn.recv()
+        except (EOFError, OSError):
+            self.proc.join(timeout=1.0)
+            raise WorkerDiedError(
+                dead() or f"worker rank {self.rank} (pid {self.proc.pid}) exited with code "
+                f"{self.proc.exitcode}"
+            ) from None
+        if status == "error":
+            exc, text = payload
+            raise exc from RemoteTraceback(f"in worker rank {self.rank}:\n{text}")
+        return payload
+
+
+def call_payload(method: str | Callable[..., Any], args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> bytes:
+    """One call, pickled once for every child; ValueError, before anything is sent, for what
+    cannot cross processes (a callable goes by reference: a module-level function, not a
+    lambda or a nested function)."""
+    try:
+        return pickle.dumps((method, args, kwargs))
+    except (pickle.PicklingError, AttributeError, TypeError) as exc:
+        raise ValueError(
+            f"collective_rpc: the call to {getattr(method, '__qualname__', method)!r} cannot be "
+            f"sent to the worker processes ({exc}); a callable must be a module-level "
+            "function, its arguments picklable"
+        ) from exc

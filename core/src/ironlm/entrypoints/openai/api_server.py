@@ -9,8 +9,10 @@ import asyncio
 import logging
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import uvicorn
@@ -18,8 +20,11 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from ironlm import __version__
+from ironlm.config import EngineConfig
 from ironlm.contract_version import PluginContractError
 from ironlm.engine.async_engine import AsyncEngine, EngineDeadError
+from ironlm.engine.data_parallel import DataParallelEngine, EngineClient
+from ironlm.engine.llm_engine import LLMEngine
 from ironlm.entrypoints.chat_utils import load_chat_template
 from ironlm.entrypoints.openai import serving_models
 from ironlm.entrypoints.openai.cli_args import engine_config_from_args, expand_argv, make_parser
@@ -75,7 +80,7 @@ def server_options(args: argparse.Namespace, model: str) -> ServerOptions:
 
 
 def build_app(
-    engine: AsyncEngine, args: argparse.Namespace, pm: PluginManager | None = None
+    engine: EngineClient, args: argparse.Namespace, pm: PluginManager | None = None
 ) -> FastAPI:
     """The FastAPI app serving ``engine`` (already started) with the flags in ``args``."""
     pm = pm or engine.engine.pm
@@ -139,12 +144,23 @@ def build_app(
     return app
 
 
+def make_engine_client(
+    config: EngineConfig, pm: PluginManager, max_waiting: int,
+    on_dead: Callable[[BaseException], None],
+) -> EngineClient:
+    """The server's engine (not started): one, or ``data_parallel_size`` of them."""
+    if config.data_parallel_size == 1:
+        return AsyncEngine(lambda: LLMEngine(config, pm, serving=True),
+                           max_waiting=max_waiting, on_dead=on_dead)
+    builds = [partial(LLMEngine, replace(config, data_parallel_rank=rank), pm, serving=True)
+              for rank in range(config.data_parallel_size)]
+    return DataParallelEngine(builds, max_waiting=max_waiting, on_dead=on_dead)
+
+
 def run_server(args: argparse.Namespace) -> None:
     """Check the flags, load the engine, serve until interrupted. StartupError (a ValueError)
     and the plugin manager's selection errors say which flag cannot be honoured."""
     import torch
-
-    from ironlm.engine.llm_engine import LLMEngine
 
     pm = PluginManager()
     pm.check_compatible()
@@ -169,11 +185,10 @@ def run_server(args: argparse.Namespace) -> None:
         if server is not None:
             server.should_exit = True
 
-    engine = AsyncEngine(lambda: LLMEngine(config, pm, serving=True),
-                         max_waiting=args.max_waiting_requests, on_dead=engine_dead)
+    engine = make_engine_client(config, pm, args.max_waiting_requests, engine_dead)
     platform.before_engine_thread()  # on this thread: settings a new thread takes at its start
     try:
-        engine.start()  # builds the engine on its own thread (see AsyncEngine)
+        engine.start()  # builds the engine(s), each on its own thread (see AsyncEngine)
         app = build_app(engine, args, pm)
         serving_models.load_static_loras(app.state.server, app.state.server.options.lora_modules)
         server = DrainingServer(uvicorn.Config(

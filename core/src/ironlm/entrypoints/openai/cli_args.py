@@ -64,8 +64,8 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                      "(new ones get 503); then they end with an error event and the server "
                      "exits 0 (default: %(default)s, Kubernetes' grace period)")
     srv.add_argument("--max-waiting-requests", type=int, default=1024,
-                     help="more waiting requests than this get 503 (IronLM; default: "
-                     "%(default)s)")
+                     help="more waiting requests than this get 503 (IronLM; per engine "
+                     "under -dp; default: %(default)s)")
     srv.add_argument("--enable-request-id-headers", action="store_true",
                      help="answer with an X-Request-Id header: the request's own, else a new "
                      "id (vLLM's)")
@@ -157,9 +157,6 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                      "means no device graphs whatever --enforce-eager says); 1-3 leave the "
                      "default, device graphs where the platform has them (vLLM's levels differ "
                      "in what they compile; IronLM compiles nothing)")
-    eng.add_argument("-dp", "--data-parallel-size", type=int, default=1,
-                     help="vLLM's data parallelism: only 1 (run one server per replica "
-                     "behind a load balancer; default: %(default)s)")
     return parser
 
 
@@ -168,11 +165,6 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     model = args.model_tag or args.model
     if not model:
         raise ValueError("a model is required: ironlm serve MODEL (or --model MODEL)")
-    if args.data_parallel_size != 1:
-        raise ValueError(
-            f"--data-parallel-size {args.data_parallel_size}: IronLM has no data parallelism; "
-            "run one server per replica behind a load balancer (and -tp / -pp within one)"
-        )
     if args.api_server_count != 1:
         raise ValueError(
             f"--api-server-count {args.api_server_count}: IronLM serves from one process "

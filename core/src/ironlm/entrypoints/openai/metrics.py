@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from ironlm.engine.async_engine import AsyncEngine
+from ironlm.engine.data_parallel import EngineClient, merge_stats
 
 log = logging.getLogger("ironlm.server")
 
@@ -248,17 +248,17 @@ def _le(bound: float) -> str:
     return "+Inf" if bound == float("inf") else str(float(bound))
 
 
-async def fresh_stats(engine: AsyncEngine, timeout: float = 1.0) -> dict[str, Any]:
+async def fresh_stats(engine: EngineClient, timeout: float = 1.0) -> dict[str, Any]:
     """Engine stats taken on the engine thread (exact block counts); the last published
     stats when the engine does not answer within ``timeout`` (a long step)."""
     if not engine.is_alive:
         return engine.last_stats
-    pending = asyncio.wrap_future(engine.call(lambda e: e.stats()))
+    pending = asyncio.wrap_future(engine.call_all(lambda e: e.stats()))
     done, _ = await asyncio.wait({pending}, timeout=timeout)  # never cancels the call
-    return pending.result() if done else engine.last_stats
+    return merge_stats(pending.result()) if done else engine.last_stats
 
 
-async def log_stats_forever(engine: AsyncEngine, interval: float = 10.0) -> None:
+async def log_stats_forever(engine: EngineClient, interval: float = 10.0) -> None:
     """vLLM's periodic stats line (off with --disable-log-stats)."""
     while True:
         await asyncio.sleep(interval)

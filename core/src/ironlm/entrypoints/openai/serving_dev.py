@@ -49,7 +49,7 @@ async def sleep(request: Request) -> Response:
         raise APIError(f"sleep level must be 1 or 2, got {text!r}", 400, param="level")
     level = int(text)
     try:  # not enabled, requests running
-        await asyncio.wrap_future(_state(request).engine.call(lambda e: e.sleep(level)))
+        await asyncio.wrap_future(_state(request).engine.call_all(lambda e: e.sleep(level)))
     except ValueError as exc:
         raise APIError(str(exc), 400) from None
     return Response(status_code=200)
@@ -59,7 +59,7 @@ async def sleep(request: Request) -> Response:
 async def wake_up(request: Request) -> Response:
     tags = request.query_params.getlist("tags") or None
     try:
-        await asyncio.wrap_future(_state(request).engine.call(lambda e: e.wake_up(tags)))
+        await asyncio.wrap_future(_state(request).engine.call_all(lambda e: e.wake_up(tags)))
     except ValueError as exc:
         raise APIError(str(exc), 400, param="tags") from None
     return Response(status_code=200)
@@ -73,8 +73,9 @@ async def is_sleeping(request: Request) -> dict[str, bool]:
 
 @dev_router.post("/reset_prefix_cache")
 async def reset_prefix_cache(request: Request) -> Response:
-    done = await asyncio.wrap_future(_state(request).engine.call(lambda e: e.reset_prefix_cache()))
-    if not done:
+    done = await asyncio.wrap_future(
+        _state(request).engine.call_all(lambda e: e.reset_prefix_cache()))
+    if not all(done):  # every data-parallel engine's
         raise APIError("the prefix cache was not reset: requests hold KV blocks", 400)
     return Response(status_code=200)
 
@@ -93,14 +94,15 @@ async def collective_rpc(request: Request) -> JSONResponse:
                        param="timeout")
     method = body["method"]
     engine = _state(request).engine
-    call = engine.call(lambda e: e.executor.collective_rpc(method, *args, **kwargs))
+    call = engine.call_all(lambda e: e.executor.collective_rpc(method, *args, **kwargs))
     try:
         results = await asyncio.wrap_future(call)
     except UnknownMethodError as exc:
         raise APIError(str(exc), 400, param="method") from None
     except (ValueError, TypeError) as exc:  # the method refused its arguments
         raise APIError(str(exc), 400, param="args") from None
-    return JSONResponse({"results": [_json(r) for r in results]})
+    # one result per worker: every data-parallel engine's workers, in rank order
+    return JSONResponse({"results": [_json(r) for ranks in results for r in ranks]})
 
 
 def _json(result: Any) -> Any:

@@ -68,7 +68,7 @@ async def load_lora_adapter(s: ServerState, req: LoadLoRAAdapterRequest,
     base = base_model_name if base_model_name in s.options.served_model_names else None
     lora = LoRARequest(req.lora_name, next(s.lora_ids), req.lora_path, base_model_name=base)
     try:
-        await asyncio.wrap_future(s.engine.call(lambda engine: engine.add_lora(lora)))
+        await asyncio.wrap_future(s.engine.call_all(lambda engine: engine.add_lora(lora)))
     except ValueError as exc:
         raise APIError(str(exc), 400, param="lora_path", type="BadRequestError") from None
     s.loras[lora.lora_name] = lora
@@ -90,7 +90,7 @@ async def unload_lora_adapter(s: ServerState, req: UnloadLoRAAdapterRequest) -> 
                        param="lora_name", type="NotFoundError")
     del s.loras[lora.lora_name]  # new requests can no longer name it
     lora_id = lora.lora_int_id
-    await asyncio.wrap_future(s.engine.call(lambda engine: engine.remove_lora(lora_id)))
+    await asyncio.wrap_future(s.engine.call_all(lambda engine: engine.remove_lora(lora_id)))
     log.info("Removed LoRA adapter: name '%s'", lora.lora_name)
     return f"Success: LoRA adapter '{lora.lora_name}' removed successfully."
 
@@ -104,7 +104,7 @@ def load_static_loras(s: ServerState, modules: list[LoRAModulePath]) -> None:
             s.options.served_model_names else None
         lora = LoRARequest(module.name, next(s.lora_ids), module.path, base_model_name=base)
         try:
-            s.engine.call(lambda engine, lora=lora: engine.add_lora(lora)).result()
+            s.engine.call_all(lambda engine, lora=lora: engine.add_lora(lora)).result()
         except ValueError as exc:
             raise StartupError(f"--lora-modules {module.name}={module.path}: {exc}") from None
         s.loras[lora.lora_name] = lora

@@ -19,14 +19,15 @@ from types import FrameType
 
 import uvicorn
 
-from ironlm.engine.async_engine import AsyncEngine, ServerShuttingDownError
+from ironlm.engine.async_engine import ServerShuttingDownError
+from ironlm.engine.data_parallel import EngineClient
 
 log = logging.getLogger("ironlm.server")
 BACKSTOP_S = 10.0  # uvicorn's own wait for connections, past the grace period
 
 
 class DrainingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, engine: AsyncEngine, grace: float) -> None:
+    def __init__(self, config: uvicorn.Config, engine: EngineClient, grace: float) -> None:
         config.timeout_graceful_shutdown = int(grace + BACKSTOP_S)
         super().__init__(config)
         self.engine = engine

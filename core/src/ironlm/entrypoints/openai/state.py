@@ -14,7 +14,7 @@ from typing import Any
 from starlette.requests import Request
 
 from ironlm import __version__
-from ironlm.engine.async_engine import AsyncEngine
+from ironlm.engine.data_parallel import EngineClient
 from ironlm.engine.classification import Classifier
 from ironlm.entrypoints.openai.chat_reasoning import markers_are_special
 from ironlm.entrypoints.openai.errors import APIError
@@ -56,7 +56,7 @@ class ServerOptions:
 
 @dataclass
 class ServerState:
-    engine: AsyncEngine
+    engine: EngineClient
     options: ServerOptions
     plugin_manager: PluginManager
     tool_parser_cls: type[ToolParser] | None
@@ -88,7 +88,7 @@ class ServerState:
 
     @classmethod
     def create(
-        cls, engine: AsyncEngine, options: ServerOptions, pm: PluginManager
+        cls, engine: EngineClient, options: ServerOptions, pm: PluginManager
     ) -> ServerState:
         llm = engine.engine
         parser = pm.select_tool_parser(options.tool_call_parser) if options.tool_call_parser \
