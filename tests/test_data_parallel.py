@@ -3,8 +3,9 @@ stats merge, the futures gather, a two-engine group on the tiny model in this pr
 same greedy outputs as one engine, requests spread over both engines, each engine's worker in
 a child process on its share of the cores, calls on every engine), and ``ironlm serve -dp 2``
 with SmolLM2 through the openai client: one engine's greedy text (streaming included), summed
-metrics, an adapter loaded on every engine, the dev routes, and a killed worker of engine 1
-ending the server with no process left behind. (The ``ray`` backend: test_parallel_ray.py.)"""
+metrics, an adapter loaded and unloaded on every engine, the dev routes, a /sleep refused by
+one busy engine leaving the other awake, and a killed worker of one engine ending the server
+with no process left behind. (The ``ray`` backend: test_parallel_ray.py.)"""
 
 from __future__ import annotations
 
@@ -18,16 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
-from ironlm import LLM, SamplingParams
-from ironlm.config import EngineConfig
-from ironlm.engine.async_engine import gather
-from ironlm.engine.data_parallel import DataParallelEngine, merge_stats
-from ironlm.engine.iteration_tokens import IterationTokens
-from ironlm.engine.speculation import SpecDecodeStats
-from ironlm.entrypoints.openai.api_server import make_engine_client
-from ironlm.entrypoints.openai.cli_args import engine_config_from_args, make_parser
-from ironlm.plugin_manager import PluginManager
 from lora_adapters import MAX_TOKENS as LORA_MAX_TOKENS
 from lora_adapters import PROMPTS as LORA_PROMPTS
 from parallel_utils import (
@@ -40,6 +33,16 @@ from parallel_utils import (
     worker_pids,
 )
 from server_utils import RemoteServer
+
+from ironlm import LLM, SamplingParams
+from ironlm.config import EngineConfig
+from ironlm.engine.data_parallel import DataParallelEngine, merge_stats
+from ironlm.engine.futures import gather
+from ironlm.engine.iteration_tokens import IterationTokens
+from ironlm.engine.speculation import SpecDecodeStats
+from ironlm.entrypoints.openai.api_server import make_engine_client
+from ironlm.entrypoints.openai.cli_args import engine_config_from_args, make_parser
+from ironlm.plugin_manager import PluginManager
 
 SERVE_ARGS = ["--dtype", "float32", "--max-model-len", "256", "--kv-cache-memory", "32MiB",
               "--enforce-eager"]
@@ -59,6 +62,9 @@ def test_flags_config_and_refusals() -> None:
         parser.parse_args(["m", "--data-parallel-rank", "1"])
     with pytest.raises(SystemExit):
         parser.parse_args(["m", "-dpb", "nccl"])
+    with pytest.raises(ValueError, match="contradicts it"):
+        EngineConfig(model="m", data_parallel_size=2, data_parallel_backend="ray",
+                     distributed_executor_backend="mp")
     with pytest.raises(ValueError, match="distributed_executor_backend 'uni'"):
         EngineConfig(model="m", data_parallel_size=2, distributed_executor_backend="uni")
     with pytest.raises(ValueError, match="data_parallel_rank must be in"):
@@ -92,6 +98,7 @@ def test_gather_waits_for_every_call_and_raises_the_first_error() -> None:
     g.set_result(1)
     with pytest.raises(CancelledError):
         out.result(timeout=1)
+    assert gather([]).result(timeout=1) == []
 
 
 def _stats(running: int, used: int, blocks: int, queries: int, tokens: list[int],
@@ -194,7 +201,7 @@ def test_dp2_server_matches_one_engine(smollm2_dir: Path, smollm2_loras: Any) ->
     finally:
         llm.shutdown()
     model = str(smollm2_dir)
-    args = [*SERVE_ARGS, "-dp", "2", "--enable-lora"]
+    args = [*SERVE_ARGS, "-dp", "2", "--enable-lora", "--enable-sleep-mode"]
     env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "true"}
     with RemoteServer(smollm2_dir, args, env=env) as server:
         assert len(worker_pids(server.proc.pid)) == 2  # one per engine; none in the server
@@ -220,11 +227,44 @@ def test_dp2_server_matches_one_engine(smollm2_dir: Path, smollm2_loras: Any) ->
         ids = [[int(t.split(":")[1]) for t in c.logprobs.tokens]
                for c in sorted(adapted.choices, key=lambda c: c.index)]
         assert ids == [smollm2_loras.reference[("pirate", i)] for i in (0, 1, 0, 1)]
+        unloaded = httpx.post(server.url("/v1/unload_lora_adapter"), timeout=60,
+                              json={"lora_name": "pirate"})
+        assert unloaded.status_code == 200, unloaded.text
+        with pytest.raises(openai.NotFoundError):
+            client.completions.create(model="pirate", prompt=PROMPTS[0], max_tokens=2)
         rpc = httpx.post(server.url("/collective_rpc"), json={"method": "check_health"},
                          timeout=60)
         assert rpc.json() == {"results": [None, None]}  # one per worker: both engines'
         assert httpx.post(server.url("/reset_prefix_cache"), timeout=60).status_code == 200
+        _sleep_with_one_engine_busy(server, client, model, expected)
         assert httpx.get(server.url("/health")).status_code == 200
+
+
+def _sleep_with_one_engine_busy(server: RemoteServer, client: Any, model: str,
+                                expected: list[str]) -> None:
+    """/sleep while one engine runs a request: 400, and the idle engine, which slept, wakes
+    again (else the next requests it takes fail); once both are idle, both sleep and wake."""
+    busy = client.completions.create(model=model, prompt=PROMPTS[0], max_tokens=200,
+                                     stream=True, extra_body={"ignore_eos": True})
+    next(iter(busy))  # running on one engine now
+    refused = httpx.post(server.url("/sleep"), timeout=60)
+    assert refused.status_code == 400, refused.text
+    assert httpx.get(server.url("/is_sleeping")).json() == {"is_sleeping": False}
+    busy.close()  # the server aborts it
+    deadline = time.monotonic() + 60
+    while _running(server) > 0:
+        assert time.monotonic() < deadline, "the aborted request kept running"
+        time.sleep(0.1)
+    batch = client.completions.create(model=model, prompt=PROMPTS[:2], max_tokens=MAX_TOKENS,
+                                      temperature=0, extra_body={"ignore_eos": True})
+    assert [c.text for c in sorted(batch.choices, key=lambda c: c.index)] == expected[:2]
+    assert httpx.post(server.url("/sleep"), timeout=60).status_code == 200
+    assert httpx.get(server.url("/is_sleeping")).json() == {"is_sleeping": True}
+    assert httpx.post(server.url("/wake_up"), timeout=60).status_code == 200
+    assert httpx.get(server.url("/is_sleeping")).json() == {"is_sleeping": False}
+    again = client.completions.create(model=model, prompt=PROMPTS[:2], max_tokens=MAX_TOKENS,
+                                      temperature=0, extra_body={"ignore_eos": True})
+    assert [c.text for c in sorted(again.choices, key=lambda c: c.index)] == expected[:2]
 
 
 @pytest.mark.server

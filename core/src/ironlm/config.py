@@ -315,6 +315,11 @@ class EngineConfig:
         if self.data_parallel_backend not in DATA_PARALLEL_BACKENDS:
             raise ValueError(f"data_parallel_backend {self.data_parallel_backend!r} is not "
                              f"supported; choose one of {list(DATA_PARALLEL_BACKENDS)}")
+        if self.data_parallel_size > 1 and self.data_parallel_backend == "ray" and \
+                self.distributed_executor_backend not in (None, "ray"):
+            raise ValueError(f"data_parallel_backend 'ray' runs every engine's workers as Ray "
+                             f"actors: distributed_executor_backend "
+                             f"{self.distributed_executor_backend!r} contradicts it")
         if self.data_parallel_size > 1 and self.distributed_executor_backend == "uni":
             raise ValueError("data_parallel_size > 1 runs each engine's workers out of the "
                              "server's process: distributed_executor_backend 'uni' (in "

@@ -25,10 +25,11 @@ import asyncio
 import logging
 import queue
 import threading
-from concurrent.futures import CancelledError, Future
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
+from ironlm.engine.futures import gather
 from ironlm.engine.llm_engine import LLMEngine
 from ironlm.outputs import RequestOutput
 
@@ -112,6 +113,10 @@ class AsyncEngine:
         self._thread.join(timeout=30)
         if self._build_error is None and self._built.is_set():
             self.engine.shutdown()
+
+    @property
+    def engines(self) -> list[LLMEngine]:
+        return [self.engine]
 
     @property
     def is_alive(self) -> bool:
@@ -317,31 +322,3 @@ class AsyncEngine:
         # Requests with no stream (already abandoned) are aborted too.
         for rid in list(self.engine.outputs.groups):
             self.engine.abort_request(rid)
-
-
-def gather(futures: list[Future[Any]]) -> Future[list[Any]]:
-    """One future for several: their results in order once every one is done, else the first
-    one's exception (raised only then: no engine is left mid-call). Cancelling it cancels
-    those not started yet."""
-    out: Future[list[Any]] = Future()
-    left = [len(futures)]
-    lock = threading.Lock()
-
-    def one_done(_: Future[Any]) -> None:
-        with lock:
-            left[0] -= 1
-            if left[0]:
-                return
-        if not out.set_running_or_notify_cancel():  # the caller gave up
-            return
-        failed = [f for f in futures if f.cancelled() or f.exception() is not None]
-        if failed:
-            first = failed[0]
-            out.set_exception(CancelledError() if first.cancelled() else first.exception())
-        else:
-            out.set_result([f.result() for f in futures])
-
-    out.add_done_callback(lambda o: [f.cancel() for f in futures] if o.cancelled() else None)
-    for f in futures:
-        f.add_done_callback(one_done)
-    return out

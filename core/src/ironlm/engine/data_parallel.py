@@ -19,15 +19,17 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
-from typing import Any, TypeAlias
+from typing import Any
 
-from ironlm.engine.async_engine import AsyncEngine, gather
+from ironlm.engine.async_engine import AsyncEngine
+from ironlm.engine.futures import gather
 from ironlm.engine.iteration_tokens import merge_iteration_tokens
 from ironlm.engine.llm_engine import LLMEngine
 from ironlm.engine.speculation import SpecDecodeStats
 from ironlm.outputs import RequestOutput
 
-# stats that are totals over the engines (the rest: derived again, or taken from engine 0)
+# LLMEngine.stats keys that are totals over the engines (the rest: derived again below, or
+# engine 0's: the same on every engine); a new stats key needs its place here or below
 _SUMMED = ("num_running", "num_waiting", "num_kv_blocks", "num_used_blocks",
            "prefix_cache_queries", "prefix_cache_hits", "num_preemptions", "num_swap_outs",
            "num_swapped", "num_swap_blocks", "external_prefix_cache_queries",
@@ -75,6 +77,10 @@ class DataParallelEngine:
     def engine(self) -> LLMEngine:
         """Engine 0's LLMEngine: the model's facts (tokenizer, limits, config) for the server."""
         return self.ranks[0].engine
+
+    @property
+    def engines(self) -> list[LLMEngine]:
+        return [rank.engine for rank in self.ranks]
 
     @property
     def is_alive(self) -> bool:
@@ -140,17 +146,15 @@ class DataParallelEngine:
         return merge_stats([rank.last_stats for rank in self.ranks])
 
 
-# what the server runs on: one engine, or a data-parallel group of them
-EngineClient: TypeAlias = AsyncEngine | DataParallelEngine
-
-
 def merge_stats(stats: list[dict[str, Any]]) -> dict[str, Any]:
     """One engine-stats dict (``LLMEngine.stats``) for several engines: counts and counters
     summed, usage fractions over the summed blocks, the tokens-per-step histogram and the
     speculative-decoding counters summed (their rates derived again), the LoRA adapters in
     use on any engine."""
-    if len(stats) == 1 or not all(stats):
+    if len(stats) == 1:
         return stats[0]
+    if not all(stats):  # an engine not built yet: no total to give
+        return {}
     out = dict(stats[0])
     for key in _SUMMED:
         if key in out:

@@ -39,7 +39,8 @@ class IterationTokens:
 
 
 def merge_iteration_tokens(histograms: list[dict[str, Any]]) -> dict[str, Any]:
-    """Several engines' ``to_dict`` histograms as one (counts, sums and steps added)."""
+    """Several engines' ``to_dict`` histograms as one (counts, sums and steps added; every
+    engine has BUCKETS' bounds)."""
     buckets = [[bound, sum(h["buckets"][i][1] for h in histograms)]
                for i, (bound, _) in enumerate(histograms[0]["buckets"])]
     return {"buckets": buckets, "sum": sum(h["sum"] for h in histograms),

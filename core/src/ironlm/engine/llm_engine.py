@@ -348,6 +348,7 @@ class LLMEngine(LoRACalls, SleepCalls):
 
     # -- stats -----------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
+        # a new key: say how data_parallel.merge_stats combines the engines' values
         bm = self.block_manager
         return {
             "num_running": self.scheduler.num_running,

@@ -71,7 +71,10 @@ class RayConnection:
 
 class RayExecutor(Executor):
     name: ClassVar[str] = "ray"
-    # Ray's connection is per process: every executor of the process shares this one
+    # Ray keeps one connection per process (ray.init / ray.shutdown are process-wide), so
+    # the executors of a process (one per data-parallel engine) must share its use: this
+    # object is that sharing, explicit, rather than each executor guessing whether another
+    # still needs Ray when it shuts down
     connection: ClassVar[RayConnection] = RayConnection()
 
     @classmethod
@@ -103,11 +106,12 @@ class RayExecutor(Executor):
         self._uses_ray = True
         try:
             have = ray.cluster_resources().get(key, 0)
-            if have < world:
+            ranks = world * self.config.data_parallel_size  # every engine's, when -dp N
+            if have < ranks:
                 raise ValueError(
-                    f"tensor_parallel_size x pipeline_parallel_size = {world} ranks need "
-                    f"{world} {key} in the Ray cluster (one per rank for platform "
-                    f"{platform.name!r}), but it has {have:g}"
+                    f"tensor_parallel_size x pipeline_parallel_size x data_parallel_size = "
+                    f"{ranks} ranks need {ranks} {key} in the Ray cluster (one per rank for "
+                    f"platform {platform.name!r}), but it has {have:g}"
                 )
             self._place_actors(ray, key, world)
             self._create_workers(ray, platform.visible_devices_env, key)
@@ -168,7 +172,8 @@ class RayExecutor(Executor):
                 local_rank = node_ids.index(ids[0])
             else:
                 local_rank = peers.index(rank)
-            # the data-parallel engines' ranks share the node's cores too (torch threads)
+            # the data-parallel engines' ranks are taken to share the node's cores too (torch
+            # threads; engines spread over several nodes: set IRONLM_CPU_THREADS per node)
             worker_rank = WorkerRank(rank, len(infos), local_rank, init_method,
                                      local_world_size=len(peers) * self.config.data_parallel_size)
             calls.append(self.actors[rank].create.remote(self.config, worker_rank,

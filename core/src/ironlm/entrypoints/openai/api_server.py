@@ -23,7 +23,8 @@ from ironlm import __version__
 from ironlm.config import EngineConfig
 from ironlm.contract_version import PluginContractError
 from ironlm.engine.async_engine import AsyncEngine, EngineDeadError
-from ironlm.engine.data_parallel import DataParallelEngine, EngineClient
+from ironlm.engine.data_parallel import DataParallelEngine
+from ironlm.engine.engine_client import EngineClient
 from ironlm.engine.llm_engine import LLMEngine
 from ironlm.entrypoints.chat_utils import load_chat_template
 from ironlm.entrypoints.openai import serving_models

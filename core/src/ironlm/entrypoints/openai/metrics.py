@@ -25,7 +25,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from ironlm.engine.data_parallel import EngineClient, merge_stats
+from ironlm.engine.data_parallel import merge_stats
+from ironlm.engine.engine_client import EngineClient
 
 log = logging.getLogger("ironlm.server")
 

@@ -23,6 +23,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
+from ironlm.engine.llm_engine import LLMEngine
 from ironlm.entrypoints.openai.errors import APIError
 from ironlm.entrypoints.openai.request_body import parse_body
 from ironlm.entrypoints.openai.state import ServerState
@@ -48,11 +49,20 @@ async def sleep(request: Request) -> Response:
     if text.strip() not in ("1", "2"):
         raise APIError(f"sleep level must be 1 or 2, got {text!r}", 400, param="level")
     level = int(text)
+    engine = _state(request).engine
     try:  # not enabled, requests running
-        await asyncio.wrap_future(_state(request).engine.call_all(lambda e: e.sleep(level)))
+        await asyncio.wrap_future(engine.call_all(lambda e: e.sleep(level)))
     except ValueError as exc:
+        # one data-parallel engine refused (its requests run): those that slept wake again,
+        # so that the engines are all awake or all asleep
+        await asyncio.wrap_future(engine.call_all(_wake_if_asleep))
         raise APIError(str(exc), 400) from None
     return Response(status_code=200)
+
+
+def _wake_if_asleep(engine: LLMEngine) -> None:
+    if engine.is_sleeping():
+        engine.wake_up()
 
 
 @dev_router.post("/wake_up")
@@ -68,7 +78,7 @@ async def wake_up(request: Request) -> Response:
 @dev_router.get("/is_sleeping")
 async def is_sleeping(request: Request) -> dict[str, bool]:
     # a read of the engine's state: no need to wait for the engine thread's step
-    return {"is_sleeping": _state(request).engine.engine.is_sleeping()}
+    return {"is_sleeping": any(e.is_sleeping() for e in _state(request).engine.engines)}
 
 
 @dev_router.post("/reset_prefix_cache")

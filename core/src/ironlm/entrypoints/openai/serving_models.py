@@ -70,6 +70,9 @@ async def load_lora_adapter(s: ServerState, req: LoadLoRAAdapterRequest,
     try:
         await asyncio.wrap_future(s.engine.call_all(lambda engine: engine.add_lora(lora)))
     except ValueError as exc:
+        # data-parallel engines that took it forget it (the others refused it: a no-op)
+        await asyncio.wrap_future(s.engine.call_all(
+            lambda engine: engine.remove_lora(lora.lora_int_id)))
         raise APIError(str(exc), 400, param="lora_path", type="BadRequestError") from None
     s.loras[lora.lora_name] = lora
     log.info("Loaded new LoRA adapter: name '%s', path '%s'", lora.lora_name, lora.lora_path)

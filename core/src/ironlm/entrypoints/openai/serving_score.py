@@ -17,6 +17,7 @@ from ironlm.entrypoints.openai.engine_response import respond
 from ironlm.entrypoints.openai.errors import APIError
 from ironlm.entrypoints.openai.protocol import UsageInfo
 from ironlm.entrypoints.openai.request_inputs import tokenize_prompts
+from ironlm.entrypoints.openai.score_pairs import cross_encode as _cross_encode
 from ironlm.entrypoints.openai.score_protocol import (
     BI_ENCODER_REFUSAL,
     SCORE_SIDES,
@@ -29,7 +30,6 @@ from ironlm.entrypoints.openai.score_protocol import (
     ScoreRequest,
     ScoreResponse,
 )
-from ironlm.entrypoints.openai.score_pairs import cross_encode as _cross_encode
 from ironlm.entrypoints.openai.serving_embeddings import check_fits, start_pooling
 from ironlm.entrypoints.openai.state import ServerState, request_id_for
 from ironlm.entrypoints.scoring import cosine, pair_indices, pair_token_ids

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ironlm.entrypoints.openai.chat_prompt import warn_chat_fields, render_chat_prompt
+from ironlm.entrypoints.openai.chat_prompt import render_chat_prompt, warn_chat_fields
 from ironlm.entrypoints.openai.errors import APIError
 from ironlm.entrypoints.openai.protocol import DetokenizeRequest, TokenizeRequest
 from ironlm.entrypoints.openai.state import ServerState

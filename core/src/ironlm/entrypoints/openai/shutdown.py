@@ -20,7 +20,7 @@ from types import FrameType
 import uvicorn
 
 from ironlm.engine.async_engine import ServerShuttingDownError
-from ironlm.engine.data_parallel import EngineClient
+from ironlm.engine.engine_client import EngineClient
 
 log = logging.getLogger("ironlm.server")
 BACKSTOP_S = 10.0  # uvicorn's own wait for connections, past the grace period

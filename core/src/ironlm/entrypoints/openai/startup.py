@@ -20,7 +20,6 @@ from ironlm.interfaces.platform import Platform
 from ironlm.plugin_manager import PluginManager
 from ironlm.python_file import import_python_file
 
-
 log = logging.getLogger("ironlm.server")
 
 

@@ -14,8 +14,8 @@ from typing import Any
 from starlette.requests import Request
 
 from ironlm import __version__
-from ironlm.engine.data_parallel import EngineClient
 from ironlm.engine.classification import Classifier
+from ironlm.engine.engine_client import EngineClient
 from ironlm.entrypoints.openai.chat_reasoning import markers_are_special
 from ironlm.entrypoints.openai.errors import APIError
 from ironlm.entrypoints.openai.lora_modules import LoRAModulePath
