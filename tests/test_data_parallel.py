@@ -3,8 +3,9 @@ stats merge, the futures gather, a two-engine group on the tiny model in this pr
 same greedy outputs as one engine, requests spread over both engines, each engine's worker in
 a child process on its share of the cores, calls on every engine), and ``ironlm serve -dp 2``
 with SmolLM2 through the openai client: one engine's greedy text (streaming included), summed
-metrics, an adapter loaded and unloaded on every engine, the dev routes, a /sleep refused by
-one busy engine leaving the other awake, and a killed worker of one engine ending the server
+metrics, an adapter loaded and unloaded on every engine, the dev routes, requests pinned to an
+engine by vLLM's X-data-parallel-rank header, a /sleep refused by one busy engine leaving the
+other awake, and a killed worker of one engine ending the server
 with no process left behind. (The ``ray`` backend: test_parallel_ray.py.)"""
 
 from __future__ import annotations
@@ -201,7 +202,8 @@ def test_dp2_server_matches_one_engine(smollm2_dir: Path, smollm2_loras: Any) ->
     finally:
         llm.shutdown()
     model = str(smollm2_dir)
-    args = [*SERVE_ARGS, "-dp", "2", "--enable-lora", "--enable-sleep-mode"]
+    args = [*SERVE_ARGS, "-dp", "2", "--enable-lora", "--enable-sleep-mode",
+            "--enable-prompt-tokens-details"]
     env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "true"}
     with RemoteServer(smollm2_dir, args, env=env) as server:
         assert len(worker_pids(server.proc.pid)) == 2  # one per engine; none in the server
@@ -236,8 +238,31 @@ def test_dp2_server_matches_one_engine(smollm2_dir: Path, smollm2_loras: Any) ->
                          timeout=60)
         assert rpc.json() == {"results": [None, None]}  # one per worker: both engines'
         assert httpx.post(server.url("/reset_prefix_cache"), timeout=60).status_code == 200
+        _pinned_requests(server, model)
         _sleep_with_one_engine_busy(server, client, model, expected)
         assert httpx.get(server.url("/health")).status_code == 200
+
+
+def _pinned_requests(server: RemoteServer, model: str) -> None:
+    """vLLM's X-data-parallel-rank header pins a request to an engine: each engine's prefix
+    cache sees only its own requests (a prompt cached on engine 0 is new to engine 1)."""
+    prompt = "A long prompt that fills a few KV blocks: " + " ".join(PROMPTS) * 2
+
+    def cached(rank: str) -> int:
+        r = httpx.post(server.url("/v1/completions"), timeout=60,
+                       headers={"X-data-parallel-rank": rank},
+                       json={"model": model, "prompt": prompt, "max_tokens": 1})
+        assert r.status_code == 200, r.text
+        return int((r.json()["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0))
+
+    assert [cached("0"), cached("0") > 0, cached("1"), cached("1") > 0] == [0, True, 0, True]
+    assert cached("a") > 0  # not an integer: ignored, as vLLM (the least loaded engine)
+    bad = httpx.post(server.url("/v1/completions"), timeout=60,
+                     headers={"X-data-parallel-rank": "2"},
+                     json={"model": model, "prompt": prompt, "max_tokens": 1})
+    assert bad.status_code == 400
+    assert bad.json()["error"]["param"] == "X-data-parallel-rank"
+    assert "out of range [0, 2)" in bad.json()["error"]["message"]
 
 
 def _sleep_with_one_engine_busy(server: RemoteServer, client: Any, model: str,

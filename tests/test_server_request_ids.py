@@ -75,3 +75,18 @@ def test_one_id_twice_in_flight(server: RemoteServer) -> None:
     reply = json.loads(text)
     assert reply["id"] == "cmpl-same" and reply["usage"]["completion_tokens"] == 120
     assert '"id":"cmpl-same"' in streamed.replace(" ", "") and "[DONE]" in streamed
+
+
+def test_data_parallel_rank_header_on_one_engine(server: RemoteServer) -> None:
+    """vLLM's X-data-parallel-rank: 0 is the one engine; another rank is a 400 naming the
+    header; a value that is not an integer is ignored (vLLM's)."""
+    chat = {"model": "t", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    completion = {"model": "t", "prompt": "Hi", "max_tokens": 2}
+    for path, body in (("/v1/chat/completions", chat), ("/v1/completions", completion),
+                       ("/v1/embeddings", {"model": "t", "input": "Hi"})):
+        assert post(server, path, body, **{"X-data-parallel-rank": "0"}).status_code == 200
+        assert post(server, path, body, **{"X-data-parallel-rank": "x"}).status_code == 200
+        r = post(server, path, body, **{"X-data-parallel-rank": "1"})
+        assert r.status_code == 400, (path, r.text)
+        assert r.json()["error"]["param"] == "X-data-parallel-rank"
+

@@ -124,11 +124,15 @@ class AsyncEngine:
 
     # -- API for the event loop ------------------------------------------------------------
     async def generate(
-        self, request_id: str, prompt: Any, params: Any, **kwargs: Any
+        self, request_id: str, prompt: Any, params: Any, data_parallel_rank: int | None = None,
+        **kwargs: Any,
     ) -> AsyncIterator[RequestOutput]:
         """Validate and queue one request, then yield its cumulative outputs until finished.
         Validation errors (ValueError) are raised before the first output. Cancelling the
-        consumer (client disconnect) aborts the request and frees its blocks."""
+        consumer (client disconnect) aborts the request and frees its blocks.
+        ``data_parallel_rank``: the engine to run on, none but 0 here (DataParallelEngine)."""
+        if data_parallel_rank not in (None, 0):
+            raise ValueError(f"data_parallel_rank {data_parallel_rank} is out of range [0, 1)")
         if not self.is_alive:
             raise EngineDeadError("the engine loop is not running")
         if self.draining:

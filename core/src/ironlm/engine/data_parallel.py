@@ -101,12 +101,19 @@ class DataParallelEngine:
 
     # -- requests --------------------------------------------------------------------------
     async def generate(
-        self, request_id: str, prompt: Any, params: Any, **kwargs: Any
+        self, request_id: str, prompt: Any, params: Any, data_parallel_rank: int | None = None,
+        **kwargs: Any,
     ) -> AsyncIterator[RequestOutput]:
-        """``AsyncEngine.generate`` on the least loaded engine (see the module's text). The
-        engine is picked when the first output is asked for, and counts the request as in
-        flight before anything awaits: a burst of requests spreads over the engines."""
-        inner = self.ranks[self._pick()].generate(request_id, prompt, params, **kwargs)
+        """``AsyncEngine.generate`` on engine ``data_parallel_rank`` (vLLM's pinning, for a
+        router that knows better), else on the least loaded one (see the module's text),
+        picked when the first output is asked for: the engine counts the request as in flight
+        before anything awaits, so a burst of requests spreads over the engines."""
+        if data_parallel_rank is None:
+            data_parallel_rank = self._pick()
+        elif not 0 <= data_parallel_rank < len(self.ranks):
+            raise ValueError(f"data_parallel_rank {data_parallel_rank} is out of range "
+                             f"[0, {len(self.ranks)})")
+        inner = self.ranks[data_parallel_rank].generate(request_id, prompt, params, **kwargs)
         try:
             async for out in inner:
                 yield out

@@ -45,9 +45,11 @@ class EngineClient(Protocol):
         """Sequences of the requests between generate() entry and their end."""
 
     def generate(
-        self, request_id: str, prompt: Any, params: Any, **kwargs: Any
+        self, request_id: str, prompt: Any, params: Any, data_parallel_rank: int | None = None,
+        **kwargs: Any,
     ) -> AsyncIterator[RequestOutput]:
-        """Queue one request; its cumulative outputs until finished (see AsyncEngine)."""
+        """Queue one request (on engine ``data_parallel_rank``, else the least loaded one);
+        its cumulative outputs until finished (see AsyncEngine)."""
 
     def check_num_seqs(self, params: Any) -> int: ...
 

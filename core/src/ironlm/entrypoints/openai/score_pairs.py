@@ -19,7 +19,7 @@ from ironlm.entrypoints.openai.errors import APIError
 from ironlm.entrypoints.openai.request_inputs import EnginePrompt, tokenize_prompt
 from ironlm.entrypoints.openai.score_protocol import RerankRequest, ScoreRequest
 from ironlm.entrypoints.openai.serving_embeddings import check_fits, start_pooling
-from ironlm.entrypoints.openai.state import ServerState
+from ironlm.entrypoints.openai.state import ServerState, data_parallel_rank
 from ironlm.entrypoints.scoring import cross_encoder_ids
 from ironlm.lora.request import LoRARequest
 from ironlm.outputs import RequestOutput
@@ -56,7 +56,8 @@ async def cross_encode(
     except ValueError as exc:  # the truncation cannot hold the pair's special tokens
         raise APIError(str(exc), 400, param="truncate_prompt_tokens") from None
     check_fits(state, prompts, names[1], "score")
-    gens = start_pooling(state, engine_id, prompts, req.priority, lora)
+    gens = start_pooling(state, engine_id, prompts, req.priority, lora,
+                         dp_rank=data_parallel_rank(state, request))
 
     def scored(finals: list[RequestOutput]) -> Response:
         scores = []

@@ -47,10 +47,11 @@ def beam_search_params(req: SamplingFields, max_tokens: int, logprobs: bool) -> 
 
 async def beam_search(
     state: ServerState, request_id: str, prompt: EnginePrompt, params: BeamSearchParams, n: int,
-    priority: int = 0, lora_request: LoRARequest | None = None,
+    priority: int = 0, lora_request: LoRARequest | None = None, dp_rank: int | None = None,
 ) -> AsyncIterator[RequestOutput]:
-    """Run the beams to the end (every beam with the request's adapter); yield one finished
-    RequestOutput with the ``n`` best."""
+    """Run the beams to the end (every beam with the request's adapter, on data-parallel
+    engine ``dp_rank`` when the request names one); yield one finished RequestOutput with the
+    ``n`` best."""
     search = BeamSearch([prompt.token_ids], params, state.tokenizer.eos_token_id)
     step = 0
     while flat := search.pending():
@@ -58,7 +59,8 @@ async def beam_search(
             state.engine.generate(f"{request_id}-s{step}-b{j}",
                                   EnginePrompt(None, beam.tokens, prompt.cache_salt)
                                   .as_engine_prompt(), search.step_params.clone(),
-                                  priority=priority, lora_request=lora_request)
+                                  priority=priority, lora_request=lora_request,
+                                  data_parallel_rank=dp_rank)
             for j, (_, beam) in enumerate(flat)
         ]
         try:

@@ -51,7 +51,7 @@ from ironlm.entrypoints.openai.request_inputs import (
 )
 from ironlm.entrypoints.openai.request_tracker import tracked
 from ironlm.entrypoints.openai.serving_beam import beam_search, beam_search_params
-from ironlm.entrypoints.openai.state import ServerState, request_id_for
+from ironlm.entrypoints.openai.state import ServerState, data_parallel_rank, request_id_for
 from ironlm.entrypoints.openai.streaming import close_all, sse
 from ironlm.entrypoints.openai.tool_calls import ToolExtractor, ToolPlan, plan_tools, tool_call_id
 from ironlm.interfaces.reasoning_parser import ReasoningDelta
@@ -135,12 +135,14 @@ async def create_chat_completion(
                TokenNamer(state.tokenizer, as_ids), state.response_model(lora, req.model),
                reasoning)
     state.log_request(engine_id, text, prompt.token_ids, params)
+    dp_rank = data_parallel_rank(state, request)
     gen = tracked(
-        beam_search(state, engine_id, prompt, beams, req.n, req.priority, lora)
+        beam_search(state, engine_id, prompt, beams, req.n, req.priority, lora, dp_rank)
         if beams is not None else
         state.engine.generate(engine_id, prompt.as_engine_prompt(), params,
                               priority=req.priority, lora_request=lora,
-                              reasoning_ended=reasoning.engine_flag()),
+                              reasoning_ended=reasoning.engine_flag(),
+                              data_parallel_rank=dp_rank),
         state.new_tracker(req.n, req.best_of, params.max_tokens),
     )
     return await respond(

@@ -27,7 +27,7 @@ from ironlm.entrypoints.openai.protocol import (
     UsageInfo,
 )
 from ironlm.entrypoints.openai.serving_embeddings import check_fits, pooling_prompts, start_pooling
-from ironlm.entrypoints.openai.state import ServerState, request_id_for
+from ironlm.entrypoints.openai.state import ServerState, data_parallel_rank, request_id_for
 from ironlm.outputs import RequestOutput
 
 
@@ -50,7 +50,8 @@ async def create_classification(
     request_id, engine_id = request_id_for("pool" if pooling_form else "classify", request,
                                            req.request_id)
     every_row = isinstance(req, PoolingRequest) and req.task == "token_classify"
-    gens = start_pooling(state, engine_id, prompts, req.priority, lora, every_row)
+    gens = start_pooling(state, engine_id, prompts, req.priority, lora, every_row,
+                         data_parallel_rank(state, request))
     tokens = sum(len(p.token_ids) for p in prompts)
     model = state.response_model(lora, req.model)
 

@@ -48,7 +48,7 @@ from ironlm.entrypoints.openai.request_inputs import (
 )
 from ironlm.entrypoints.openai.request_tracker import tracked
 from ironlm.entrypoints.openai.serving_beam import beam_search, beam_search_params
-from ironlm.entrypoints.openai.state import ServerState, request_id_for
+from ironlm.entrypoints.openai.state import ServerState, data_parallel_rank, request_id_for
 from ironlm.entrypoints.openai.streaming import close_all, merge, sse
 from ironlm.outputs import CompletionOutput, RequestOutput
 from ironlm.sampling_params import SamplingParams
@@ -124,12 +124,14 @@ async def create_completion(
                TokenNamer(state.tokenizer, as_ids or state.tokenizer is None),
                state.response_model(lora, req.model))
     gens = []
+    dp_rank = data_parallel_rank(state, request)
     for i, (p, sp) in enumerate(zip(prompts, params)):
         rid = f"{engine_id}-{i}"
         state.log_request(rid, p.text, p.token_ids, sp)
-        gen = beam_search(state, rid, p, beams[i], req.n, req.priority, lora) \
+        gen = beam_search(state, rid, p, beams[i], req.n, req.priority, lora, dp_rank) \
             if beams is not None else state.engine.generate(
-                rid, p.as_engine_prompt(), sp, priority=req.priority, lora_request=lora)
+                rid, p.as_engine_prompt(), sp, priority=req.priority, lora_request=lora,
+                data_parallel_rank=dp_rank)
         gens.append(tracked(gen, state.new_tracker(req.n, req.best_of, sp.max_tokens)))
     return await respond(
         request, gens,

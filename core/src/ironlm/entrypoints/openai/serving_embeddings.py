@@ -31,7 +31,7 @@ from ironlm.entrypoints.openai.request_inputs import (
     tokenize_prompts,
 )
 from ironlm.entrypoints.openai.request_tracker import tracked
-from ironlm.entrypoints.openai.state import ServerState, request_id_for
+from ironlm.entrypoints.openai.state import ServerState, data_parallel_rank, request_id_for
 from ironlm.lora.request import LoRARequest
 from ironlm.outputs import RequestOutput
 from ironlm.sampling_params import SamplingParams
@@ -54,7 +54,8 @@ async def create_embedding(
     request_id, engine_id = request_id_for("pool" if pooling_form else "embd", request,
                                            req.request_id)
     every_row = isinstance(req, PoolingRequest) and req.task == "token_embed"
-    gens = start_pooling(state, engine_id, prompts, req.priority, lora, every_row)
+    gens = start_pooling(state, engine_id, prompts, req.priority, lora, every_row,
+                         data_parallel_rank(state, request))
     num_tokens = sum(len(p.token_ids) for p in prompts)
     return await respond(
         request, gens,
@@ -111,10 +112,11 @@ def check_fits(state: ServerState, prompts: list[EnginePrompt], field: str,
 
 def start_pooling(
     state: ServerState, engine_id: str, prompts: list[EnginePrompt], priority: int,
-    lora: LoRARequest | None, every_row: bool = False,
+    lora: LoRARequest | None, every_row: bool = False, dp_rank: int | None = None,
 ) -> list[AsyncIterator[RequestOutput]]:  # fmt: skip
     """One engine pooling request per prompt (``engine_id-i``): each ends with its embedding
-    (``every_row``: a row per prompt token, for the token tasks)."""
+    (``every_row``: a row per prompt token, for the token tasks), on data-parallel engine
+    ``dp_rank`` when the request names one."""
     gens = []
     for i, p in enumerate(prompts):
         params = SamplingParams(max_tokens=1)
@@ -122,7 +124,7 @@ def start_pooling(
         gens.append(tracked(
             state.engine.generate(f"{engine_id}-{i}", p.as_engine_prompt(), params,
                                   priority=priority, pooling=True, lora_request=lora,
-                                  pool_every_row=every_row),
+                                  pool_every_row=every_row, data_parallel_rank=dp_rank),
             state.new_tracker(),
         ))
     return gens

@@ -24,7 +24,7 @@ from ironlm.entrypoints.openai.request_inputs import (
     tokenize_prompts,
 )
 from ironlm.entrypoints.openai.request_tracker import tracked
-from ironlm.entrypoints.openai.state import ServerState, random_id
+from ironlm.entrypoints.openai.state import ServerState, data_parallel_rank, random_id
 from ironlm.entrypoints.openai.streaming import close_all
 from ironlm.outputs import RequestOutput
 from ironlm.sampling_params import SamplingParams
@@ -60,7 +60,8 @@ async def generate(state: ServerState, request: Request, body: Any) -> Response:
     request_id = random_id("generate")
     state.log_request(request_id, prompt, engine_prompt.token_ids, params)
     gen = tracked(
-        state.engine.generate(request_id, engine_prompt.as_engine_prompt(), params),
+        state.engine.generate(request_id, engine_prompt.as_engine_prompt(), params,
+                              data_parallel_rank=data_parallel_rank(state, request)),
         state.new_tracker(max_tokens=params.max_tokens),
     )
     return await respond(

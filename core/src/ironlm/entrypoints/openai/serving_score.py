@@ -31,7 +31,7 @@ from ironlm.entrypoints.openai.score_protocol import (
     ScoreResponse,
 )
 from ironlm.entrypoints.openai.serving_embeddings import check_fits, start_pooling
-from ironlm.entrypoints.openai.state import ServerState, request_id_for
+from ironlm.entrypoints.openai.state import ServerState, data_parallel_rank, request_id_for
 from ironlm.entrypoints.scoring import cosine, pair_indices, pair_token_ids
 from ironlm.lora.request import LoRARequest
 from ironlm.outputs import RequestOutput
@@ -133,7 +133,8 @@ async def _score_pairs(
                                       field=name)
         check_fits(state, part, name, operation)  # vLLM names the score's operation
         prompts += part
-    gens = start_pooling(state, engine_id, prompts, req.priority, lora)
+    gens = start_pooling(state, engine_id, prompts, req.priority, lora,
+                         dp_rank=data_parallel_rank(state, request))
     pad = getattr(state.tokenizer, "pad_token_id", None)
 
     def scored(finals: list[RequestOutput]) -> Response:

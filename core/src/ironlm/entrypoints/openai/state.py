@@ -188,6 +188,23 @@ class ServerState:
                  request_id, prompt[:n] if prompt is not None else None, params, token_ids[:n])
 
 
+def data_parallel_rank(state: ServerState, request: Request) -> int | None:
+    """vLLM's ``X-data-parallel-rank`` header: the data-parallel engine a router pins the
+    request to (None: the least loaded). As vLLM, a value that is not an integer is ignored;
+    400 naming the header for an engine the server does not have."""
+    text = request.headers.get("x-data-parallel-rank")
+    try:
+        rank = int(text) if text is not None else None
+    except ValueError:
+        return None
+    engines = len(state.engine.engines)
+    if rank is not None and not 0 <= rank < engines:
+        raise APIError(f"X-data-parallel-rank {rank} is out of range [0, {engines}): the "
+                       f"server runs {engines} data-parallel engine(s)", 400,
+                       param="X-data-parallel-rank")
+    return rank
+
+
 def random_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
