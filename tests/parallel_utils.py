@@ -124,3 +124,26 @@ def worker_facts(worker: Any) -> tuple[int, int, int, int]:
 
     return (os.getpid(), worker.local_rank, worker.worker_rank.local_world_size,
             torch.get_num_threads())
+
+
+def running_requests(server: Any) -> float:
+    """The server's vllm:num_requests_running (0 when it does not answer)."""
+    import httpx
+
+    try:
+        text = httpx.get(server.url("/metrics"), timeout=5).text
+    except httpx.HTTPError:
+        return 0.0
+    for line in text.splitlines():
+        if line.startswith("vllm:num_requests_running{"):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def assert_server_exited_after_worker_death(server: Any, workers: list[int]) -> None:
+    """After a worker was killed: the server exits by itself, non-zero, saying the engine
+    died, and no worker process is left."""
+    assert server.proc.wait(timeout=60) != 0
+    assert "the engine died" in server.log_text()
+    assert not any(alive(p) for p in workers)
+

@@ -15,7 +15,15 @@ from typing import Any
 
 import httpx
 import pytest
-from parallel_utils import ENGINE_ARGS, MAX_TOKENS, PROMPTS, alive, greedy_outputs, worker_pids
+from parallel_utils import (
+    ENGINE_ARGS,
+    MAX_TOKENS,
+    PROMPTS,
+    assert_server_exited_after_worker_death,
+    greedy_outputs,
+    running_requests,
+    worker_pids,
+)
 from server_utils import RemoteServer
 
 from ironlm import LLM
@@ -66,28 +74,14 @@ def test_killed_worker_fails_requests_and_exits_the_server(smollm2_dir: Path) ->
 
         thread = threading.Thread(target=long_request)
         thread.start()
-        _wait_for(lambda: _running(server) >= 1, "the request to start running")
+        _wait_for(lambda: running_requests(server) >= 1, "the request to start running")
         os.kill(workers[0], signal.SIGKILL)
         thread.join(timeout=120)
         assert status["code"] == 500, status
         assert "rank 1" in status["body"]["error"]["message"]
-        assert server.proc.wait(timeout=60) != 0  # the server exits by itself, non-zero
-        assert "the engine died" in server.log_text()
-        assert not any(alive(p) for p in workers)
+        assert_server_exited_after_worker_death(server, workers)
     finally:
         server.close()
-
-
-def _running(server: RemoteServer) -> float:
-    try:
-        text = httpx.get(server.url("/metrics"), timeout=5).text
-    except httpx.HTTPError:
-        return 0.0
-    for line in text.splitlines():
-        if line.startswith("vllm:num_requests_running") or line.startswith(
-                "ironlm:num_requests_running"):
-            return float(line.split()[-1])
-    return 0.0
 
 
 def _wait_for(condition: Any, what: str, timeout: float = 120.0) -> None:
