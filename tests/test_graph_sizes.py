@@ -12,7 +12,8 @@ import pytest
 
 from ironlm import LLM, SamplingParams
 from ironlm.config import EngineConfig
-from ironlm.entrypoints.openai.cli_args import engine_config_from_args, expand_argv, make_parser
+from ironlm.entrypoints.openai.argv_expansion import expand_argv
+from ironlm.entrypoints.openai.cli_args import engine_config_from_args, make_parser
 from ironlm.worker.decode_graphs import capture_sizes
 
 PROMPTS = ["The capital of France is", "def fib(n):", "Once upon a time", "1, 2, 3,", "Hi"]

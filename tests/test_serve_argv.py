@@ -9,7 +9,8 @@ import pytest
 
 from ironlm.cli import Cli
 from ironlm.config import EngineConfig
-from ironlm.entrypoints.openai.cli_args import engine_config_from_args, expand_argv, make_parser
+from ironlm.entrypoints.openai.argv_expansion import expand_argv
+from ironlm.entrypoints.openai.cli_args import engine_config_from_args, make_parser
 
 
 def _parse(argv: list[str]):  # type: ignore[no-untyped-def]
@@ -166,3 +167,12 @@ def test_model_source_flags_of_vllm() -> None:
     assert config.logprobs_mode == "processed_logits"  # tests/test_logprobs_mode.py
     assert config.disable_sliding_window and not engine_config_from_args(
         _parse(["m"])).disable_sliding_window
+
+
+def test_version_flag_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from ironlm import __version__
+
+    with pytest.raises(SystemExit) as exit_info:
+        Cli().run(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == __version__

@@ -9,9 +9,17 @@ import sys
 from collections.abc import Iterable
 from importlib.metadata import EntryPoint
 
-from ironlm.commands import download_cmd, plugins_cmd, quantize_cmd, serve_cmd
+from ironlm import __version__
+from ironlm.commands import (
+    client_cmd,
+    download_cmd,
+    plugins_cmd,
+    quantize_cmd,
+    run_batch_cmd,
+    serve_cmd,
+)
 from ironlm.commands.extensions import add_extension_commands
-from ironlm.entrypoints.openai.cli_args import expand_argv
+from ironlm.entrypoints.openai.argv_expansion import expand_argv
 
 
 class Cli:
@@ -21,22 +29,28 @@ class Cli:
         # commands: the extension entry points (default: those installed)
         self.parser = argparse.ArgumentParser(prog="ironlm",
                                               description="IronLM LLM serving engine")
+        self.parser.add_argument("-v", "--version", action="version", version=__version__,
+                                 help="print IronLM's version and exit (as `vllm --version`)")
         sub = self.parser.add_subparsers(dest="command", required=True)
         self.serve_parser = serve_cmd.add_parser(sub)
-        for module in (plugins_cmd, download_cmd, quantize_cmd):
+        # the commands that take vLLM's --foo_bar spelling and --config FILE
+        self.vllm_style = {"serve": self.serve_parser,
+                           "run-batch": run_batch_cmd.add_parser(sub)}
+        for module in (plugins_cmd, download_cmd, quantize_cmd, client_cmd):
             module.add_parser(sub)
         self.unavailable = add_extension_commands(sub, commands)
 
     def run(self, argv: list[str]) -> int:
-        # the top-level parser takes no option but -h: the first word names the command
+        # the top-level parser takes no option but -h / -v: the first word names the command
         if argv and argv[0] in self.unavailable:
             print(f"ironlm {argv[0]}: {self.unavailable[argv[0]]}", file=sys.stderr)
             return 2
-        if argv and argv[0] == "serve":  # vLLM's --foo_bar spelling and --config FILE
+        parser = self.vllm_style.get(argv[0]) if argv else None
+        if parser is not None:  # vLLM's --foo_bar spelling and --config FILE
             try:
-                argv = ["serve", *expand_argv(argv[1:], self.serve_parser)]
+                argv = [argv[0], *expand_argv(argv[1:], parser)]
             except (ValueError, OSError) as exc:
-                self.serve_parser.error(str(exc))
+                parser.error(str(exc))
         args = self.parser.parse_args(argv)
         return int(args.func(args) or 0)
 

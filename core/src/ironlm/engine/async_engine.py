@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
+from ironlm.engine.command_queue import CommandQueue, Refuse, fail_future
 from ironlm.engine.futures import gather
 from ironlm.engine.llm_engine import LLMEngine
 from ironlm.outputs import RequestOutput
@@ -81,7 +81,7 @@ class AsyncEngine:
         self._in_flight = 0
         self.capacity = max_waiting  # plus max_num_seqs once the engine is built
         self.draining = False  # set at shutdown: new requests get ServerShuttingDownError
-        self._commands: queue.Queue[Callable[[], None]] = queue.Queue()
+        self._commands = CommandQueue()
         self._streams: dict[str, _Stream] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ironlm-engine", daemon=True)
@@ -109,7 +109,7 @@ class AsyncEngine:
 
     def shutdown(self) -> None:
         self._stop.set()
-        self._commands.put(lambda: None)
+        self._submit(lambda: None)
         self._thread.join(timeout=30)
         if self._build_error is None and self._built.is_set():
             self.engine.shutdown()
@@ -193,7 +193,7 @@ class AsyncEngine:
         spec = getattr(params, "guided_decoding", None)
         if spec is not None:  # compile off the engine thread; add_request finds it cached
             await self.compile_guided(spec, params.guided_decoding_backend)
-        self._commands.put(add)
+        self._submit(add, refuse=fail_future(added))
         finished = False
         try:
             try:
@@ -226,7 +226,7 @@ class AsyncEngine:
             self._streams.pop(request_id, None)
             self.engine.abort_request(request_id)
 
-        self._commands.put(do)
+        self._submit(do)
 
     def call(self, fn: Callable[[LLMEngine], Any]) -> Future[Any]:
         """Run ``fn(engine)`` on the engine thread (stats, cache reset, ...)."""
@@ -240,29 +240,21 @@ class AsyncEngine:
             except BaseException as exc:
                 fut.set_exception(exc)
 
-        self._commands.put(do)
+        self._submit(do, refuse=fail_future(fut))
         return fut
 
     def call_all(self, fn: Callable[[LLMEngine], Any]) -> Future[list[Any]]:
         """``call`` with its result in a list: one per engine, as a data-parallel group's."""
         return gather([self.call(fn)])
 
-    # -- the engine thread -----------------------------------------------------------------
-    def _drain(self, block: bool) -> None:
-        try:
-            cmd = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
-        except queue.Empty:
-            return
-        while True:
-            try:
-                cmd()
-            except Exception:  # a failing command must never take the engine thread down
-                log.exception("engine command failed")
-            try:
-                cmd = self._commands.get_nowait()
-            except queue.Empty:
-                return
+    def _submit(self, run: Callable[[], None], refuse: Refuse | None = None) -> None:
+        self._commands.submit(run, refuse, self._closed_error)
 
+    def _closed_error(self) -> EngineDeadError:
+        why = f": {self.fatal_error}" if self.fatal_error is not None else ""
+        return EngineDeadError(f"the engine loop is not running{why}")
+
+    # -- the engine thread -----------------------------------------------------------------
     def _run(self) -> None:
         try:
             self.engine = self._build()
@@ -270,14 +262,18 @@ class AsyncEngine:
             self.last_stats = self.engine.stats()
         except BaseException as exc:  # start() raises it in the caller
             self._build_error = exc
+            self._commands.close(self._closed_error())
             return
         finally:
             self._built.set()
-        self._loop()
+        try:
+            self._loop()
+        finally:
+            self._commands.close(self._closed_error())
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self._drain(block=not self.engine.has_unfinished_requests())
+            self._commands.run_queued(block=not self.engine.has_unfinished_requests())
             if self._workers_gone():
                 return
             if not self.engine.has_unfinished_requests():
@@ -315,7 +311,7 @@ class AsyncEngine:
 
     def abort_all(self, err: Exception) -> None:
         """End every request in flight with ``err`` (raised to each consumer) and free them."""
-        self._commands.put(lambda: self._fail_all(err, as_is=True))
+        self._submit(lambda: self._fail_all(err, as_is=True))
 
     def _fail_all(self, exc: Exception, as_is: bool = False) -> None:
         err = exc if as_is else RuntimeError(f"engine step failed: {exc!r}")

@@ -28,7 +28,8 @@ from ironlm.engine.engine_client import EngineClient
 from ironlm.engine.llm_engine import LLMEngine
 from ironlm.entrypoints.chat_utils import load_chat_template
 from ironlm.entrypoints.openai import serving_models
-from ironlm.entrypoints.openai.cli_args import engine_config_from_args, expand_argv, make_parser
+from ironlm.entrypoints.openai.argv_expansion import expand_argv
+from ironlm.entrypoints.openai.cli_args import engine_config_from_args, make_parser
 from ironlm.entrypoints.openai.errors import install_error_handlers
 from ironlm.entrypoints.openai.metrics import log_stats_forever
 from ironlm.entrypoints.openai.middleware import (
@@ -40,17 +41,24 @@ from ironlm.entrypoints.openai.middleware import (
     load_middleware,
 )
 from ironlm.entrypoints.openai.request_body import parse_body
-from ironlm.entrypoints.openai.routes import lora_router, router, tokenizer_info_router
+from ironlm.entrypoints.openai.routes import (
+    lora_router,
+    metrics_router,
+    router,
+    tokenizer_info_router,
+)
 from ironlm.entrypoints.openai.serving_dev import DEV_MODE_ENV, dev_mode, dev_router
 from ironlm.entrypoints.openai.shutdown import DrainingServer
 from ironlm.entrypoints.openai.startup import (
     StartupError,
     bind_server_socket,
     bind_unix_socket,
+    check_api_keys,
     load_plugin_file,
     preflight,
 )
 from ironlm.entrypoints.openai.state import ServerOptions, ServerState
+from ironlm.interfaces.platform import Platform
 from ironlm.plugin_manager import PluginManager
 from ironlm.registry import PluginClashError
 
@@ -84,6 +92,16 @@ def build_app(
     engine: EngineClient, args: argparse.Namespace, pm: PluginManager | None = None
 ) -> FastAPI:
     """The FastAPI app serving ``engine`` (already started) with the flags in ``args``."""
+    app = api_app(engine, args, pm)
+    add_http_middleware(app, args)
+    return app
+
+
+def api_app(
+    engine: EngineClient, args: argparse.Namespace, pm: PluginManager | None = None
+) -> FastAPI:
+    """The app's routes over ``engine``, without the middleware of a listening server (keys,
+    CORS, body size, request-id headers): what ``ironlm run-batch`` calls in process."""
     pm = pm or engine.engine.pm
     state = ServerState.create(engine, server_options(args, str(engine.engine.config.model)), pm)
 
@@ -108,6 +126,7 @@ def build_app(
     app.state.server_load = None  # a LoadCounter with --enable-server-load-tracking
     install_error_handlers(app)
     app.include_router(router)
+    app.include_router(metrics_router)
     if args.enable_tokenizer_info_endpoint:  # vLLM's opt-in: it shows the chat template
         app.include_router(tokenizer_info_router)
     if serving_models.runtime_lora_updating():
@@ -122,6 +141,12 @@ def build_app(
     elif args.enable_sleep_mode:
         log.warning("--enable-sleep-mode: the /sleep and /wake_up routes are served with "
                     "%s=1 only (as vLLM's)", DEV_MODE_ENV)
+    return app
+
+
+def add_http_middleware(app: FastAPI, args: argparse.Namespace) -> None:
+    """The listening server's middleware: the user's, load tracking, API keys, body size,
+    request-id headers, CORS."""
     # add_middleware wraps the app: the last added runs first (CORS, size, key, user's).
     for path in args.middleware or []:
         load_middleware(app, path)
@@ -142,7 +167,6 @@ def build_app(
         allow_credentials=args.allow_credentials, allow_methods=args.allowed_methods,
         allow_headers=args.allowed_headers,
     )
-    return app
 
 
 def make_engine_client(
@@ -158,9 +182,10 @@ def make_engine_client(
     return DataParallelEngine(builds, max_waiting=max_waiting, on_dead=on_dead)
 
 
-def run_server(args: argparse.Namespace) -> None:
-    """Check the flags, load the engine, serve until interrupted. StartupError (a ValueError)
-    and the plugin manager's selection errors say which flag cannot be honoured."""
+def checked_settings(args: argparse.Namespace) -> tuple[PluginManager, Platform, EngineConfig]:
+    """The plugins, platform and engine configuration the flags select, each flag checked
+    before anything loads (``ironlm serve`` and ``ironlm run-batch``). StartupError (a
+    ValueError) and the plugin manager's selection errors say which flag cannot be honoured."""
     import torch
 
     pm = PluginManager()
@@ -176,6 +201,13 @@ def run_server(args: argparse.Namespace) -> None:
     preflight(pm, config, platform, args)
     load_chat_template(args.chat_template)  # a bad --chat-template fails before loading
     torch.manual_seed(config.seed)  # unseeded sampling draws from the global generator
+    return pm, platform, config
+
+
+def run_server(args: argparse.Namespace) -> None:
+    """Check the flags, load the engine, serve until interrupted."""
+    pm, platform, config = checked_settings(args)
+    check_api_keys(args)
     host = args.host or "0.0.0.0"
     # before any worker takes a port
     sock = bind_unix_socket(args.uds) if args.uds else bind_server_socket(host, args.port)
@@ -212,11 +244,18 @@ def run_server(args: argparse.Namespace) -> None:
 
 def serve(args: argparse.Namespace, prog: str = "ironlm serve") -> int:
     """run_server with start-up errors printed as one line; exit status 2 for them."""
+    return exit_status(run_server, args, prog)
+
+
+def exit_status(run: Callable[[argparse.Namespace], None], args: argparse.Namespace,
+                prog: str) -> int:
+    """``run(args)`` with logging set up and its errors printed as one line: exit status 2
+    for a flag or file that cannot be honoured, 1 when the engine died, else 0."""
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO,
                             format="%(levelname)s %(asctime)s %(name)s: %(message)s")
     try:
-        run_server(args)
+        run(args)
     except EngineDeadError as exc:  # a worker died while serving: exit non-zero at once
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
@@ -237,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     return serve(parser.parse_args(argv), prog)
 
 
-__all__ = ["StartupError", "build_app", "main", "parse_body", "run_server", "serve"]
+__all__ = ["StartupError", "build_app", "checked_settings", "exit_status", "main", "parse_body",
+           "run_server", "serve"]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import ssl
-from typing import Any
 
 from ironlm.config import EngineConfig
 from ironlm.entrypoints.chat_content_format import CONTENT_FORMATS
@@ -35,8 +34,17 @@ def _json_list(text: str) -> list[str]:
 
 
 def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Every flag of ``ironlm serve``: the HTTP server's own, then those it shares with
+    ``ironlm run-batch`` (``add_request_args``)."""
     parser.add_argument("model_tag", nargs="?", metavar="MODEL",
                         help="HF folder or GGUF file to serve (or use --model)")
+    add_server_args(parser)
+    add_request_args(parser)
+    return parser
+
+
+def add_server_args(parser: argparse.ArgumentParser) -> None:
+    """The HTTP server's flags: listening, TLS, CORS, keys, routes, access log."""
     srv = parser.add_argument_group("server")
     srv.add_argument("--host", default=None, help="bind address (default: all interfaces)")
     srv.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
@@ -77,10 +85,14 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                      "%(default)s)")
     srv.add_argument("--disable-fastapi-docs", action="store_true",
                      help="disable /docs, /redoc and /openapi.json")
-    srv.add_argument("--lora-modules", type=parse_lora_module, nargs="+", action="extend",
-                     default=None, metavar="NAME=PATH|JSON",
-                     help='LoRA adapters to serve (needs --enable-lora): name=path, or JSON '
-                     '{"name": ..., "path": ..., "base_model_name": ...}')
+    srv.add_argument("--api-key", nargs="+", default=None,
+                     help="require one of these keys (Bearer) on /v1/* and /generate; else "
+                     "the key in IRONLM_API_KEY, then vLLM's VLLM_API_KEY")
+    srv.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
+                     help="serve GET /tokenizer_info (off by default, as vLLM: it shows the "
+                     "chat template and tokenizer configuration)")
+    srv.add_argument("--disable-uvicorn-access-log", action="store_true",
+                     help="no access-log line per HTTP request")
     cors = parser.add_argument_group("CORS")
     cors.add_argument("--allow-credentials", action="store_true", help="allow credentials")
     cors.add_argument("--allowed-origins", type=_json_list, default=["*"],
@@ -89,13 +101,19 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                       help='JSON list of allowed methods (default: ["*"])')
     cors.add_argument("--allowed-headers", type=_json_list, default=["*"],
                       help='JSON list of allowed headers (default: ["*"])')
+
+
+def add_request_args(parser: argparse.ArgumentParser) -> None:
+    """The flags that shape how requests are answered (chat templates, tool calls, logging)
+    and the engine's, shared by ``ironlm serve`` and ``ironlm run-batch``."""
     api = parser.add_argument_group("OpenAI API")
-    api.add_argument("--api-key", nargs="+", default=None,
-                     help="require one of these keys (Bearer) on /v1/* and /generate; else "
-                     "the key in IRONLM_API_KEY, then vLLM's VLLM_API_KEY")
     api.add_argument("--served-model-name", nargs="+", default=None,
                      help="model name(s) the API accepts; responses report the name a request "
                      "used, the first when it named none (default: --model)")
+    api.add_argument("--lora-modules", type=parse_lora_module, nargs="+", action="extend",
+                     default=None, metavar="NAME=PATH|JSON",
+                     help='LoRA adapters to serve (needs --enable-lora): name=path, or JSON '
+                     '{"name": ..., "path": ..., "base_model_name": ...}')
     api.add_argument("--chat-template", default=None,
                      help="chat template file, or the template text itself")
     api.add_argument("--trust-request-chat-template", action="store_true",
@@ -109,9 +127,6 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                      help="how message content reaches the chat template: string (its text), "
                      "openai (a list of parts, [{\"type\": \"text\", \"text\": ...}]), or "
                      "auto: openai when the template loops over a message's content")
-    api.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
-                     help="serve GET /tokenizer_info (off by default, as vLLM: it shows the "
-                     "chat template and tokenizer configuration)")
     api.add_argument("--response-role", default="assistant",
                      help="role of generated chat messages when add_generation_prompt is true")
     api.add_argument("--return-tokens-as-token-ids", action="store_true",
@@ -144,8 +159,6 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     logs.add_argument("--enable-log-outputs", action="store_true",
                       help="with --enable-log-requests, log each request's generated text, "
                       "token ids and finish reason when it ends (vLLM's)")
-    logs.add_argument("--disable-uvicorn-access-log", action="store_true",
-                      help="no access-log line per HTTP request")
     logs.add_argument("--disable-log-stats", action=argparse.BooleanOptionalAction,
                       default=False, help="do not log engine stats every 10 s")
     eng = parser.add_argument_group("engine")
@@ -157,14 +170,13 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                      "means no device graphs whatever --enforce-eager says); 1-3 leave the "
                      "default, device graphs where the platform has them (vLLM's levels differ "
                      "in what they compile; IronLM compiles nothing)")
-    return parser
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     """EngineConfig from the parsed flags (ValueError for a missing model or a bad value)."""
     model = args.model_tag or args.model
     if not model:
-        raise ValueError("a model is required: ironlm serve MODEL (or --model MODEL)")
+        raise ValueError("a model is required: MODEL (or --model MODEL)")
     if args.api_server_count != 1:
         raise ValueError(
             f"--api-server-count {args.api_server_count}: IronLM serves from one process "
@@ -175,140 +187,6 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     if args.optimization_level == 0:
         kwargs["enforce_eager"] = True
     return EngineConfig(model=model, **kwargs)
-
-
-def expand_argv(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
-    """vLLM's command-line conventions, applied before ``parser`` parses ``argv``:
-    ``--foo_bar`` is ``--foo-bar``, and ``--config FILE`` reads flags from a YAML mapping
-    (``max-model-len: 512``, ``enforce-eager: true``, lists for several values) that the
-    command line's own flags override; ``false`` is ``--no-FLAG`` where the parser has it,
-    else the flag is left out (as vLLM). ValueError for a config that is not such a mapping,
-    OSError for one that cannot be read."""
-    out = []
-    for arg in argv:
-        if arg.startswith("--") and len(arg) > 2:
-            name, eq, value = arg.partition("=")
-            arg = _kebab(name) + eq + value
-        out.append(arg)
-    path = None
-    for i, arg in enumerate(out):
-        if arg == "--config" and i + 1 < len(out):
-            path, out = out[i + 1], out[:i] + out[i + 2:]
-            break
-        if arg.startswith("--config="):
-            path, out = arg.partition("=")[2], out[:i] + out[i + 1:]
-            break
-    if path is None:
-        return fold_dotted_json(out, parser)
-    import yaml
-
-    with open(path, encoding="utf-8") as f:
-        config = yaml.safe_load(f) or {}
-    if not isinstance(config, dict):
-        raise ValueError(f"--config {path}: a YAML mapping of flag names to values is needed")
-    flags: list[str] = []
-    for key, value in config.items():
-        flag = "--" + _kebab(str(key))
-        if "." in flag:  # one key of a JSON flag: its value as JSON (false, a list, ...)
-            flags.append(f"{flag}={json.dumps(value)}")
-        elif value is True:
-            flags.append(flag)
-        elif value is False:
-            # argparse lists its option strings only in this attribute
-            if "--no-" + flag[2:] in parser._option_string_actions:
-                flags.append("--no-" + flag[2:])
-        elif isinstance(value, list):
-            flags += [flag, *(str(v) for v in value)]
-        elif isinstance(value, dict):
-            flags += [flag, json.dumps(value)]
-        else:
-            flags += [flag, str(value)]
-    # before the first flag of the command line (after a leading MODEL): later flags win
-    at = next((i for i, a in enumerate(out) if a.startswith("-")), len(out))
-    return fold_dotted_json(out[:at] + flags + out[at:], parser)
-
-
-def _kebab(name: str) -> str:
-    """A flag's name with ``-`` for ``_`` (vLLM takes both); the keys of its dotted form
-    (``compilation_config.cudagraph_mode``) are JSON keys and keep theirs."""
-    flag, dot, keys = name.partition(".")
-    return flag.replace("_", "-") + dot + keys
-
-
-def fold_dotted_json(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
-    """vLLM's dotted form of a JSON flag: ``--compilation-config.cudagraph_mode NONE`` (or
-    ``-cc.cudagraph_mode=NONE``; ``a.b`` sets a nested key) sets one key of that flag's JSON
-    object. The keys are laid over the flag's own JSON where the command line gives it too
-    (the last one), and the flag goes where that one stood, else at the end. A value is
-    JSON where it parses as JSON, else a string; a key with no value is true."""
-    dotted: dict[str, dict[str, Any]] = {}  # option string -> the keys it was given
-    out: list[str] = []
-    i = 0
-    while i < len(argv):
-        arg, i = argv[i], i + 1
-        name, eq, value = arg.partition("=")
-        flag, _, keys = name.partition(".")
-        # argparse lists its option strings only in this attribute
-        action = parser._option_string_actions.get(flag) if arg.startswith("-") else None
-        if not keys or action is None or action.type is not json_object:
-            out.append(arg)
-            continue
-        if not eq:
-            if i < len(argv) and not _is_flag(argv[i]):
-                value, i = argv[i], i + 1
-            else:
-                value = "true"
-        try:
-            parsed: Any = json.loads(value)
-        except json.JSONDecodeError:
-            parsed = value
-        node = dotted.setdefault(action.option_strings[0], {})
-        *path, last = keys.split(".")
-        for key in path:
-            node = node.setdefault(key, {})
-            if not isinstance(node, dict):
-                raise ValueError(f"{arg}: {key} is not a JSON object")
-        node[last] = parsed
-    for flag, keys in dotted.items():
-        action = parser._option_string_actions[flag]
-        # the flag's own JSON, last given: "--flag JSON" or "--flag=JSON"
-        at = max((j for j, a in enumerate(out) if a in action.option_strings and j + 1 < len(out)
-                  or a.partition("=")[0] in action.option_strings and "=" in a),
-                 default=None)  # fmt: skip
-        if at is None:
-            out += [flag, json.dumps(keys)]
-            continue
-        joined = "=" in out[at]
-        own = out[at].partition("=")[2] if joined else out[at + 1]
-        try:
-            merged = json.dumps(_merged(json_object(own), keys))
-        except (ValueError, argparse.ArgumentTypeError) as exc:
-            raise ValueError(f"{flag}: expected a JSON object, got {own!r}") from exc
-        if joined:
-            out[at] = out[at].partition("=")[0] + "=" + merged
-        else:
-            out[at + 1] = merged
-    return out
-
-
-def _is_flag(arg: str) -> bool:
-    """Whether ``arg`` is an option rather than a value (a negative number is a value)."""
-    if not arg.startswith("-"):
-        return False
-    try:
-        float(arg)
-    except ValueError:
-        return True
-    return False
-
-
-def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """``over`` laid over ``base``, nested objects merged key by key."""
-    out = dict(base)
-    for key, value in over.items():
-        both = isinstance(value, dict) and isinstance(out.get(key), dict)
-        out[key] = _merged(out[key], value) if both else value
-    return out
 
 
 def make_parser(prog: str = "ironlm serve") -> argparse.ArgumentParser:

@@ -1,5 +1,6 @@
 """The server's routes: each OpenAI / vLLM endpoint parses its body and hands it to its
-``serving_*`` module. ``router`` holds the routes every server has; ``lora_router`` and
+``serving_*`` module. ``router`` and ``metrics_router`` hold the routes every server has
+(``ironlm run-batch --enable-metrics`` serves the second alone); ``lora_router`` and
 ``tokenizer_info_router`` the opt-in ones (``api_server.build_app`` mounts them)."""
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ from ironlm.entrypoints.openai.score_protocol import RerankRequest, ScoreRequest
 from ironlm.entrypoints.openai.state import ServerState
 
 router = APIRouter()
+# GET /metrics (Prometheus)
+metrics_router = APIRouter()
 # POST /v1/load_lora_adapter and /v1/unload_lora_adapter: only with VLLM_ALLOW_RUNTIME_LORA_UPDATING
 lora_router = APIRouter()
 # GET /tokenizer_info, only with --enable-tokenizer-info-endpoint (vLLM's opt-in)
@@ -102,7 +105,7 @@ async def plugins(request: Request) -> dict[str, Any]:
     return {"object": "list", "data": _server(request).plugin_manager.describe()}
 
 
-@router.get("/metrics")
+@metrics_router.get("/metrics")
 async def metrics(request: Request) -> Response:
     s = _server(request)
     s.metrics.set_engine_stats(await fresh_stats(s.engine))

@@ -78,17 +78,21 @@ def preflight(pm: PluginManager, config: EngineConfig, platform: Platform,
     if args.disable_log_requests:
         log.warning("--disable-log-requests is deprecated (as in vLLM): requests are logged "
                     "only with --enable-log-requests")
+    reserved = reserved_kwargs(args.default_chat_template_kwargs or {})
+    if reserved:
+        raise StartupError(f"--default-chat-template-kwargs: {reserved} are parameters of "
+                           "the chat template call, set by each request")
+
+
+def check_api_keys(args: argparse.Namespace) -> None:
+    """The listening server's keys: --api-key, else IRONLM_API_KEY / VLLM_API_KEY; a blank one
+    is refused (it would let an empty bearer token through)."""
     if args.api_key is not None and not all(key.strip() for key in args.api_key):
-        # an empty key would let an empty bearer token through
         raise StartupError("--api-key must not be empty")
     for env in ("IRONLM_API_KEY", "VLLM_API_KEY"):
         value = os.environ.get(env)
         if value is not None and value and not value.strip():  # "" is unset, as in vLLM
             raise StartupError(f"{env} is blank: set a key, or unset it to serve without one")
-    reserved = reserved_kwargs(args.default_chat_template_kwargs or {})
-    if reserved:
-        raise StartupError(f"--default-chat-template-kwargs: {reserved} are parameters of "
-                           "the chat template call, set by each request")
 
 
 def bind_unix_socket(path: str) -> socket.socket:
