@@ -12,6 +12,7 @@ from importlib.metadata import EntryPoint
 from ironlm import __version__
 from ironlm.commands import (
     client_cmd,
+    collect_env_cmd,
     download_cmd,
     plugins_cmd,
     quantize_cmd,
@@ -36,7 +37,7 @@ class Cli:
         # the commands that take vLLM's --foo_bar spelling and --config FILE
         self.vllm_style = {"serve": self.serve_parser,
                            "run-batch": run_batch_cmd.add_parser(sub)}
-        for module in (plugins_cmd, download_cmd, quantize_cmd, client_cmd):
+        for module in (plugins_cmd, download_cmd, quantize_cmd, client_cmd, collect_env_cmd):
             module.add_parser(sub)
         self.unavailable = add_extension_commands(sub, commands)
 
