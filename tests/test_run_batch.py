@@ -77,7 +77,8 @@ def test_real_model_batch_matches_hf_and_answers_bad_lines_as_the_server(
     source.write_text("\n".join(lines) + "\n")
     out = tmp_path / "out.jsonl"
     proc = subprocess.run(
-        [sys.executable, "-m", "ironlm.cli", "run-batch", "--model", str(smollm2_dir),
+        # vLLM's module form (the other tests run the ironlm command)
+        [sys.executable, "-m", "ironlm.entrypoints.openai.run_batch", "--model", str(smollm2_dir),
          "-i", str(source), "-o", str(out), "--served-model-name", "smollm2",
          "--dtype", "float32", "--max-model-len", "512", "--kv-cache-memory", "128MiB",
          "--disable-log-stats"],
@@ -168,13 +169,13 @@ class _Files(BaseHTTPRequestHandler):
     files: dict[str, bytes] = {}
     put_status = 200
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:
         data = self.files.get(self.path)
         self.send_response(200 if data is not None else 404)
         self.end_headers()
         self.wfile.write(data or b"")
 
-    def do_PUT(self) -> None:  # noqa: N802
+    def do_PUT(self) -> None:
         data = self.rfile.read(int(self.headers["Content-Length"]))
         if self.put_status == 200:
             self.files[self.path] = data

@@ -1,4 +1,5 @@
-"""``ironlm run-batch -i INPUT -o OUTPUT --model MODEL [flags]``: vLLM's batch runner.
+"""``ironlm run-batch -i INPUT -o OUTPUT --model MODEL [flags]``: vLLM's batch runner (also
+``python -m ironlm.entrypoints.openai.run_batch ...``, as vLLM's module).
 
 Every line of an OpenAI batch file (``batch_file``) is answered by the server's own app,
 called in process over ASGI (no socket): a line gets exactly what POSTing its body to
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import sys
 import time
 import uuid
 from typing import Any
@@ -194,3 +196,14 @@ class _MetricsServer:
             await self._task
         except Exception:
             log.exception("the metrics server failed")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m ironlm.entrypoints.openai.run_batch`` takes ``ironlm run-batch``'s flags."""
+    from ironlm.cli import Cli
+
+    return Cli().run(["run-batch", *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
