@@ -29,6 +29,8 @@ LORA_MAX_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 LORA_EXTRA_VOCAB_SIZES = (0, 256, 512)
 # vLLM's data-parallel backends: what runs each data-parallel engine's workers
 DATA_PARALLEL_BACKENDS = ("mp", "ray")
+# vLLM's --prefix-caching-hash-algo choices (ironlm.engine.block_hash)
+PREFIX_CACHING_HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
 
 
 @dataclass
@@ -64,6 +66,8 @@ class EngineConfig:
     disable_sliding_window: bool = False
     block_size: int | None = None  # None: the platform's default_block_size (16; npu 128)
     enable_prefix_caching: bool = True
+    # the prefix cache's block hash: sha256 | sha256_cbor | xxhash | xxhash_cbor (block_hash.py)
+    prefix_caching_hash_algo: str = "sha256"
     enable_chunked_prefill: bool = True
     # None (both): the platform's defaults for the offline LLM or the server
     # (Platform.scheduler_defaults; cpu: vLLM's 4096 tokens / 256 sequences offline, 2048 / 128
@@ -213,6 +217,9 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens must be at least 1")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        if self.prefix_caching_hash_algo not in PREFIX_CACHING_HASH_ALGOS:
+            raise ValueError(f"prefix_caching_hash_algo {self.prefix_caching_hash_algo!r} is not "
+                             f"one of {', '.join(PREFIX_CACHING_HASH_ALGOS)}")
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(
                 f"scheduling_policy {self.scheduling_policy!r} is not supported; choose "

@@ -1,7 +1,8 @@
 """Paged KV blocks: reference counts, a free queue, and automatic prefix caching.
 
 A full block's identity is the chained hash of (parent block hash, its token ids; for positions
-of a prompt given as embeddings, a digest of their rows too), so two requests with the same
+of a prompt given as embeddings, a digest of their rows too; SHA-256 unless
+``--prefix-caching-hash-algo`` says otherwise, ``block_hash``), so two requests with the same
 prefix map to the same physical blocks. The chain of a request that runs
 with a LoRA adapter starts from that adapter's id: its KV depends on the adapter, so requests of
 different adapters (or of an adapter and the base model) never share blocks; a request's
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ironlm.engine.block_hash import BlockHasher, block_hasher
 from ironlm.engine.block_pool import FreeBlockPool
 from ironlm.engine.request import Request
 
@@ -26,7 +28,7 @@ from ironlm.engine.request import Request
 class Block:
     block_id: int
     ref_count: int = 0
-    block_hash: int | None = None  # set once the block is full and registered in the cache
+    block_hash: bytes | None = None  # set once the block is full and registered in the cache
 
 
 @dataclass
@@ -41,15 +43,18 @@ class PrefixCacheStats:
 
 class BlockManager:
     def __init__(self, num_kv_blocks: int, block_size: int, enable_prefix_caching: bool,
-                 num_swap_blocks: int = 0, run: int = 1) -> None:
-        """``run``: blocks a request takes next to each other where free (``FreeBlockPool``)."""
+                 num_swap_blocks: int = 0, run: int = 1,
+                 hasher: BlockHasher | None = None) -> None:
+        """``run``: blocks a request takes next to each other where free (``FreeBlockPool``);
+        ``hasher``: the prefix cache's block hash (default SHA-256, ``block_hash``)."""
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self._hash = hasher or block_hasher("sha256")
         self.blocks = [Block(i) for i in range(num_kv_blocks)]
         self._free = FreeBlockPool(num_kv_blocks, run)
-        self._cached: dict[int, int] = {}  # block hash -> block id
+        self._cached: dict[bytes, int] = {}  # block hash -> block id
         self._req_blocks: dict[str, list[int]] = {}
-        self._req_hashes: dict[str, list[int]] = {}  # hashes of the request's full blocks
+        self._req_hashes: dict[str, list[bytes]] = {}  # hashes of the request's full blocks
         # how many of the request's first blocks are settled in the cache: each block is
         # offered when it becomes full (a decode step then walks none of its blocks); one
         # whose hash another live request's copy holds is offered again on later steps
@@ -95,16 +100,18 @@ class BlockManager:
         return -(-num_tokens // self.block_size)
 
     # -- prefix cache ----------------------------------------------------------------------
-    def _hashes(self, req: Request, num_full_blocks: int) -> list[int]:
+    def _hashes(self, req: Request, num_full_blocks: int) -> list[bytes]:
         """Chained hashes of the request's first ``num_full_blocks`` blocks (memoised)."""
         hashes = self._req_hashes.setdefault(req.request_id, [])
         bs = self.block_size
-        root = hash(("root", req.lora_id, req.cache_salt)) \
-            if req.lora_id or req.cache_salt is not None else 0
+        if len(hashes) >= num_full_blocks:
+            return hashes[:num_full_blocks]
+        root = self._hash(("root", req.lora_id, req.cache_salt)) \
+            if req.lora_id or req.cache_salt is not None else b""
         while len(hashes) < num_full_blocks:
             i = len(hashes)
             parent = hashes[-1] if hashes else root
-            hashes.append(hash((parent, req.block_key(i * bs, (i + 1) * bs))))
+            hashes.append(self._hash((parent, req.block_key(i * bs, (i + 1) * bs))))
         return hashes[:num_full_blocks]
 
     def find_cached_prefix(self, req: Request) -> list[int]:

@@ -16,6 +16,7 @@ from typing import Any
 from ironlm.config import EngineConfig
 from ironlm.distributed.layout import check_model_fits
 from ironlm.engine.adapter_cache import AdapterCache
+from ironlm.engine.block_hash import block_hasher
 from ironlm.engine.block_manager import BlockManager
 from ironlm.engine.classification import classifier_of
 from ironlm.engine.context_length import max_model_len, model_limit
@@ -119,6 +120,7 @@ class LLMEngine(LoRACalls, SleepCalls):
         if config.logits_processors:  # classes from here on (the workers build them)
             self.config = config = replace(config, logits_processors=load_logits_processors(
                 self.pm, config.logits_processors, self.spec))
+        block_hash = block_hasher(config.prefix_caching_hash_algo)  # its package is here
         executor_cls = self.pm.select_executor(config.distributed_executor_backend or "uni")
         self.executor: Executor = executor_cls(config, self.pm, Worker)
         self.executor.start()
@@ -141,7 +143,7 @@ class LLMEngine(LoRACalls, SleepCalls):
         num_swap_blocks = self._init_swap_space()
         self.block_manager = BlockManager(
             num_kv_blocks, config.block_size, config.enable_prefix_caching, num_swap_blocks,
-            run=max(1, platform.kv_run_tokens // config.block_size),
+            run=max(1, platform.kv_run_tokens // config.block_size), hasher=block_hash,
         )
         self.kv_transfer = kv_transfer_of(config, self.pm, self.executor)
         self.scheduler = Scheduler(

@@ -16,7 +16,13 @@ from collections.abc import Collection
 from dataclasses import MISSING, fields
 from typing import Any
 
-from ironlm.config import DATA_PARALLEL_BACKENDS, LOAD_FORMATS, LOGPROBS_MODES, EngineConfig
+from ironlm.config import (
+    DATA_PARALLEL_BACKENDS,
+    LOAD_FORMATS,
+    LOGPROBS_MODES,
+    PREFIX_CACHING_HASH_ALGOS,
+    EngineConfig,
+)
 
 # Help per engine argument (fields missing here still get a flag, with a generic help).
 ENGINE_HELP: dict[str, str] = {
@@ -51,6 +57,9 @@ ENGINE_HELP: dict[str, str] = {
     "block_size": "tokens per KV-cache block (default: the platform's: 16 on cpu and cuda, "
                   "128 on npu)",
     "enable_prefix_caching": "reuse KV blocks of shared prompt prefixes",
+    "prefix_caching_hash_algo": "hash naming a prefix-cache block (vLLM's): sha256 (default; "
+    "collision resistant), sha256_cbor (canonical CBOR: the same bytes everywhere; needs "
+    "cbor2), xxhash / xxhash_cbor (faster, not collision resistant; needs xxhash)",
     "enable_chunked_prefill": "split long prefills across steps",
     "max_num_seqs": "most sequences in one batch (default: the platform's for the server or "
                     "the offline LLM: cpu 128 / 256 per rank, others 256)",
@@ -211,7 +220,8 @@ def json_object(text: str) -> dict[str, Any]:
 
 # flags that take one of a few names (argparse's "invalid choice" error, as vLLM's)
 FLAG_CHOICES: dict[str, tuple[str, ...]] = {"logprobs_mode": LOGPROBS_MODES,
-                                            "data_parallel_backend": DATA_PARALLEL_BACKENDS}
+                                            "data_parallel_backend": DATA_PARALLEL_BACKENDS,
+                                            "prefix_caching_hash_algo": PREFIX_CACHING_HASH_ALGOS}
 
 # vLLM's short aliases of engine flags.
 SHORT_FLAGS: dict[str, str] = {"tensor_parallel_size": "-tp", "pipeline_parallel_size": "-pp",

@@ -1,0 +1,59 @@
+"""Prefix-cache block hashes (vLLM's ``--prefix-caching-hash-algo``).
+
+A full block's hash digests (its parent block's hash, its key: the token ids, and a digest of
+its embedded rows where the prompt has them); the first block's parent is b"", or the digest of
+the request's LoRA adapter and ``cache_salt``. Two blocks with the same hash share KV, so a
+collision would hand one request another's KV (a wrong answer, or another tenant's prompt leaking
+into it): the hash is cryptographic by default, as vLLM's since 0.10.
+
+- ``sha256`` (default): SHA-256 of the pickled object (deterministic for these tuples of
+  ints, strings and bytes within one Python).
+- ``sha256_cbor``: SHA-256 of its canonical CBOR encoding (``cbor2``): the same bytes in
+  every process and language.
+- ``xxhash`` / ``xxhash_cbor``: xxHash's 128-bit XXH3 instead of SHA-256 (``xxhash``): faster,
+  not collision resistant against a crafted prompt (vLLM's warning: only where every tenant
+  is trusted).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import pickle
+from collections.abc import Callable
+from typing import Any
+
+from ironlm.config import PREFIX_CACHING_HASH_ALGOS
+
+# hash of a block's (parent hash, key), or of the root ("root", lora id, cache salt)
+BlockHasher = Callable[[Any], bytes]
+
+
+def block_hasher(algo: str) -> BlockHasher:
+    """The hasher of ``algo``; ValueError naming the package to install where the algorithm
+    needs one that is missing, or naming the choices for an unknown one."""
+    if algo not in PREFIX_CACHING_HASH_ALGOS:
+        raise ValueError(f"prefix_caching_hash_algo {algo!r} is not one of "
+                         f"{', '.join(PREFIX_CACHING_HASH_ALGOS)}")
+    digest_name, _, serializer = algo.partition("_")
+    encode = _module("cbor2", algo).dumps if serializer == "cbor" else _pickled
+    if digest_name == "sha256":
+        return lambda obj: hashlib.sha256(_encoded(encode, obj)).digest()
+    xxh3_128 = _module("xxhash", algo).xxh3_128_digest
+    return lambda obj: xxh3_128(_encoded(encode, obj))
+
+
+def _pickled(obj: Any) -> bytes:
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _encoded(encode: Callable[..., bytes], obj: Any) -> bytes:
+    return encode(obj) if encode is _pickled else encode(obj, canonical=True)
+
+
+def _module(name: str, algo: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        raise ValueError(f"--prefix-caching-hash-algo {algo} needs the {name} package: "
+                         f"pip install {name}") from None
