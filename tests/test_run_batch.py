@@ -334,3 +334,32 @@ def test_a_dead_engine_gives_every_line_a_result_and_exit_1(tiny_llama_dir: Path
     assert [r["custom_id"] for r in rows] == ["first", *(f"long-{i}" for i in range(40))]
     assert rows[0]["response"]["status_code"] == 200
     assert all(r["response"]["status_code"] >= 500 and r["error"] for r in rows[1:])
+
+
+@pytest.mark.real_model
+def test_exclude_tools_when_tool_choice_none(smollm2_dir: Path, tmp_path: Path) -> None:
+    """vLLM's --exclude-tools-when-tool-choice-none (a flag run-batch shares with the
+    server): tool_choice "none" renders no tool definitions; "auto" still does."""
+    from test_server_tools import TEMPLATE, TOOLS
+
+    from transformers import AutoTokenizer
+
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    body = {"messages": ask, "tools": TOOLS, "max_tokens": 1, "return_token_ids": True}
+    source = tmp_path / "in.jsonl"
+    source.write_text(
+        _line("none", "/v1/chat/completions", {**body, "tool_choice": "none"}) + "\n"
+        + _line("auto", "/v1/chat/completions", {**body, "tool_choice": "auto"}) + "\n")
+    out = tmp_path / "out.jsonl"
+    code = Cli().run(["run-batch", str(smollm2_dir), "-i", str(source), "-o", str(out),
+                      "--chat-template", TEMPLATE, "--exclude-tools-when-tool-choice-none",
+                      "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+                      "--max-model-len", "1024", "--kv-cache-memory", "64MiB",
+                      "--disable-log-stats"])
+    assert code == 0
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    prompts = {cid: tok.decode(r["response"]["body"]["prompt_token_ids"])
+               for cid, r in _results(out.read_text()).items()}
+    assert "get_weather" in prompts["auto"] and "<tools>" in prompts["auto"]
+    assert "get_weather" not in prompts["none"] and "<tools>" not in prompts["none"]
+    assert prompts["auto"].endswith(prompts["none"])  # the same turns after the tools block

@@ -176,3 +176,16 @@ def test_version_flag_prints_the_package_version(capsys: pytest.CaptureFixture[s
         Cli().run(["--version"])
     assert exit_info.value.code == 0
     assert capsys.readouterr().out.strip() == __version__
+
+
+def test_front_end_switches_take_vllms_no_forms(tmp_path: Path) -> None:
+    # vLLM's front-end booleans are --flag / --no-flag pairs; a --config false becomes --no-
+    config = tmp_path / "c.yaml"
+    config.write_text("enable-auto-tool-choice: false\nallow-credentials: true\n")
+    args = _parse(["m", "--enable-auto-tool-choice", "--config", str(config),
+                   "--no-disable-fastapi-docs", "--no-enable-log-outputs"])
+    assert args.enable_auto_tool_choice is True  # the command line's own flag wins
+    assert args.allow_credentials is True
+    assert args.disable_fastapi_docs is False and args.enable_log_outputs is False
+    args = _parse(["m", "--config", str(config)])
+    assert args.enable_auto_tool_choice is False

@@ -78,6 +78,7 @@ def server_options(args: argparse.Namespace, model: str) -> ServerOptions:
         return_tokens_as_token_ids=args.return_tokens_as_token_ids,
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         tool_call_parser=args.tool_call_parser,
+        exclude_tools_when_tool_choice_none=args.exclude_tools_when_tool_choice_none,
         max_log_len=args.max_log_len,
         log_requests=log_requests,
         log_outputs=log_requests and args.enable_log_outputs,  # vLLM's: only with requests

@@ -74,27 +74,27 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     srv.add_argument("--max-waiting-requests", type=int, default=1024,
                      help="more waiting requests than this get 503 (IronLM; per engine "
                      "under -dp; default: %(default)s)")
-    srv.add_argument("--enable-request-id-headers", action="store_true",
+    srv.add_argument("--enable-request-id-headers", action=argparse.BooleanOptionalAction, default=False,
                      help="answer with an X-Request-Id header: the request's own, else a new "
                      "id (vLLM's)")
-    srv.add_argument("--enable-server-load-tracking", action="store_true",
+    srv.add_argument("--enable-server-load-tracking", action=argparse.BooleanOptionalAction, default=False,
                      help="count the generation requests in flight, shown by GET /load "
                      "(vLLM's; without it /load reads 0)")
     srv.add_argument("--api-server-count", type=int, default=1,
                      help="vLLM's number of API server processes: only 1 (default: "
                      "%(default)s)")
-    srv.add_argument("--disable-fastapi-docs", action="store_true",
+    srv.add_argument("--disable-fastapi-docs", action=argparse.BooleanOptionalAction, default=False,
                      help="disable /docs, /redoc and /openapi.json")
     srv.add_argument("--api-key", nargs="+", default=None,
                      help="require one of these keys (Bearer) on /v1/* and /generate; else "
                      "the key in IRONLM_API_KEY, then vLLM's VLLM_API_KEY")
-    srv.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
+    srv.add_argument("--enable-tokenizer-info-endpoint", action=argparse.BooleanOptionalAction, default=False,
                      help="serve GET /tokenizer_info (off by default, as vLLM: it shows the "
                      "chat template and tokenizer configuration)")
-    srv.add_argument("--disable-uvicorn-access-log", action="store_true",
+    srv.add_argument("--disable-uvicorn-access-log", action=argparse.BooleanOptionalAction, default=False,
                      help="no access-log line per HTTP request")
     cors = parser.add_argument_group("CORS")
-    cors.add_argument("--allow-credentials", action="store_true", help="allow credentials")
+    cors.add_argument("--allow-credentials", action=argparse.BooleanOptionalAction, default=False, help="allow credentials")
     cors.add_argument("--allowed-origins", type=_json_list, default=["*"],
                       help='JSON list of allowed origins (default: ["*"])')
     cors.add_argument("--allowed-methods", type=_json_list, default=["*"],
@@ -116,7 +116,7 @@ def add_request_args(parser: argparse.ArgumentParser) -> None:
                      '{"name": ..., "path": ..., "base_model_name": ...}')
     api.add_argument("--chat-template", default=None,
                      help="chat template file, or the template text itself")
-    api.add_argument("--trust-request-chat-template", action="store_true",
+    api.add_argument("--trust-request-chat-template", action=argparse.BooleanOptionalAction, default=False,
                      help="let requests bring their own chat_template (a Jinja program the "
                      "server runs; refused by default, as vLLM)")
     api.add_argument("--default-chat-template-kwargs", type=json_object, default=None,
@@ -129,19 +129,24 @@ def add_request_args(parser: argparse.ArgumentParser) -> None:
                      "auto: openai when the template loops over a message's content")
     api.add_argument("--response-role", default="assistant",
                      help="role of generated chat messages when add_generation_prompt is true")
-    api.add_argument("--return-tokens-as-token-ids", action="store_true",
+    api.add_argument("--return-tokens-as-token-ids", action=argparse.BooleanOptionalAction, default=False,
                      help="show logprob tokens as 'token_id:<id>'")
-    api.add_argument("--enable-force-include-usage", action="store_true",
+    api.add_argument("--enable-force-include-usage", action=argparse.BooleanOptionalAction, default=False,
                      help="every streamed response ends with a usage chunk, whether or not "
                      "stream_options asks for it")
-    api.add_argument("--enable-prompt-tokens-details", action="store_true",
+    api.add_argument("--enable-prompt-tokens-details", action=argparse.BooleanOptionalAction, default=False,
                      help="usage carries prompt_tokens_details.cached_tokens (prompt tokens "
                      "the prefix cache served) when there are any")
     tools = parser.add_argument_group("tool calling")
-    tools.add_argument("--enable-auto-tool-choice", action="store_true",
+    tools.add_argument("--enable-auto-tool-choice", action=argparse.BooleanOptionalAction, default=False,
                        help='allow tool_choice "auto" (needs --tool-call-parser)')
     tools.add_argument("--tool-call-parser", default=None,
                        help="tool-call parser plugin (hermes, mistral, llama3_json, ...)")
+    tools.add_argument("--exclude-tools-when-tool-choice-none",
+                       action=argparse.BooleanOptionalAction, default=False,
+                       help='with tool_choice "none", the chat template gets no tool '
+                       "definitions (vLLM's; default: it gets them, and the model is told "
+                       "not to call)")
     tools.add_argument("--tool-parser-plugin", default="",
                        help="a Python file registering tool parsers via register_tool_parsers")
     tools.add_argument("--reasoning-parser-plugin", default="",
@@ -153,10 +158,10 @@ def add_request_args(parser: argparse.ArgumentParser) -> None:
     logs.add_argument("--enable-log-requests", action=argparse.BooleanOptionalAction,
                       default=False, help="log each request's prompt and parameters "
                       "(default: off, as vLLM since 0.10)")
-    logs.add_argument("--disable-log-requests", action="store_true",
+    logs.add_argument("--disable-log-requests", action=argparse.BooleanOptionalAction, default=False,
                       help="deprecated (vLLM's too): requests are logged only with "
                       "--enable-log-requests")
-    logs.add_argument("--enable-log-outputs", action="store_true",
+    logs.add_argument("--enable-log-outputs", action=argparse.BooleanOptionalAction, default=False,
                       help="with --enable-log-requests, log each request's generated text, "
                       "token ids and finish reason when it ends (vLLM's)")
     logs.add_argument("--disable-log-stats", action=argparse.BooleanOptionalAction,

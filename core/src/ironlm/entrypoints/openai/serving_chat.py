@@ -162,12 +162,16 @@ def _render(tokenizer: Any, state: ServerState, req: ChatCompletionRequest
             ) -> tuple[str, Any, ReasoningPlan]:
     """The request's prompt text through the chat template, its token ids, and the plan of
     its reasoning (which renders the earlier turns once more when a parser is on)."""
+    tools = req.tools or None
+    if req.tool_choice == "none" and state.options.exclude_tools_when_tool_choice_none:
+        tools = None  # vLLM's --exclude-tools-when-tool-choice-none
+
     def render(messages: list[dict[str, Any]], add_generation_prompt: bool,
                continue_final_message: bool) -> str:
         return render_chat_prompt(
             tokenizer, messages, state.options, request_template=req.chat_template,
             add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message, tools=req.tools or None,
+            continue_final_message=continue_final_message, tools=tools,
             documents=req.documents, chat_template_kwargs=req.chat_template_kwargs,
             reasoning_effort=req.reasoning_effort,
         )

@@ -45,6 +45,7 @@ class ServerOptions:
     return_tokens_as_token_ids: bool = False
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
+    exclude_tools_when_tool_choice_none: bool = False  # tool_choice "none": no tools in prompt
     max_log_len: int | None = None
     log_requests: bool = False  # vLLM's default since 0.10: off (--enable-log-requests)
     log_outputs: bool = False  # with log_requests: each request's output when it ends
