@@ -28,6 +28,7 @@ from ironlm.engine.engine_client import EngineClient
 from ironlm.engine.llm_engine import LLMEngine
 from ironlm.entrypoints.chat_utils import load_chat_template
 from ironlm.entrypoints.openai import serving_models
+from ironlm.entrypoints.openai.access_log import AccessLogFilter, excluded_paths
 from ironlm.entrypoints.openai.argv_expansion import expand_argv
 from ironlm.entrypoints.openai.cli_args import engine_config_from_args, make_parser
 from ironlm.entrypoints.openai.errors import install_error_handlers
@@ -232,6 +233,9 @@ def run_server(args: argparse.Namespace) -> None:
             ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile,
             ssl_ca_certs=args.ssl_ca_certs, ssl_cert_reqs=args.ssl_cert_reqs,
         ), engine, args.timeout_graceful_shutdown)
+        quiet = excluded_paths(args.disable_access_log_for_endpoints)
+        if quiet:  # after uvicorn.Config, which sets up uvicorn's loggers
+            logging.getLogger("uvicorn.access").addFilter(AccessLogFilter(quiet))
         server.should_exit = engine.fatal_error is not None  # died before this line
         server.run(sockets=[sock])
     finally:

@@ -33,6 +33,11 @@ def _json_list(text: str) -> list[str]:
     return value
 
 
+def _switch(group: argparse._ArgumentGroup, flag: str, help: str) -> None:
+    """A front-end boolean, off by default: ``--flag`` and vLLM's ``--no-flag``."""
+    group.add_argument(flag, action=argparse.BooleanOptionalAction, default=False, help=help)
+
+
 def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Every flag of ``ironlm serve``: the HTTP server's own, then those it shares with
     ``ironlm run-batch`` (``add_request_args``)."""
@@ -74,27 +79,30 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     srv.add_argument("--max-waiting-requests", type=int, default=1024,
                      help="more waiting requests than this get 503 (IronLM; per engine "
                      "under -dp; default: %(default)s)")
-    srv.add_argument("--enable-request-id-headers", action=argparse.BooleanOptionalAction, default=False,
-                     help="answer with an X-Request-Id header: the request's own, else a new "
-                     "id (vLLM's)")
-    srv.add_argument("--enable-server-load-tracking", action=argparse.BooleanOptionalAction, default=False,
-                     help="count the generation requests in flight, shown by GET /load "
-                     "(vLLM's; without it /load reads 0)")
+    _switch(srv, "--enable-request-id-headers",
+            help="answer with an X-Request-Id header: the request's own, else a new id (vLLM's)")
+    _switch(srv, "--enable-server-load-tracking",
+            help="count the generation requests in flight, shown by GET /load (vLLM's; without it "
+                 "/load reads 0)")
     srv.add_argument("--api-server-count", type=int, default=1,
                      help="vLLM's number of API server processes: only 1 (default: "
                      "%(default)s)")
-    srv.add_argument("--disable-fastapi-docs", action=argparse.BooleanOptionalAction, default=False,
-                     help="disable /docs, /redoc and /openapi.json")
+    _switch(srv, "--disable-fastapi-docs",
+            help="disable /docs, /redoc and /openapi.json")
     srv.add_argument("--api-key", nargs="+", default=None,
                      help="require one of these keys (Bearer) on /v1/* and /generate; else "
                      "the key in IRONLM_API_KEY, then vLLM's VLLM_API_KEY")
-    srv.add_argument("--enable-tokenizer-info-endpoint", action=argparse.BooleanOptionalAction, default=False,
-                     help="serve GET /tokenizer_info (off by default, as vLLM: it shows the "
-                     "chat template and tokenizer configuration)")
-    srv.add_argument("--disable-uvicorn-access-log", action=argparse.BooleanOptionalAction, default=False,
-                     help="no access-log line per HTTP request")
+    _switch(srv, "--enable-tokenizer-info-endpoint",
+            help="serve GET /tokenizer_info (off by default, as vLLM: it shows the chat template "
+                 "and tokenizer configuration)")
+    _switch(srv, "--disable-uvicorn-access-log",
+            help="no access-log line per HTTP request")
+    srv.add_argument("--disable-access-log-for-endpoints", default=None, metavar="PATHS",
+                     help="comma-separated paths whose requests get no access-log line, e.g. "
+                     "/health,/metrics (vLLM's; the query string is ignored)")
     cors = parser.add_argument_group("CORS")
-    cors.add_argument("--allow-credentials", action=argparse.BooleanOptionalAction, default=False, help="allow credentials")
+    _switch(cors, "--allow-credentials",
+            help="allow credentials")
     cors.add_argument("--allowed-origins", type=_json_list, default=["*"],
                       help='JSON list of allowed origins (default: ["*"])')
     cors.add_argument("--allowed-methods", type=_json_list, default=["*"],
@@ -116,9 +124,9 @@ def add_request_args(parser: argparse.ArgumentParser) -> None:
                      '{"name": ..., "path": ..., "base_model_name": ...}')
     api.add_argument("--chat-template", default=None,
                      help="chat template file, or the template text itself")
-    api.add_argument("--trust-request-chat-template", action=argparse.BooleanOptionalAction, default=False,
-                     help="let requests bring their own chat_template (a Jinja program the "
-                     "server runs; refused by default, as vLLM)")
+    _switch(api, "--trust-request-chat-template",
+            help="let requests bring their own chat_template (a Jinja program the server runs; "
+                 "refused by default, as vLLM)")
     api.add_argument("--default-chat-template-kwargs", type=json_object, default=None,
                      help="JSON object of chat-template variables every request gets under "
                      "its own chat_template_kwargs, e.g. '{\"enable_thinking\": false}'")
@@ -129,17 +137,17 @@ def add_request_args(parser: argparse.ArgumentParser) -> None:
                      "auto: openai when the template loops over a message's content")
     api.add_argument("--response-role", default="assistant",
                      help="role of generated chat messages when add_generation_prompt is true")
-    api.add_argument("--return-tokens-as-token-ids", action=argparse.BooleanOptionalAction, default=False,
-                     help="show logprob tokens as 'token_id:<id>'")
-    api.add_argument("--enable-force-include-usage", action=argparse.BooleanOptionalAction, default=False,
-                     help="every streamed response ends with a usage chunk, whether or not "
-                     "stream_options asks for it")
-    api.add_argument("--enable-prompt-tokens-details", action=argparse.BooleanOptionalAction, default=False,
-                     help="usage carries prompt_tokens_details.cached_tokens (prompt tokens "
-                     "the prefix cache served) when there are any")
+    _switch(api, "--return-tokens-as-token-ids",
+            help="show logprob tokens as 'token_id:<id>'")
+    _switch(api, "--enable-force-include-usage",
+            help="every streamed response ends with a usage chunk, whether or not stream_options "
+                 "asks for it")
+    _switch(api, "--enable-prompt-tokens-details",
+            help="usage carries prompt_tokens_details.cached_tokens (prompt tokens the prefix "
+                 "cache served) when there are any")
     tools = parser.add_argument_group("tool calling")
-    tools.add_argument("--enable-auto-tool-choice", action=argparse.BooleanOptionalAction, default=False,
-                       help='allow tool_choice "auto" (needs --tool-call-parser)')
+    _switch(tools, "--enable-auto-tool-choice",
+            help="allow tool_choice \"auto\" (needs --tool-call-parser)")
     tools.add_argument("--tool-call-parser", default=None,
                        help="tool-call parser plugin (hermes, mistral, llama3_json, ...)")
     tools.add_argument("--exclude-tools-when-tool-choice-none",
@@ -158,12 +166,11 @@ def add_request_args(parser: argparse.ArgumentParser) -> None:
     logs.add_argument("--enable-log-requests", action=argparse.BooleanOptionalAction,
                       default=False, help="log each request's prompt and parameters "
                       "(default: off, as vLLM since 0.10)")
-    logs.add_argument("--disable-log-requests", action=argparse.BooleanOptionalAction, default=False,
-                      help="deprecated (vLLM's too): requests are logged only with "
-                      "--enable-log-requests")
-    logs.add_argument("--enable-log-outputs", action=argparse.BooleanOptionalAction, default=False,
-                      help="with --enable-log-requests, log each request's generated text, "
-                      "token ids and finish reason when it ends (vLLM's)")
+    _switch(logs, "--disable-log-requests",
+            help="deprecated (vLLM's too): requests are logged only with --enable-log-requests")
+    _switch(logs, "--enable-log-outputs",
+            help="with --enable-log-requests, log each request's generated text, token ids and "
+                 "finish reason when it ends (vLLM's)")
     logs.add_argument("--disable-log-stats", action=argparse.BooleanOptionalAction,
                       default=False, help="do not log engine stats every 10 s")
     eng = parser.add_argument_group("engine")
