@@ -10,7 +10,6 @@ import hashlib
 import sys
 from pathlib import Path
 
-import cbor2
 import pytest
 
 from ironlm import LLM, SamplingParams
@@ -44,6 +43,7 @@ def test_blocks_are_shared_exactly_where_prefixes_match(algo: str) -> None:
 
 
 def test_sha256_cbor_is_the_same_bytes_everywhere() -> None:
+    cbor2 = pytest.importorskip("cbor2")  # tests/requirements.txt installs it
     # block 0 of tokens 0..3: SHA-256 of the canonical CBOR of (b"", [0, 1, 2, 3]), which any
     # CBOR library in any language encodes the same way
     bm = BlockManager(num_kv_blocks=4, block_size=4, enable_prefix_caching=True,
@@ -53,6 +53,14 @@ def test_sha256_cbor_is_the_same_bytes_everywhere() -> None:
     want = hashlib.sha256(bytes.fromhex("82" "40" "84" "00" "01" "02" "03")).digest()
     assert cbor2.dumps((b"", (0, 1, 2, 3)), canonical=True).hex() == "824084" + "00010203"
     assert bm.blocks[bm.block_ids("a")[0]].block_hash == want
+
+
+def test_pickled_hashes_do_not_depend_on_shared_objects() -> None:
+    # pickle's memo would write a string that appears twice as a reference: the same salt
+    # from two sources (the literal "root", the same text parsed from JSON) must hash alike
+    sha = block_hasher("sha256")
+    parsed = "".join(["ro", "ot"])
+    assert sha(("root", 0, "root")) == sha(("root", 0, parsed))
 
 
 def test_a_missing_package_and_an_unknown_algorithm_are_refused(

@@ -31,6 +31,9 @@ def test_json_report_of_this_machine(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setenv("IRONLM_CPU_TUNE", "0")
     monkeypatch.setenv("HF_TOKEN", "hf_secret")
     monkeypatch.setenv("VLLM_API_KEY", "sk-secret")
+    monkeypatch.setenv("RAY_ADDRESS", "ray://user:pw@head:10001")
+    monkeypatch.setenv("HF_ENDPOINT", "https://mirror.example/hf")
+    monkeypatch.setenv("IRONLM_S3_ACCESS_ID", "AKIA")
     monkeypatch.setenv("UNRELATED_VARIABLE", "x")
     assert Cli().run(["collect-env", "--json"]) == 0
     facts = json.loads(capsys.readouterr().out)
@@ -38,7 +41,7 @@ def test_json_report_of_this_machine(monkeypatch: pytest.MonkeyPatch,
     assert facts["libraries"]["transformers"] == version("transformers")
     assert facts["libraries"]["torch_npu"] == "not installed"
     cpuinfo = Path("/proc/cpuinfo").read_text()
-    flags = next(line for line in cpuinfo.splitlines() if line.startswith("flags")).split()
+    flags = next((line for line in cpuinfo.splitlines() if line.startswith("flags")), "").split()
     assert ("avx2" in flags) == ("avx2" in facts["cpu"]["vector_flags"])
     assert set(facts["cpu"]["vector_flags"]) <= set(flags)
     assert facts["platforms"]["cpu"]["available"] is True
@@ -46,6 +49,9 @@ def test_json_report_of_this_machine(monkeypatch: pytest.MonkeyPatch,
     env = facts["environment"]
     assert env["IRONLM_CPU_TUNE"] == "0"
     assert env["HF_TOKEN"] == "***" and env["VLLM_API_KEY"] == "***"
+    assert env["IRONLM_S3_ACCESS_ID"] == "***"
+    assert env["RAY_ADDRESS"] == "ray://***@head:10001"  # the login of a URL
+    assert env["HF_ENDPOINT"] == "https://mirror.example/hf"
     assert "UNRELATED_VARIABLE" not in env
 
 

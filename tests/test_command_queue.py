@@ -4,6 +4,7 @@ made around the engine's death fails at once instead of waiting forever."""
 
 from __future__ import annotations
 
+import asyncio
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from ironlm.engine.async_engine import AsyncEngine, EngineDeadError
 from ironlm.engine.command_queue import CommandQueue, fail_future
 from ironlm.engine.llm_engine import LLMEngine
 from ironlm.plugin_manager import PluginManager
+from ironlm.sampling_params import SamplingParams
 
 
 def _dead() -> EngineDeadError:
@@ -62,3 +64,22 @@ def test_a_call_after_the_engine_thread_stopped_fails_at_once(tiny_llama_dir: Pa
     engine.shutdown()
     with pytest.raises(EngineDeadError, match="not running"):
         engine.call(lambda e: None).result(timeout=5)
+
+
+def test_a_request_running_when_the_loop_stops_gets_an_error(tiny_llama_dir: Path) -> None:
+    config = EngineConfig(model=str(tiny_llama_dir), max_model_len=256,
+                          kv_cache_memory_bytes=8 * 1024**2)
+    engine = AsyncEngine(lambda: LLMEngine(config, PluginManager()))
+    engine.start()
+    params = SamplingParams(max_tokens=240, ignore_eos=True)
+
+    async def run() -> None:
+        outputs = engine.generate("r", "Hello world", params)
+        await outputs.__anext__()  # running
+        stopping = asyncio.create_task(asyncio.to_thread(engine.shutdown))
+        with pytest.raises(EngineDeadError, match="not running"):
+            async for _ in outputs:
+                pass
+        await stopping
+
+    asyncio.run(asyncio.wait_for(run(), timeout=60))

@@ -3,7 +3,8 @@
 instruction flags IronLM's kernels care about), torch's build and devices, the versions of the
 libraries IronLM runs on, each device platform's own description (its ISA target, kernel
 choices, devices), and the environment variables that change IronLM's behaviour, secrets
-masked. ``--json`` prints the same as one JSON object."""
+masked (a variable whose name says key, token, secret, password, auth, credential, cookie or
+access; a user and password inside a URL). ``--json`` prints the same as one JSON object."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ CPU_FLAGS = re.compile(r"^(avx|avx2|fma|f16c|avx512\w*|avx_vnni\w*|amx\w*)$")
 # environment variables shown: IronLM's and vLLM's own, and those of the libraries under them
 ENV_PREFIXES = ("IRONLM_", "VLLM_", "OMP_", "MKL_", "KMP_", "CUDA_", "NCCL_", "ASCEND_", "HF_",
                 "TRANSFORMERS_", "TORCH_", "TRITON_", "RAY_")
-SECRET = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
+SECRET = re.compile(r"TOKEN|KEY|SECRET|PASS|AUTH|CRED|COOKIE|ACCESS", re.IGNORECASE)
+URL_LOGIN = re.compile(r"(?<=://)[^/@\s]+@")  # user:password@ in a URL
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -47,7 +49,7 @@ def collect() -> dict[str, Any]:
     return {
         "ironlm": {"version": __version__, "contract": CONTRACT_VERSION},
         "system": {"os": platform.platform(), "python": sys.version.split()[0],
-                   "libc": " ".join(platform.libc_ver()) or "unknown",
+                   "libc": " ".join(platform.libc_ver()).strip() or "unknown",
                    "machine": platform.machine()},
         "cpu": cpu_facts(),
         "torch": torch_facts(torch),
@@ -69,16 +71,20 @@ def cpu_facts(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
     flags = sorted(f for f in fields.get("flags", "").split() if CPU_FLAGS.match(f))
     return {"model": fields.get("model name") or platform.processor() or "unknown",
             "family": fields.get("cpu family"), "model_number": fields.get("model"),
-            "logical_cpus_usable": len(os.sched_getaffinity(0)),
+            "logical_cpus_usable": len(os.sched_getaffinity(0))
+            if hasattr(os, "sched_getaffinity") else os.cpu_count(),  # (not on macOS)
             "logical_cpus_total": os.cpu_count(), "vector_flags": flags}
 
 
 def torch_facts(torch: Any) -> dict[str, Any]:
-    cuda = torch.cuda.is_available()
+    try:  # a broken driver raises here: the report says so instead of failing
+        cuda = torch.cuda.is_available()
+        devices: list[str] | str = [torch.cuda.get_device_name(i)
+                                    for i in range(torch.cuda.device_count())] if cuda else []
+    except Exception as exc:  # noqa: BLE001 (any driver error is a fact to report)
+        cuda, devices = False, f"error: {exc}"
     return {"version": torch.__version__, "cuda_build": torch.version.cuda,
-            "cuda_available": cuda,
-            "cuda_devices": [torch.cuda.get_device_name(i)
-                             for i in range(torch.cuda.device_count())] if cuda else [],
+            "cuda_available": cuda, "cuda_devices": devices,
             "threads": torch.get_num_threads(),
             "mkldnn": torch.backends.mkldnn.is_available(),
             "cpu_capability": torch.backends.cpu.get_cpu_capability()}
@@ -101,10 +107,10 @@ def platform_facts(pm: Any) -> dict[str, Any]:
 
 
 def environment(env: dict[str, str] | None = None) -> dict[str, str]:
-    """The variables of ``ENV_PREFIXES``, a secret's value masked."""
+    """The variables of ``ENV_PREFIXES``, a secret's value masked, and a URL's login."""
     env = dict(os.environ) if env is None else env
-    return {k: "***" if SECRET.search(k) else v for k, v in sorted(env.items())
-            if k.startswith(ENV_PREFIXES)}
+    return {k: "***" if SECRET.search(k) else URL_LOGIN.sub("***@", v)
+            for k, v in sorted(env.items()) if k.startswith(ENV_PREFIXES)}
 
 
 def _version(dist: str) -> str:

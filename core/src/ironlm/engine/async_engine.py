@@ -60,7 +60,10 @@ class _Stream:
     queue: asyncio.Queue[RequestOutput | BaseException]
 
     def put(self, item: RequestOutput | BaseException) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the caller's event loop has closed: nobody reads this stream
+            pass
 
 
 class AsyncEngine:
@@ -270,6 +273,9 @@ class AsyncEngine:
             self._loop()
         finally:
             self._commands.close(self._closed_error())
+            for stream in self._streams.values():  # requests the loop left running
+                stream.put(self._closed_error())
+            self._streams.clear()
 
     def _loop(self) -> None:
         while not self._stop.is_set():

@@ -6,8 +6,8 @@ the request's LoRA adapter and ``cache_salt``. Two blocks with the same hash sha
 collision would hand one request another's KV (a wrong answer, or another tenant's prompt leaking
 into it): the hash is cryptographic by default, as vLLM's since 0.10.
 
-- ``sha256`` (default): SHA-256 of the pickled object (deterministic for these tuples of
-  ints, strings and bytes within one Python).
+- ``sha256`` (default): SHA-256 of the pickled object (pickled without pickle's memo, so equal
+  objects give equal bytes whether or not they share parts: deterministic within one Python).
 - ``sha256_cbor``: SHA-256 of its canonical CBOR encoding (``cbor2``): the same bytes in
   every process and language.
 - ``xxhash`` / ``xxhash_cbor``: xxHash's 128-bit XXH3 instead of SHA-256 (``xxhash``): faster,
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import io
 import pickle
 from collections.abc import Callable
 from typing import Any
@@ -44,7 +45,11 @@ def block_hasher(algo: str) -> BlockHasher:
 
 
 def _pickled(obj: Any) -> bytes:
-    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    buf = io.BytesIO()
+    pickler = pickle.Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
+    pickler.fast = True  # no memo: a string that appears twice is written twice, not referenced
+    pickler.dump(obj)
+    return buf.getvalue()
 
 
 def _encoded(encode: Callable[..., bytes], obj: Any) -> bytes:
@@ -56,4 +61,4 @@ def _module(name: str, algo: str) -> Any:
         return importlib.import_module(name)
     except ImportError:
         raise ValueError(f"--prefix-caching-hash-algo {algo} needs the {name} package: "
-                         f"pip install {name}") from None
+                         f"pip install {name} (or 'ironlm[hashes]')") from None

@@ -120,7 +120,8 @@ class LLMEngine(LoRACalls, SleepCalls):
         if config.logits_processors:  # classes from here on (the workers build them)
             self.config = config = replace(config, logits_processors=load_logits_processors(
                 self.pm, config.logits_processors, self.spec))
-        block_hash = block_hasher(config.prefix_caching_hash_algo)  # its package is here
+        block_hash = block_hasher(config.prefix_caching_hash_algo) \
+            if config.enable_prefix_caching else None  # its package is here: refused now
         executor_cls = self.pm.select_executor(config.distributed_executor_backend or "uni")
         self.executor: Executor = executor_cls(config, self.pm, Worker)
         self.executor.start()

@@ -50,6 +50,7 @@ from ironlm.entrypoints.openai.routes import (
 )
 from ironlm.entrypoints.openai.serving_dev import DEV_MODE_ENV, dev_mode, dev_router
 from ironlm.entrypoints.openai.shutdown import DrainingServer
+from ironlm.entrypoints.openai.ssl_refresh import CertificateWatcher
 from ironlm.entrypoints.openai.startup import (
     StartupError,
     bind_server_socket,
@@ -206,10 +207,20 @@ def checked_settings(args: argparse.Namespace) -> tuple[PluginManager, Platform,
     return pm, platform, config
 
 
+def certificate_watcher(args: argparse.Namespace) -> CertificateWatcher | None:
+    """--enable-ssl-refresh's watcher of the TLS files (None without the flag)."""
+    if not args.enable_ssl_refresh:
+        return None
+    if not (args.ssl_keyfile and args.ssl_certfile):
+        raise StartupError("--enable-ssl-refresh needs --ssl-keyfile and --ssl-certfile")
+    return CertificateWatcher(args.ssl_keyfile, args.ssl_certfile, args.ssl_ca_certs)
+
+
 def run_server(args: argparse.Namespace) -> None:
     """Check the flags, load the engine, serve until interrupted."""
     pm, platform, config = checked_settings(args)
     check_api_keys(args)
+    certificates = certificate_watcher(args)  # its flags checked before the model loads
     host = args.host or "0.0.0.0"
     # before any worker takes a port
     sock = bind_unix_socket(args.uds) if args.uds else bind_server_socket(host, args.port)
@@ -232,7 +243,8 @@ def run_server(args: argparse.Namespace) -> None:
             access_log=not args.disable_uvicorn_access_log,
             ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile,
             ssl_ca_certs=args.ssl_ca_certs, ssl_cert_reqs=args.ssl_cert_reqs,
-        ), engine, args.timeout_graceful_shutdown)
+            ssl_ciphers=args.ssl_ciphers,
+        ), engine, args.timeout_graceful_shutdown, certificates)
         quiet = excluded_paths(args.disable_access_log_for_endpoints)
         if quiet:  # after uvicorn.Config, which sets up uvicorn's loggers
             logging.getLogger("uvicorn.access").addFilter(AccessLogFilter(quiet))

@@ -63,6 +63,12 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     srv.add_argument("--ssl-keyfile", default=None, help="SSL key file")
     srv.add_argument("--ssl-certfile", default=None, help="SSL certificate file")
     srv.add_argument("--ssl-ca-certs", default=None, help="CA certificates file")
+    srv.add_argument("--ssl-ciphers", default="TLSv1",
+                     help="TLS ciphers (OpenSSL's cipher list syntax; default: uvicorn's "
+                     "%(default)s)")
+    _switch(srv, "--enable-ssl-refresh",
+            help="reload --ssl-keyfile / --ssl-certfile / --ssl-ca-certs when they change, "
+                 "without a restart (vLLM's)")
     srv.add_argument("--ssl-cert-reqs", type=int, default=int(ssl.CERT_NONE),
                      help="whether a client certificate is required (see ssl module; "
                      "default: %(default)s)")
@@ -150,11 +156,9 @@ def add_request_args(parser: argparse.ArgumentParser) -> None:
             help="allow tool_choice \"auto\" (needs --tool-call-parser)")
     tools.add_argument("--tool-call-parser", default=None,
                        help="tool-call parser plugin (hermes, mistral, llama3_json, ...)")
-    tools.add_argument("--exclude-tools-when-tool-choice-none",
-                       action=argparse.BooleanOptionalAction, default=False,
-                       help='with tool_choice "none", the chat template gets no tool '
-                       "definitions (vLLM's; default: it gets them, and the model is told "
-                       "not to call)")
+    _switch(tools, "--exclude-tools-when-tool-choice-none",
+            help='with tool_choice "none", the chat template gets no tool definitions '
+                 "(vLLM's; by default it gets them, and no call is parsed from the answer)")
     tools.add_argument("--tool-parser-plugin", default="",
                        help="a Python file registering tool parsers via register_tool_parsers")
     tools.add_argument("--reasoning-parser-plugin", default="",

@@ -24,7 +24,14 @@ from fastapi import FastAPI
 
 from ironlm.engine.async_engine import EngineDeadError
 from ironlm.entrypoints.openai import serving_models
-from ironlm.entrypoints.openai.api_server import api_app, checked_settings, make_engine_client
+from ironlm.entrypoints.openai.api_server import (
+    api_app,
+    checked_settings,
+    exit_status,
+    make_engine_client,
+)
+from ironlm.entrypoints.openai.argv_expansion import expand_argv
+from ironlm.entrypoints.openai.batch_args import DESCRIPTION, add_batch_args, with_server_defaults
 from ironlm.entrypoints.openai.batch_file import (
     BatchLine,
     BatchOutput,
@@ -198,11 +205,21 @@ class _MetricsServer:
             log.exception("the metrics server failed")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m ironlm.entrypoints.openai.run_batch`` takes ``ironlm run-batch``'s flags."""
-    from ironlm.cli import Cli
+def run_cli(args: argparse.Namespace, prog: str = "ironlm run-batch") -> int:
+    """The parsed flags (``batch_args``) run, errors printed as one line (exit status 2 for a
+    flag or file, 1 when the engine died)."""
+    return exit_status(run_batch, with_server_defaults(args), prog)
 
-    return Cli().run(["run-batch", *(sys.argv[1:] if argv is None else argv)])
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m ironlm.entrypoints.openai.run_batch``: ``ironlm run-batch``'s flags."""
+    prog = "python -m ironlm.entrypoints.openai.run_batch"
+    parser = add_batch_args(argparse.ArgumentParser(prog=prog, description=DESCRIPTION))
+    try:  # vLLM's --foo_bar spelling and --config FILE
+        argv = expand_argv(sys.argv[1:] if argv is None else list(argv), parser)
+    except (ValueError, OSError) as exc:
+        parser.error(str(exc))
+    return run_cli(parser.parse_args(argv), prog)
 
 
 if __name__ == "__main__":

@@ -21,23 +21,35 @@ import uvicorn
 
 from ironlm.engine.async_engine import ServerShuttingDownError
 from ironlm.engine.engine_client import EngineClient
+from ironlm.entrypoints.openai.ssl_refresh import CertificateWatcher
 
 log = logging.getLogger("ironlm.server")
 BACKSTOP_S = 10.0  # uvicorn's own wait for connections, past the grace period
 
 
 class DrainingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, engine: EngineClient, grace: float) -> None:
+    def __init__(self, config: uvicorn.Config, engine: EngineClient, grace: float,
+                 certificates: CertificateWatcher | None = None) -> None:
+        """``certificates``: reload the TLS files when they change (--enable-ssl-refresh)."""
         config.timeout_graceful_shutdown = int(grace + BACKSTOP_S)
         super().__init__(config)
         self.engine = engine
         self.grace = grace
+        self.certificates = certificates
         self._loop: asyncio.AbstractEventLoop | None = None
         self._draining = False
+        self._watching: asyncio.Task[None] | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().startup(sockets)
+        if self.certificates is not None:
+            self._watching = asyncio.create_task(self.certificates.watch(lambda: self.config.ssl))
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self._watching is not None:
+            self._watching.cancel()
+        await super().shutdown(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.should_exit and sig == signal.SIGINT:
