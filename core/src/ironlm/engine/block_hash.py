@@ -37,11 +37,11 @@ def block_hasher(algo: str) -> BlockHasher:
         raise ValueError(f"prefix_caching_hash_algo {algo!r} is not one of "
                          f"{', '.join(PREFIX_CACHING_HASH_ALGOS)}")
     digest_name, _, serializer = algo.partition("_")
-    encode = _module("cbor2", algo).dumps if serializer == "cbor" else _pickled
+    encode = _cbor_encoder(algo) if serializer == "cbor" else _pickled
     if digest_name == "sha256":
-        return lambda obj: hashlib.sha256(_encoded(encode, obj)).digest()
+        return lambda obj: hashlib.sha256(encode(obj)).digest()
     xxh3_128 = _module("xxhash", algo).xxh3_128_digest
-    return lambda obj: xxh3_128(_encoded(encode, obj))
+    return lambda obj: xxh3_128(encode(obj))
 
 
 def _pickled(obj: Any) -> bytes:
@@ -52,8 +52,9 @@ def _pickled(obj: Any) -> bytes:
     return buf.getvalue()
 
 
-def _encoded(encode: Callable[..., bytes], obj: Any) -> bytes:
-    return encode(obj) if encode is _pickled else encode(obj, canonical=True)
+def _cbor_encoder(algo: str) -> Callable[[Any], bytes]:
+    dumps = _module("cbor2", algo).dumps
+    return lambda obj: dumps(obj, canonical=True)
 
 
 def _module(name: str, algo: str) -> Any:

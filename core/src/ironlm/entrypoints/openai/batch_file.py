@@ -29,6 +29,8 @@ from typing import Any, TextIO
 import httpx
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from ironlm.entrypoints.openai.state import random_id
+
 log = logging.getLogger("ironlm.run_batch")
 
 _UPLOAD_ATTEMPTS = 3
@@ -95,7 +97,7 @@ def result_line(custom_id: str, request_id: str, status: int, body: Any) -> dict
     """The output line of a request the endpoint answered with ``status`` and JSON ``body``."""
     ok = 200 <= status < 300
     return {
-        "id": f"ironlm-{uuid.uuid4().hex}",
+        "id": random_id("ironlm"),
         "custom_id": custom_id,
         "response": {"status_code": status, "request_id": request_id,
                      "body": body if ok else None},

@@ -15,7 +15,6 @@ import asyncio
 import logging
 import sys
 import time
-import uuid
 from typing import Any
 
 import httpx
@@ -41,6 +40,7 @@ from ironlm.entrypoints.openai.batch_file import (
 from ironlm.entrypoints.openai.errors import APIError
 from ironlm.entrypoints.openai.routes import metrics_router
 from ironlm.entrypoints.openai.startup import bind_server_socket
+from ironlm.entrypoints.openai.state import random_id
 
 log = logging.getLogger("ironlm.run_batch")
 
@@ -132,7 +132,7 @@ async def answer_line(client: httpx.AsyncClient, line: BatchLine) -> dict[str, A
     """The output line for ``line``: the app's answer, or a 400 for a line no endpoint takes
     (a method other than POST, an endpoint run-batch does not serve, a streamed body)."""
     given = line.body.get("request_id")  # the body's own id names the request, as served
-    request_id = given if isinstance(given, str) and given else f"ironlm-batch-{uuid.uuid4().hex}"
+    request_id = given if isinstance(given, str) and given else random_id("ironlm-batch")
     refused = _refusal(line)
     if refused is not None:
         return result_line(line.custom_id, request_id, refused.status, refused.body())
